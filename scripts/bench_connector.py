@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Per-step overhead of PcpCanonicalNixlConnector versus stock NixlPullConnector.
+
+Runs both connectors side by side over many simulated engine steps of a
+PCP2 producer (TP1, PP1) and prints median nanoseconds per step for:
+
+* ``get_transfer_results`` on both ranks (facade over a stand-in worker that
+  reports like vLLM's pull worker: rank 1 at once, rank 0 a step later);
+* ``get_finished`` (legacy API, same path);
+* the stats path: per-rank ``get_kv_connector_stats``, aggregation across
+  ranks, ``build_kv_connector_stats`` and Prometheus ``observe``.
+
+Usage: PYTHONPATH=connector python scripts/bench_connector.py [--steps N] [--repeats R]
+Not a timed test: numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
+
+
+class _Worker:
+    """Stand-in for NixlPullConnectorWorker's reporting on one PCP rank."""
+
+    def __init__(self, pcp_rank: int, stats: Any) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+        self._results = KVConnectorTransferResults
+        self.pcp_rank = pcp_rank
+        self.pcp_dcp_sharded = False
+        self.xfer_stats = stats
+        self.step = 0
+
+    def get_transfer_results(self) -> Any:
+        self.step += 1
+        reqs = {f"r{self.step}-{i}" for i in range(4)}
+        return self._results(finished_sending=reqs)
+
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        r = self.get_transfer_results()
+        return r.finished_sending, r.finished_recving
+
+    def get_kv_connector_stats(self) -> Any:
+        return None if self.xfer_stats.is_empty() else self.xfer_stats.clone_and_reset()
+
+
+def _facades(kind: str, cfg: Any) -> list[Any]:
+    from pcp_nixl_connector import PcpCanonicalNixlConnector
+    from pcp_nixl_connector.connector import layout_from_config
+    from pcp_nixl_connector.stats import PcpNixlKVConnectorStats
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
+    out = []
+    for rank in (0, 1):
+        if kind == "stock":
+            facade = object.__new__(NixlPullConnector)
+            facade.connector_worker = _Worker(rank, NixlKVConnectorStats())
+        else:
+            facade = object.__new__(PcpCanonicalNixlConnector)
+            facade.pcp_layout = layout_from_config(cfg)
+            facade.connector_worker = _Worker(rank, PcpNixlKVConnectorStats())
+        facade.kv_transfer_config = cfg.kv_transfer_config
+        if kind != "stock":
+            facade._bind_rank(rank)
+        out.append(facade)
+    return out
+
+
+def _config() -> Any:
+    from vllm.config import KVTransferConfig, VllmConfig
+
+    cfg = VllmConfig(
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="PcpCanonicalNixlConnector",
+            kv_connector_module_path="pcp_nixl_connector",
+            kv_role="kv_producer",
+        )
+    )
+    cfg.parallel_config.prefill_context_parallel_size = 2
+    cfg.parallel_config.world_size = 2
+    return cfg
+
+
+def _prom(cls: Any, cfg: Any) -> Any:
+    import prometheus_client
+    from prometheus_client import Counter, Gauge, Histogram
+
+    registry = prometheus_client.CollectorRegistry()
+
+    def bound(metric: type) -> type:
+        class Bound(metric):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, registry=registry, **kwargs)
+
+        return Bound
+
+    types = {Gauge: bound(Gauge), Counter: bound(Counter), Histogram: bound(Histogram)}
+    return cls.build_prom_metrics(cfg, types, ["model_name", "engine"], {0: ["m", "0"]})
+
+
+def _median_ns(fn: Callable[[], None], steps: int, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for _ in range(steps):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / steps)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5000, help="simulated steps per repeat")
+    ap.add_argument("--repeats", type=int, default=7, help="repeats; the median is reported")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1:
+        ap.error("--steps and --repeats must be >= 1")
+
+    from pcp_nixl_connector import PcpCanonicalNixlConnector
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+
+    cfg = _config()
+    classes = {"stock": NixlPullConnector, "ours": PcpCanonicalNixlConnector}
+    rows: dict[str, dict[str, float]] = {}
+    for kind, cls in classes.items():
+        facades = _facades(kind, cfg)
+        prom = _prom(cls, cfg)
+
+        def transfer(facades: list[Any] = facades) -> None:
+            for f in facades:
+                f.get_transfer_results(set())
+
+        def finished(facades: list[Any] = facades) -> None:
+            for f in facades:
+                f.get_finished(set())
+
+        def stats_path(facades: list[Any] = facades, cls: Any = cls, prom: Any = prom) -> None:
+            for f in facades:
+                f.get_transfer_results(set())  # generate the step's events
+            merged = None
+            for f in facades:
+                s = f.get_kv_connector_stats()
+                if s is not None:
+                    merged = s if merged is None else merged.aggregate(s)
+            if merged is not None and not merged.is_empty():
+                prom.observe(cls.build_kv_connector_stats(merged.data).data, 0)
+
+        rows[kind] = {
+            "get_transfer_results x2 ranks": _median_ns(transfer, args.steps, args.repeats),
+            "get_finished x2 ranks": _median_ns(finished, args.steps, args.repeats),
+            "results + stats + prometheus": _median_ns(stats_path, args.steps, args.repeats),
+        }
+
+    print(f"median ns per simulated step ({args.steps} steps x {args.repeats} repeats)")
+    print(f"{'path':34} {'stock':>10} {'ours':>10} {'ours/stock':>11}")
+    for name in rows["stock"]:
+        s, o = rows["stock"][name], rows["ours"][name]
+        print(f"{name:34} {s:10.0f} {o:10.0f} {o / s:11.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

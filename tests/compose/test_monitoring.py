@@ -1,0 +1,168 @@
+"""Prometheus config, alert rules and the Grafana provisioning against the compose services and
+the metric names that really exist (vLLM source, connector and proxy name tuples)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+
+import compose_checks as cc
+import metric_names as mn
+import pytest
+import yaml
+from compose_env.load import load_compose
+from conftest import COMPOSE_DIR
+
+PROM_DIR = COMPOSE_DIR / "prometheus"
+GRAFANA_DIR = COMPOSE_DIR / "grafana"
+DASHBOARD = GRAFANA_DIR / "dashboards" / "pcp-pd-kit.json"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+
+
+@pytest.fixture(scope="module")
+def compose(env_example):
+    return load_compose(COMPOSE_DIR / "docker-compose.yml", env_example)
+
+
+@pytest.fixture(scope="module")
+def prom() -> dict:
+    return yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def known_metrics() -> set[str]:
+    return mn.vllm_metric_bases() | mn.kit_metric_bases() | {"up"}
+
+
+@pytest.fixture(scope="module")
+def alert_rules() -> list[dict]:
+    groups = yaml.safe_load((PROM_DIR / "alerts.yml").read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+@pytest.fixture(scope="module")
+def dashboard_exprs() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_prometheus_targets_are_compose_services(compose, prom) -> None:
+    assert cc.check_prometheus_targets(compose, prom) == []
+
+
+def test_target_check_catches_a_wrong_port(compose, prom) -> None:
+    broken = copy.deepcopy(prom)
+    broken["scrape_configs"][0]["static_configs"][0]["targets"] = ["prefill:9999"]
+    assert any("prefill:9999" in p for p in cc.check_prometheus_targets(compose, broken))
+
+
+def test_pcp_size_label_matches_env_example(prom, env_example) -> None:
+    prefill = next(j for j in prom["scrape_configs"] if j["job_name"] == "prefill")
+    labels = prefill["static_configs"][0]["labels"]
+    assert labels["pcp_size"] == env_example["PREFILLER_PCP_SIZE"]
+
+
+def test_compose_mounts_the_monitoring_config(compose) -> None:
+    volumes = (
+        compose["services"]["prometheus"]["volumes"] + compose["services"]["grafana"]["volumes"]
+    )
+    for volume in volumes:
+        source = volume.split(":", 1)[0]
+        if source.startswith("."):
+            assert (COMPOSE_DIR / source).is_dir(), f"{volume}: source missing"
+    rule_files = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())["rule_files"]
+    assert all((PROM_DIR / f).is_file() for f in rule_files)
+
+
+def test_alerts_cover_dedup_nixl_failures_and_targets(alert_rules) -> None:
+    by_name = {r["alert"]: r["expr"] for r in alert_rules}
+    assert "vllm:nixl_pcp_finished_sending_suppressed_total" in by_name["PcpDedupInvariantBroken"]
+    assert "vllm:nixl_pcp_canonical_completions_total" in by_name["PcpDedupInvariantBroken"]
+    assert "vllm:nixl_num_failed_transfers_total" in by_name["NixlTransferFailures"]
+    assert "up{" in by_name["PdTargetDown"]
+    for job in ("prefill", "decode", "proxy"):
+        assert job in by_name["PdTargetDown"]
+
+
+def test_alert_queries_name_existing_metrics(alert_rules, known_metrics) -> None:
+    unknown = {
+        (rule["alert"], name)
+        for rule in alert_rules
+        for name in mn.metrics_in_query(rule["expr"])
+        if mn.base_name(name) not in known_metrics
+    }
+    assert not unknown, unknown
+
+
+def test_grafana_queries_name_existing_metrics(dashboard_exprs, known_metrics) -> None:
+    assert dashboard_exprs
+    unknown = {
+        name
+        for expr in dashboard_exprs
+        for name in mn.metrics_in_query(expr)
+        if mn.base_name(name) not in known_metrics
+    }
+    assert not unknown, unknown
+
+
+def test_metric_name_check_can_fail(known_metrics) -> None:
+    names = mn.metrics_in_query("rate(vllm:nixl_xfer_time_secnds_bucket[5m])")
+    assert names == {"vllm:nixl_xfer_time_secnds_bucket"}
+    assert mn.base_name(names.pop()) not in known_metrics
+
+
+def test_dashboard_covers_the_promised_panels(dashboard_exprs) -> None:
+    text = "\n".join(dashboard_exprs)
+    for metric in (
+        "pd_proxy_request_duration_seconds_bucket",
+        "pd_proxy_prefill_duration_seconds_bucket",
+        "pd_proxy_decode_ttfb_seconds_bucket",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:nixl_xfer_time_seconds_bucket",
+        "vllm:nixl_bytes_transferred_sum",
+        "vllm:nixl_num_failed_transfers_total",
+        "vllm:prompt_tokens_by_source_total",
+        "vllm:nixl_pcp_handshake_publications_skipped_total",
+        "vllm:nixl_pcp_finished_sending_suppressed_total",
+        "vllm:nixl_pcp_canonical_completions_total",
+    ):
+        assert metric in text, metric
+
+
+def test_grafana_datasource_and_dashboard_provisioning(compose) -> None:
+    ds = yaml.safe_load((GRAFANA_DIR / "provisioning/datasources/prometheus.yml").read_text())
+    source = ds["datasources"][0]
+    host_port = source["url"].removeprefix("http://")
+    host, port = host_port.split(":")
+    assert int(port) in cc.service_endpoints(compose)[host]
+    dash = json.loads(DASHBOARD.read_text())
+    uids = {
+        t["datasource"]["uid"]
+        for p in dash["panels"]
+        for t in p.get("targets", [])
+        if "datasource" in t
+    }
+    assert uids == {source["uid"]}
+    providers = yaml.safe_load((GRAFANA_DIR / "provisioning/dashboards/pcp-pd-kit.yml").read_text())
+    path = providers["providers"][0]["options"]["path"]
+    assert any(v.endswith(":" + path + ":ro") for v in compose["services"]["grafana"]["volumes"])
+
+
+@needs_promtool
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "config", "prometheus.yml"],
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts.test.yml"],
+    ],
+    ids=["check-config", "check-rules", "test-rules"],
+)
+def test_promtool(argv: list[str]) -> None:
+    res = subprocess.run(
+        [PROMTOOL, *argv], cwd=PROM_DIR, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr

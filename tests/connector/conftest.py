@@ -1,0 +1,61 @@
+"""Shared fixtures for the connector tests: import path, .env.example names, a tiny model dir."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONNECTOR_DIR = REPO_ROOT / "connector"
+if str(CONNECTOR_DIR) not in sys.path:
+    sys.path.insert(0, str(CONNECTOR_DIR))
+
+# A 2-layer Llama: config only, no weights (the scheduler never runs a model).
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+
+def read_env_example(path: Path = REPO_ROOT / ".env.example") -> dict[str, str]:
+    """KEY=VALUE lines of .env.example (comments and blanks skipped)."""
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        values[key.strip()] = value.strip().strip("'\"")
+    return values
+
+
+@pytest.fixture(scope="session")
+def env_connector_names() -> tuple[str, str]:
+    env = read_env_example()
+    return env["KV_CONNECTOR"], env["KV_CONNECTOR_MODULE_PATH"]
+
+
+def write_tiny_model(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))

@@ -1,0 +1,97 @@
+"""Real vLLM Scheduler + KVOutputAggregator: stock leaks the PCP2 blocks, ours frees them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+REQ = "req-pcp2"
+
+
+def _facades(cls_name: str, cfg: Any, pcp: int) -> tuple[list[Any], list[Any]]:
+    """Worker-side facades of ``cls_name`` for each PCP rank, over stand-in workers."""
+    from pcp_nixl_connector import PcpCanonicalNixlConnector
+    from pcp_nixl_connector.connector import layout_from_config
+    from pcp_nixl_connector.stats import PcpNixlKVConnectorStats
+    from pcp_sim import StubPcpWorker
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
+    facades, workers = [], []
+    for rank in range(pcp):
+        if cls_name == "stock":
+            worker = StubPcpWorker(pcp_rank=rank, xfer_stats=NixlKVConnectorStats())
+            facade = object.__new__(NixlPullConnector)
+        else:
+            worker = StubPcpWorker(pcp_rank=rank, xfer_stats=PcpNixlKVConnectorStats())
+            facade = object.__new__(PcpCanonicalNixlConnector)
+            facade.pcp_layout = layout_from_config(cfg)
+        facade.kv_transfer_config = cfg.kv_transfer_config
+        facade.connector_worker = worker
+        if cls_name != "stock":
+            facade._bind_rank(rank)
+        facades.append(facade)
+        workers.append(worker)
+    return facades, workers
+
+
+def _run_until_sent(sim: Any) -> None:
+    """Prefill the request (1 token) and ship reqs_to_send to the ranks."""
+    from pcp_sim import make_remote_decode_request
+
+    sim.scheduler.add_request(make_remote_decode_request(REQ))
+    sim.step()  # prefill + sample -> request finishes, blocks held for decode
+    assert REQ in sim.scheduler.requests
+    sim.step()  # reqs_to_send reaches the workers
+
+
+def _sim(tiny_model_dir, connector: str, module: str | None, extra=None):
+    from pcp_sim import PdProducerSim, make_config
+
+    cfg = make_config(tiny_model_dir, connector, module, pcp=2, extra=extra)
+    facades, workers = _facades("stock" if module is None else "ours", cfg, pcp=2)
+    return PdProducerSim(cfg, facades, workers)
+
+
+def test_stock_nixl_leaks_replicated_pcp2_blocks(tiny_model_dir):
+    """Upstream bug (vLLM 0.32/0.33). If this fails, upstream fixed it: revisit the kit."""
+    sim = _sim(tiny_model_dir, "NixlPullConnector", None)
+    assert sim.aggregator._expected_finished_count == 2
+    _run_until_sent(sim)
+    sim.workers[0].decode_read(REQ)
+    for _ in range(4):
+        sim.step()
+    assert REQ in sim.scheduler.requests, "stock vLLM freed the PCP2 request: upstream fixed?"
+    leaked = sim.usable_blocks - sim.free_blocks
+    assert leaked == 3  # 80 prompt tokens in 32-token blocks
+
+
+@pytest.mark.parametrize("mode", ["canonical", "world_size"])
+def test_ours_frees_every_block_only_after_the_canonical_report(
+    tiny_model_dir, env_connector_names, mode
+):
+    name, module = env_connector_names
+    sim = _sim(tiny_model_dir, name, module, extra={"pcp_completion_mode": mode})
+    assert sim.aggregator._expected_finished_count == (1 if mode == "canonical" else 2)
+    _run_until_sent(sim)
+    # Rank 1 has reported (suppressed or counted); rank 0 has not: nothing freed yet.
+    for _ in range(3):
+        assert sim.step() == set()
+    assert REQ in sim.scheduler.requests
+    assert sim.free_blocks < sim.usable_blocks
+
+    sim.workers[0].decode_read(REQ)
+    assert sim.step() == {REQ}
+    assert REQ not in sim.scheduler.requests
+    assert sim.free_blocks == sim.usable_blocks
+    assert all(b.ref_cnt == 0 for b in sim.scheduler.kv_cache_manager.block_pool.blocks[1:])
+
+    totals: dict[str, int] = {}
+    for stats in sim.stats:
+        for key, value in stats.dedup_totals().items():
+            totals[key] = totals.get(key, 0) + value
+    assert totals["num_pcp_canonical_completions"] == 1
+    assert totals["num_pcp_finished_sending_suppressed"] == (1 if mode == "canonical" else 0)
