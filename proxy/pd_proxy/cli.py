@@ -1,0 +1,89 @@
+"""``pd-proxy`` entry point: parse settings, serve until SIGTERM/SIGINT, then drain.
+
+On a signal the listening socket closes at once, ``/health`` turns 503, and in-flight requests
+(streams included) get up to ``--drain-timeout`` seconds to finish before the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from pd_proxy.app import build_app, make_runner
+from pd_proxy.config import ConfigError, ProxyConfig, load_config
+from pd_proxy.logs import flush_periodically, setup_logging
+
+log = logging.getLogger("pd_proxy")
+
+
+async def serve(config: ProxyConfig, log_handler: logging.Handler | None = None) -> None:
+    app = build_app(config)
+    runner = make_runner(app, config)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=2048, reuse_address=True)
+    await site.start()
+    for addr in runner.addresses:
+        host, port = addr[0], addr[1]
+        log.info("listening on http://%s:%d", host, port)
+    log.info("prefill: %s | decode: %s", " ".join(config.prefill), " ".join(config.decode))
+    flusher = None
+    if log_handler is not None:
+        log_handler.flush()  # the "listening on" line must not wait for the first flush
+        flusher = asyncio.create_task(flush_periodically(log_handler))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("shutting down: draining in-flight requests (up to %gs)", config.drain_timeout)
+    finally:
+        await runner.cleanup()
+        log.info("stopped")
+        if flusher is not None:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+
+
+def _run(coro_factory) -> None:
+    """Run on uvloop when it is installed; it roughly halves the proxy's per-request CPU."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro_factory())
+        return
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(coro_factory())
+    else:  # pragma: no cover - 3.10
+        uvloop.install()
+        asyncio.run(coro_factory())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config(argv)
+    except ConfigError as exc:
+        print(f"pd-proxy: error: {exc}", file=sys.stderr)
+        return 2
+    handler = setup_logging(config.logging_level)
+    try:
+        _run(lambda: serve(config, handler))
+    except OSError as exc:  # e.g. port in use: say so without a traceback
+        log.error("cannot serve on %s:%d: %s", config.host, config.port, exc)
+        return 1
+    finally:
+        handler.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""OpenAI-style error bodies, so SDK clients surface a readable message instead of a parse error."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    499: "client_closed_request",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+
+
+class ProxyError(Exception):
+    """Ends a request with an OpenAI-style error ``status`` and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Passthrough(Exception):
+    """A backend's own 4xx answer, returned to the client unchanged."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+def error_body(status: int, message: str) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "server_error"),
+            "param": None,
+            "code": status,
+        }
+    }
+
+
+def error_response(status: int, message: str, request_id: str | None = None) -> web.Response:
+    headers = {"X-Request-Id": request_id} if request_id else None
+    return web.Response(
+        status=status,
+        body=json.dumps(error_body(status, message)).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def sse_error_event(status: int, message: str, need_separator: bool) -> bytes:
+    """Terminates a broken stream the way vLLM does: an error event, then ``[DONE]``.
+
+    ``need_separator`` closes a half-relayed event first so the error parses as its own event.
+    """
+    prefix = b"\n\n" if need_separator else b""
+    return (
+        prefix
+        + b"data: "
+        + json.dumps(error_body(status, message)).encode()
+        + (b"\n\ndata: [DONE]\n\n")
+    )

@@ -1,0 +1,471 @@
+"""HTTP handlers: the two-leg P/D flow, health, models and metrics.
+
+The decode path relays upstream bytes as they arrive (no per-chunk parsing); only the last chunk is
+kept, to know whether a broken stream needs an event separator before its error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pd_proxy.config import ProxyConfig
+from pd_proxy.errors import Passthrough, ProxyError, error_response, sse_error_event
+from pd_proxy.metrics import CONTENT_TYPE, ProxyMetrics
+from pd_proxy.pool import Backend, BackendPool, HealthChecker
+from pd_proxy.rewrite import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    BadRequest,
+    decode_body,
+    dumps,
+    kv_params_from_prefill,
+    parse_request,
+    prefill_body,
+)
+
+log = logging.getLogger("pd_proxy.request")
+
+CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
+# Errors that mean the request never reached the backend, so another one may take it.
+CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+class RelayResponse(web.StreamResponse):
+    """A stream whose headers leave with its first chunk: one send instead of two.
+
+    aiohttp's own ``Response`` opts into this buffering; for a relay it costs nothing, since the
+    client cannot act on the headers before the first token anyway.
+    """
+
+    _send_headers_immediately = False
+
+
+class Trace:
+    """Per-request facts for the log line."""
+
+    __slots__ = ("rid", "prefill", "decode", "prefill_s", "ttfb_s", "status")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.prefill = "-"
+        self.decode = "-"
+        self.prefill_s = -1.0
+        self.ttfb_s = -1.0
+        self.status = 500
+
+
+def _ms(seconds: float) -> str:
+    return "-" if seconds < 0 else f"{seconds * 1e3:.1f}"
+
+
+def _snippet(data: bytes, limit: int = 200) -> str:
+    return data[:limit].decode("utf-8", "replace")
+
+
+class ProxyHandlers:
+    """Bound to one app; ``session`` is set when the app starts (it needs a running loop)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        metrics: ProxyMetrics,
+        prefill: BackendPool,
+        decode: BackendPool,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.prefill_pool = prefill
+        self.decode_pool = decode
+        self.session: aiohttp.ClientSession | None = None
+        self.checker: HealthChecker | None = None
+        self.draining = False
+        self.prefill_timeout = aiohttp.ClientTimeout(
+            total=config.prefill_timeout, sock_connect=config.connect_timeout
+        )
+        # sock_read bounds both the wait for headers and each silence between stream chunks.
+        self.decode_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.decode_timeout
+        )
+
+    # ----------------------------------------------------------------- completions
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, COMPLETIONS)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, CHAT_COMPLETIONS)
+
+    async def _proxy(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        start = time.perf_counter()
+        metrics = self.metrics
+        metrics.in_flight.inc()
+        # 32 hex chars like uuid4().hex, for a fraction of its cost.
+        trace = Trace(request.headers.get("X-Request-Id") or os.urandom(16).hex())
+        try:
+            try:
+                response = await self._two_legs(request, endpoint, trace)
+                if trace.status != CLIENT_GONE:
+                    trace.status = response.status
+                return response
+            except ProxyError as exc:
+                trace.status = exc.status
+                return error_response(exc.status, exc.message, trace.rid)
+            except Passthrough as exc:
+                trace.status = exc.status
+                return web.Response(
+                    status=exc.status,
+                    body=exc.body,
+                    headers={"Content-Type": exc.content_type, "X-Request-Id": trace.rid},
+                )
+            except Exception:  # a bug must still answer in JSON, with the trace in our log only
+                log.exception("rid=%s unexpected error", trace.rid)
+                trace.status = 500
+                return error_response(500, "internal proxy error", trace.rid)
+        except asyncio.CancelledError:
+            trace.status = CLIENT_GONE
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            metrics.in_flight.dec()
+            metrics.count_request(endpoint, trace.status)
+            metrics.request_duration.observe(elapsed)
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "rid=%s %s status=%d prefill=%s decode=%s prefill_ms=%s ttfb_ms=%s "
+                    "total_ms=%.1f",
+                    trace.rid,
+                    endpoint,
+                    trace.status,
+                    trace.prefill,
+                    trace.decode,
+                    _ms(trace.prefill_s),
+                    _ms(trace.ttfb_s),
+                    elapsed * 1e3,
+                )
+
+    async def _two_legs(
+        self, request: web.Request, endpoint: str, trace: Trace
+    ) -> web.StreamResponse:
+        body = await self._read_body(request)
+        try:
+            client_body = parse_request(body, endpoint)
+        except BadRequest as exc:
+            raise ProxyError(400, str(exc)) from None
+        headers = {"Content-Type": "application/json", "X-Request-Id": trace.rid}
+        auth = request.headers.get("Authorization")
+        if auth is not None:
+            headers["Authorization"] = auth
+        kv_params = await self._prefill(endpoint, client_body, headers, trace)
+        return await self._decode(request, endpoint, client_body, kv_params, headers, trace)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise ProxyError(413, f"request body of {length} bytes exceeds the {limit} byte limit")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ProxyError(413, f"request body exceeds the {limit} byte limit") from None
+
+    def _pick(self, pool: BackendPool, exclude: Backend | None = None) -> Backend:
+        backend = pool.pick(exclude)
+        if backend is None:
+            raise ProxyError(
+                503, f"no healthy {pool.role} backend (down: {', '.join(pool.down()) or 'none'})"
+            )
+        return backend
+
+    def _mark_down(self, backend: Backend, stage: str) -> None:
+        """Passive health: a refused connection takes the backend out until a check passes."""
+        backend.healthy = False
+        self.metrics.set_health(backend.role, backend.url, False)
+        self.metrics.backend_error(stage, backend.url)
+
+    async def _prefill(
+        self, endpoint: str, client_body: dict[str, Any], headers: dict[str, str], trace: Trace
+    ) -> Any:
+        assert self.session is not None
+        payload = dumps(prefill_body(client_body))
+        backend = self._pick(self.prefill_pool)
+        start = time.perf_counter()
+        for attempt in (0, 1):
+            backend.outstanding += 1
+            try:
+                async with self.session.post(
+                    backend.endpoint(endpoint),
+                    data=payload,
+                    headers=headers,
+                    timeout=self.prefill_timeout,
+                ) as resp:
+                    data = await resp.read()
+                    status = resp.status
+                    content_type = resp.headers.get("Content-Type", "application/json")
+            except CONNECT_ERRORS as exc:
+                self._mark_down(backend, "prefill")
+                retry = self.prefill_pool.pick(exclude=backend)
+                if attempt == 0 and retry is not None:
+                    log.warning(
+                        "rid=%s prefill %s unreachable, retrying on %s",
+                        trace.rid,
+                        backend.url,
+                        retry.url,
+                    )
+                    backend = retry
+                    continue
+                raise ProxyError(502, f"prefill backend {backend.url} unreachable: {exc}") from None
+            except asyncio.TimeoutError:
+                self.metrics.backend_error("prefill", backend.url)
+                raise ProxyError(
+                    504,
+                    f"prefill backend {backend.url} timed out after "
+                    f"{self.config.prefill_timeout:g}s",
+                ) from None
+            except aiohttp.ClientError as exc:
+                self.metrics.backend_error("prefill", backend.url)
+                raise ProxyError(502, f"prefill backend {backend.url} failed: {exc!r}") from None
+            finally:
+                backend.outstanding -= 1
+            break
+        trace.prefill = backend.url
+        trace.prefill_s = elapsed = time.perf_counter() - start
+        self.metrics.prefill_duration.observe(elapsed)
+        if 400 <= status < 500:
+            raise Passthrough(status, data, content_type)
+        if status != 200:
+            self.metrics.backend_error("prefill", backend.url)
+            raise ProxyError(
+                502, f"prefill backend {backend.url} returned {status}: {_snippet(data)}"
+            )
+        try:
+            return kv_params_from_prefill(data)
+        except ValueError:
+            self.metrics.backend_error("prefill", backend.url)
+            raise ProxyError(
+                502, f"prefill backend {backend.url} returned invalid JSON: {_snippet(data)}"
+            ) from None
+
+    async def _decode(
+        self,
+        request: web.Request,
+        endpoint: str,
+        client_body: dict[str, Any],
+        kv_params: Any,
+        headers: dict[str, str],
+        trace: Trace,
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        payload = dumps(decode_body(client_body, kv_params))
+        backend = self._pick(self.decode_pool)
+        start = time.perf_counter()
+        for attempt in (0, 1):
+            backend.outstanding += 1
+            try:
+                resp = await self.session.post(
+                    backend.endpoint(endpoint),
+                    data=payload,
+                    headers=headers,
+                    timeout=self.decode_timeout,
+                )
+            except CONNECT_ERRORS as exc:
+                backend.outstanding -= 1
+                self._mark_down(backend, "decode")
+                retry = self.decode_pool.pick(exclude=backend)
+                if attempt == 0 and retry is not None:
+                    log.warning(
+                        "rid=%s decode %s unreachable, retrying on %s",
+                        trace.rid,
+                        backend.url,
+                        retry.url,
+                    )
+                    backend = retry
+                    continue
+                raise ProxyError(502, f"decode backend {backend.url} unreachable: {exc}") from None
+            except asyncio.TimeoutError:
+                backend.outstanding -= 1
+                self.metrics.backend_error("decode", backend.url)
+                raise ProxyError(
+                    504,
+                    f"decode backend {backend.url} sent nothing for "
+                    f"{self.config.decode_timeout:g}s",
+                ) from None
+            except aiohttp.ClientError as exc:
+                backend.outstanding -= 1
+                self.metrics.backend_error("decode", backend.url)
+                raise ProxyError(502, f"decode backend {backend.url} failed: {exc!r}") from None
+            break
+        trace.decode = backend.url
+        try:
+            return await self._relay(request, resp, backend, start, trace)
+        finally:
+            resp.release()  # closes the upstream connection if the body was not read to the end
+            backend.outstanding -= 1
+
+    async def _relay(
+        self,
+        request: web.Request,
+        resp: aiohttp.ClientResponse,
+        backend: Backend,
+        start: float,
+        trace: Trace,
+    ) -> web.StreamResponse:
+        content_type = resp.headers.get("Content-Type", "application/json")
+        if resp.status != 200 or not content_type.startswith("text/event-stream"):
+            try:
+                data = await resp.read()
+            except asyncio.TimeoutError:
+                self.metrics.backend_error("decode", backend.url)
+                raise ProxyError(504, f"decode backend {backend.url} timed out") from None
+            except aiohttp.ClientError as exc:
+                self.metrics.backend_error("decode", backend.url)
+                raise ProxyError(502, f"decode backend {backend.url} failed: {exc!r}") from None
+            self._first_byte(start, trace)
+            if 400 <= resp.status < 500:
+                raise Passthrough(resp.status, data, content_type)
+            if resp.status != 200:
+                self.metrics.backend_error("decode", backend.url)
+                raise ProxyError(
+                    502, f"decode backend {backend.url} returned {resp.status}: {_snippet(data)}"
+                )
+            return web.Response(
+                body=data, headers={"Content-Type": content_type, "X-Request-Id": trace.rid}
+            )
+
+        out = RelayResponse(
+            headers={
+                "Content-Type": content_type,
+                "Cache-Control": "no-cache",
+                "X-Request-Id": trace.rid,
+            }
+        )
+        await out.prepare(request)
+        content = resp.content
+        last = b"\n\n"
+        failure: BaseException | None = None
+        chunk = await self._read_chunk(content)
+        if isinstance(chunk, bytes):
+            self._first_byte(start, trace)
+        while isinstance(chunk, bytes) and chunk:
+            try:
+                if content.at_eof():
+                    # Last chunk: send it with the chunked terminator in one write.
+                    await out.write_eof(chunk)
+                    return out
+                await out.write(chunk)
+            except (ConnectionResetError, aiohttp.ClientConnectionError):
+                trace.status = CLIENT_GONE
+                return out
+            last = chunk
+            chunk = await self._read_chunk(content)
+        if not isinstance(chunk, bytes):
+            failure = chunk
+            self.metrics.backend_error("decode", backend.url)
+            if isinstance(failure, asyncio.TimeoutError):
+                status, message = (
+                    504,
+                    (
+                        f"decode backend {backend.url} sent nothing for "
+                        f"{self.config.decode_timeout:g}s"
+                    ),
+                )
+            else:
+                status, message = 502, f"decode backend {backend.url} broke the stream: {failure!r}"
+            log.warning("rid=%s %s", trace.rid, message)
+            try:
+                await out.write(sse_error_event(status, message, not last.endswith(b"\n\n")))
+            except (ConnectionResetError, aiohttp.ClientConnectionError):
+                trace.status = CLIENT_GONE
+                return out
+        try:
+            await out.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionError):
+            trace.status = CLIENT_GONE
+        return out
+
+    @staticmethod
+    async def _read_chunk(content: aiohttp.StreamReader) -> bytes | BaseException:
+        """Next upstream chunk, b"" at a clean end, or the exception that broke the stream."""
+        try:
+            return await content.readany()
+        except UPSTREAM_ERRORS as exc:
+            return exc
+
+    def _first_byte(self, start: float, trace: Trace) -> None:
+        trace.ttfb_s = elapsed = time.perf_counter() - start
+        self.metrics.decode_ttfb.observe(elapsed)
+
+    # ----------------------------------------------------------------- other endpoints
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/models`` answered by a decode backend (it serves the same model)."""
+        assert self.session is not None
+        status = 500
+        try:
+            backend = self._pick(self.decode_pool)
+            headers = {}
+            auth = request.headers.get("Authorization")
+            if auth is not None:
+                headers["Authorization"] = auth
+            try:
+                async with self.session.get(
+                    backend.endpoint("/v1/models"), headers=headers, timeout=self.prefill_timeout
+                ) as resp:
+                    data = await resp.read()
+                    status = resp.status
+                    content_type = resp.headers.get("Content-Type", "application/json")
+            except CONNECT_ERRORS as exc:
+                self._mark_down(backend, "models")
+                raise ProxyError(502, f"decode backend {backend.url} unreachable: {exc}") from None
+            except asyncio.TimeoutError:
+                self.metrics.backend_error("models", backend.url)
+                raise ProxyError(504, f"decode backend {backend.url} timed out") from None
+            except aiohttp.ClientError as exc:
+                self.metrics.backend_error("models", backend.url)
+                raise ProxyError(502, f"decode backend {backend.url} failed: {exc!r}") from None
+            if status >= 500:
+                self.metrics.backend_error("models", backend.url)
+                raise ProxyError(502, f"decode backend {backend.url} returned {status}")
+            return web.Response(status=status, body=data, headers={"Content-Type": content_type})
+        except ProxyError as exc:
+            status = exc.status
+            return error_response(exc.status, exc.message)
+        finally:
+            self.metrics.count_request("/v1/models", status)
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 while a prefill and a decode backend are healthy; else 503 naming what is down."""
+        pools = (self.prefill_pool, self.decode_pool)
+        body: dict[str, Any] = {
+            pool.role: {b.url: b.healthy for b in pool.backends} for pool in pools
+        }
+        problems = [f"no healthy {p.role} backend" for p in pools if not p.healthy()]
+        if self.draining:
+            problems.append("proxy is shutting down")
+        down = [url for p in pools for url in p.down()]
+        body["down"] = down
+        if problems:
+            body["status"] = "unavailable"
+            body["error"] = {
+                "message": "; ".join(problems) + (f" (down: {', '.join(down)})" if down else ""),
+                "type": "service_unavailable",
+                "code": 503,
+            }
+            return web.json_response(body, status=503)
+        body["status"] = "ok"
+        return web.json_response(body)
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        if request.path in (COMPLETIONS, CHAT_COMPLETIONS):
+            return error_response(
+                405, f"{request.method} is not allowed on {request.path}; use POST"
+            )
+        return error_response(404, f"no route for {request.method} {request.path}")

@@ -1,0 +1,114 @@
+"""Prometheus metrics for one proxy app, on its own registry.
+
+A per-app ``CollectorRegistry`` (not the process-global one) lets several proxies live in one test
+process and keeps the exposition free of unrelated collectors. Label children that are known up
+front are created once so the request path does no label lookups for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Family names exactly as they appear in the text exposition (``# TYPE`` lines).
+METRIC_NAMES: tuple[str, ...] = (
+    "pd_proxy_requests_total",
+    "pd_proxy_in_flight_requests",
+    "pd_proxy_prefill_duration_seconds",
+    "pd_proxy_decode_ttfb_seconds",
+    "pd_proxy_request_duration_seconds",
+    "pd_proxy_backend_errors_total",
+    "pd_proxy_backend_healthy",
+)
+
+# Loopback legs take milliseconds, real CPU/GPU prefill and KV transfer seconds to minutes.
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ProxyMetrics:
+    """The proxy's metric families; ``render()`` gives the exposition for ``GET /metrics``."""
+
+    def __init__(self, prefill: Iterable[str], decode: Iterable[str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.requests = Counter(
+            "pd_proxy_requests",
+            "Client requests by endpoint and HTTP status (499: client left).",
+            ("endpoint", "status"),
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "pd_proxy_in_flight_requests", "Client requests being served now.", registry=reg
+        )
+        self.prefill_duration = Histogram(
+            "pd_proxy_prefill_duration_seconds",
+            "Prefill leg latency, request sent to JSON read.",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.decode_ttfb = Histogram(
+            "pd_proxy_decode_ttfb_seconds",
+            "Decode leg time to first body byte (includes the KV transfer).",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.request_duration = Histogram(
+            "pd_proxy_request_duration_seconds",
+            "End-to-end client request latency.",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.backend_errors = Counter(
+            "pd_proxy_backend_errors",
+            "Backend failures (connect, timeout, 5xx, broken stream).",
+            ("stage", "backend"),
+            registry=reg,
+        )
+        self.backend_healthy = Gauge(
+            "pd_proxy_backend_healthy",
+            "1 when the backend's last health check passed.",
+            ("role", "backend"),
+            registry=reg,
+        )
+        self._request_children: dict[tuple[str, int], Counter] = {}
+        for role, urls in (("prefill", prefill), ("decode", decode)):
+            for url in urls:
+                self.backend_healthy.labels(role, url).set(1)
+
+    def count_request(self, endpoint: str, status: int) -> None:
+        key = (endpoint, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(endpoint, str(status))
+        child.inc()
+
+    def backend_error(self, stage: str, backend: str) -> None:
+        self.backend_errors.labels(stage, backend).inc()
+
+    def set_health(self, role: str, backend: str, healthy: bool) -> None:
+        self.backend_healthy.labels(role, backend).set(1 if healthy else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

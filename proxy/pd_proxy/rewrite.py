@@ -1,0 +1,89 @@
+"""The P/D protocol as pure functions: validate the client body, build the two legs.
+
+vLLM's NIXL connector expects the prefill instance to see the client's request with
+``do_remote_decode`` set and generation cut to one token (so it only fills the KV cache and hands
+back ``kv_transfer_params``); the decode instance then gets the client's original request plus those
+params and pulls the KV blocks instead of recomputing them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+
+# The field each endpoint cannot do without.
+REQUIRED_FIELD = {COMPLETIONS: "prompt", CHAT_COMPLETIONS: "messages"}
+
+# Fields that must not reach the one-token prefill: streaming options and lower length bounds
+# (a min_tokens above 1 would contradict max_tokens=1).
+PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+
+
+class BadRequest(ValueError):
+    """The client body cannot be proxied; the message is safe to return to the client."""
+
+
+def prefill_kv_params() -> dict[str, Any]:
+    """What a prefill instance needs to keep the KV blocks for a remote decode."""
+    return {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+
+
+def parse_request(body: bytes, endpoint: str) -> dict[str, Any]:
+    """Decode and minimally validate a client body; raise ``BadRequest`` with a client message."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("request body is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("request body must be a JSON object")
+    field = REQUIRED_FIELD[endpoint]
+    if obj.get(field) is None:
+        raise BadRequest(f"'{field}' is required")
+    return obj
+
+
+def prefill_body(request: dict[str, Any]) -> dict[str, Any]:
+    """The prefill leg: the client body, non-streaming, one token, asking to keep KV for decode."""
+    body = dict(request)
+    body["kv_transfer_params"] = prefill_kv_params()
+    body["stream"] = False
+    body["max_tokens"] = 1
+    if "max_completion_tokens" in body:
+        body["max_completion_tokens"] = 1
+    for key in PREFILL_DROPPED:
+        body.pop(key, None)
+    return body
+
+
+def decode_body(request: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
+    """The decode leg: the client's original body plus the prefill's ``kv_transfer_params``."""
+    body = dict(request)
+    body["kv_transfer_params"] = kv_transfer_params
+    return body
+
+
+def kv_params_from_prefill(payload: bytes) -> Any:
+    """Pull ``kv_transfer_params`` out of the prefill's JSON response.
+
+    ``None`` is legitimate (vLLM returns it when the one prefill token was EOS); decode then
+    computes the prompt itself. A body that is not a JSON object raises ``ValueError``.
+    """
+    obj = json.loads(payload)
+    if not isinstance(obj, dict):
+        raise ValueError("prefill response is not a JSON object")
+    return obj.get("kv_transfer_params")
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON bytes for an upstream body."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

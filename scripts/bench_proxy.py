@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Benchmark pd-proxy against its floor: a client that does both P/D legs itself.
+
+A fake vLLM prefill and a fake vLLM decode run as their own processes on loopback, the proxy runs
+as its own process, and this process is the load generator. Rounds alternate floor and proxy (the
+order flips every round) so machine noise hits both alike; the summary gives medians over rounds and
+the proxy/floor ratios. Every response is checked (status, all tokens, ``[DONE]``); errors must
+be 0.
+
+    python scripts/bench_proxy.py                     # 32 streams x 16 tokens, 5 rounds
+    python scripts/bench_proxy.py --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
+
+``--proxy-cmd`` is a template with ``{port}``, ``{prefill}`` and ``{decode}`` (base URLs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "proxy"))  # runnable from a checkout without installing
+
+from pd_proxy.rewrite import decode_body, dumps, prefill_body  # noqa: E402
+
+DEFAULT_PROXY_CMD = (
+    f"{shlex.quote(sys.executable)} -m pd_proxy --host 127.0.0.1 --port {{port}} "
+    "--prefill {prefill} --decode {decode}"
+)
+
+
+@dataclass
+class Round:
+    mode: str
+    latencies: list[float]
+    wall: float
+    errors: int
+    cpu_us: dict[str, float] | None = None  # CPU microseconds per request, by process
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.wall
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU of a process (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_with_path() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "proxy"), env.get("PYTHONPATH")]))
+    return env
+
+
+def start_fake(role: str, token_delay: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pd_proxy.testing.fake_vllm", "--role", role, "--port", "0",
+         "--token-delay", str(token_delay)],
+        stdout=subprocess.PIPE, text=True, env=env_with_path(),
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"fake {role} did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+async def wait_ready(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while True:
+            try:
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{url} not ready after {timeout}s")
+            await asyncio.sleep(0.1)
+
+
+def check_stream(raw: bytes, tokens: int) -> bool:
+    return raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: ") == tokens + 1
+
+
+async def run_round(
+    mode: str, session: aiohttp.ClientSession, urls: dict[str, str], args: argparse.Namespace
+) -> Round:
+    body = {
+        "model": "fake-model",
+        "prompt": "hello " * 8,
+        "max_tokens": args.tokens,
+        "stream": True,
+    }
+    latencies: list[float] = []
+    errors = 0
+    remaining = args.requests
+    hdr = {"Content-Type": "application/json"}
+    proxy_payload = dumps(body)
+    prefill_payload = dumps(prefill_body(body))
+
+    async def floor_one() -> bytes:
+        headers = {**hdr, "X-Request-Id": uuid.uuid4().hex}
+        async with session.post(
+            urls["prefill"] + "/v1/completions", data=prefill_payload, headers=headers
+        ) as r:
+            kv = json.loads(await r.read())["kv_transfer_params"]
+        async with session.post(
+            urls["decode"] + "/v1/completions", data=dumps(decode_body(body, kv)), headers=headers
+        ) as r:
+            return await r.read() if r.status == 200 else b""
+
+    async def proxy_one() -> bytes:
+        async with session.post(
+            urls["proxy"] + "/v1/completions", data=proxy_payload, headers=hdr
+        ) as r:
+            return await r.read() if r.status == 200 else b""
+
+    one = floor_one if mode == "floor" else proxy_one
+
+    async def worker() -> None:
+        nonlocal remaining, errors
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            try:
+                raw = await one()
+            except (aiohttp.ClientError, ValueError, KeyError):
+                raw = b""
+            if check_stream(raw, args.tokens):
+                latencies.append(time.perf_counter() - t0)
+            else:
+                errors += 1
+
+    pids = {**args.pids, "generator": os.getpid()}
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    wall = time.perf_counter() - start
+    n = max(1, args.requests)
+    cpu = {name: (cpu_seconds(pid) - cpu0[name]) * 1e6 / n for name, pid in pids.items()}
+    return Round(mode, latencies, wall, errors, cpu)
+
+
+async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for mode in args.modes:  # warm-up: connections, caches
+            await run_round(mode, session, urls, argparse.Namespace(**{
+                **vars(args), "requests": args.warmup}))  # fmt: skip
+        rounds: list[Round] = []
+        for i in range(args.rounds):
+            order = args.modes if i % 2 == 0 else args.modes[::-1]
+            for mode in order:
+                r = await run_round(mode, session, urls, args)
+                rounds.append(r)
+                cpu = " ".join(f"{k}={v:.0f}" for k, v in (r.cpu_us or {}).items())
+                print(
+                    f"round {i + 1} {mode:5s}: p50 {r.pct(0.5):7.2f} ms  p99 {r.pct(0.99):7.2f} ms"
+                    f"  {r.rps:8.1f} req/s  errors {r.errors}  cpu us/req: {cpu}",
+                    flush=True,
+                )
+    if len(args.modes) < 2:  # profiling runs: no ratios
+        return 1 if any(r.errors for r in rounds) else 0
+    summary = {}
+    for mode in ("floor", "proxy"):
+        rs = [r for r in rounds if r.mode == mode]
+        summary[mode] = {
+            "p50_ms": statistics.median(r.pct(0.5) for r in rs),
+            "p99_ms": statistics.median(r.pct(0.99) for r in rs),
+            "req_s": statistics.median(r.rps for r in rs),
+            "errors": sum(r.errors for r in rs),
+        }
+    f, p = summary["floor"], summary["proxy"]
+    ratios = {
+        "p50": p["p50_ms"] / f["p50_ms"],
+        "p99": p["p99_ms"] / f["p99_ms"],
+        "throughput": p["req_s"] / f["req_s"],
+    }
+    print(
+        f"\n{args.concurrency} concurrent streams x {args.tokens} tokens, {args.requests} requests"
+        f" per round, medians of {args.rounds} rounds"
+    )
+    print(f"{'':6s} {'p50 ms':>8s} {'p99 ms':>8s} {'req/s':>8s} {'errors':>6s}")
+    for mode in ("floor", "proxy"):
+        s = summary[mode]
+        print(f"{mode:6s} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {s['req_s']:8.1f} {s['errors']:6d}")
+    print(
+        f"ratio  p50 {ratios['p50']:.2f}x (goal <= 1.5)  p99 {ratios['p99']:.2f}x  "
+        f"throughput {ratios['throughput']:.2f}x (goal >= 0.6)"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
+    return 1 if f["errors"] or p["errors"] else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--token-delay", type=float, default=0.0, help="fake decode, seconds")
+    parser.add_argument("--proxy-cmd", default=DEFAULT_PROXY_CMD)
+    parser.add_argument("--json", help="also write the summary here")
+    parser.add_argument("--keep-log", action="store_true", help="keep the proxy's log file")
+    parser.add_argument(
+        "--only", choices=("floor", "proxy"), help="run one side only (for profiling; no ratios)"
+    )
+    args = parser.parse_args()
+    args.modes = (args.only,) if args.only else ("floor", "proxy")
+
+    procs: list[subprocess.Popen] = []
+    keep_log = True  # unless the run succeeds
+    log = tempfile.NamedTemporaryFile(prefix="bench-proxy-", suffix=".log", delete=False)
+    try:
+        prefill_proc, prefill = start_fake("prefill", 0.0)
+        procs.append(prefill_proc)
+        decode_proc, decode = start_fake("decode", args.token_delay)
+        procs.append(decode_proc)
+        port = free_port()
+        cmd = args.proxy_cmd.format(port=port, prefill=prefill, decode=decode)
+        proxy_proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=env_with_path())
+        procs.append(proxy_proc)
+        args.pids = {
+            "prefill": prefill_proc.pid,
+            "decode": decode_proc.pid,
+            "proxy": proxy_proc.pid,
+        }
+        urls = {"prefill": prefill, "decode": decode, "proxy": f"http://127.0.0.1:{port}"}
+        print(f"proxy: {cmd}\nproxy log: {log.name}", flush=True)
+        try:
+            import uvloop
+        except ImportError:
+            uvloop = None
+        runner = uvloop.run if uvloop else asyncio.run
+
+        async def go() -> int:
+            await wait_ready(urls["proxy"])
+            return await bench(args, urls)
+
+        rc = runner(go())
+        keep_log = rc != 0 or args.keep_log
+        return rc
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        if keep_log:
+            print(f"proxy log kept: {log.name}")
+        else:
+            os.unlink(log.name)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""Several backends per role: spreading, skipping the dead, retrying a refused prefill once."""
+
+from __future__ import annotations
+
+import json
+
+from pd_proxy.pool import BackendPool
+from proxy_harness import pd_stack
+
+
+def test_pool_prefers_least_outstanding_and_rotates_ties():
+    pool = BackendPool("decode", ("http://a:1", "http://b:1", "http://c:1"))
+    a, b, c = pool.backends
+    assert [pool.pick().url for _ in range(4)] == [a.url, b.url, c.url, a.url]
+    a.outstanding, b.outstanding, c.outstanding = 3, 1, 2
+    assert pool.pick() is b
+    b.healthy = False
+    assert pool.pick() is c
+    assert pool.pick(exclude=c) is a
+    a.healthy = c.healthy = False
+    assert pool.pick() is None
+
+
+async def test_requests_succeed_and_spread_with_one_backend_of_each_role_down():
+    async with pd_stack(prefills=2, decodes=2, dead_prefills=1, dead_decodes=1) as s:
+        status, raw = await s.get("/health")
+        assert status == 200  # degraded but serving
+        health = json.loads(raw)
+        assert sorted(health["down"]) == sorted(s.dead)
+        assert health["prefill"][s.dead[0]] is False
+        for i in range(20):
+            stream = i % 2 == 0
+            status, _, raw = await s.post(
+                "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": stream}
+            )
+            assert status == 200, raw
+        assert [len(f.seen) for f in s.prefills] == [10, 10]
+        assert [len(f.seen) for f in s.decodes] == [10, 10]
+        for dead in s.dead:
+            role = "prefill" if dead in health["prefill"] else "decode"
+            assert s.sample("pd_proxy_backend_healthy", {"role": role, "backend": dead}) == 0
+
+
+async def test_refused_prefill_is_retried_once_on_another():
+    async with pd_stack(prefills=1, dead_prefills=1, decodes=1) as s:
+        s.revive_dead()  # the dead one looks healthy, as if it died after its last check
+        for _ in range(4):
+            status, _, raw = await s.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
+            assert status == 200, raw
+        assert len(s.prefill.seen) == 4
+        labels = {"stage": "prefill", "backend": s.dead[0]}
+        assert s.sample("pd_proxy_backend_errors_total", labels) == 1  # then it was skipped
+
+
+async def test_refused_decode_before_any_byte_is_retried_on_another():
+    async with pd_stack(decodes=1, dead_decodes=1) as s:
+        s.revive_dead()
+        for _ in range(4):
+            status, _, raw = await s.post(
+                "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": True}
+            )
+            assert status == 200, raw
+        assert len(s.decode.seen) == 4
+
+
+async def test_health_checks_take_backends_out_and_back():
+    async with pd_stack(prefills=2, decodes=1, health_interval=0.05) as s:
+        sick, well = s.prefills
+        checker = s.handlers.checker
+        sick.knobs.healthy = False
+        await _rounds(checker, 2)
+        status, raw = await s.get("/health")
+        assert status == 200 and json.loads(raw)["down"] == [sick.url]
+        for _ in range(4):
+            status, _, _ = await s.post("/v1/completions", {"prompt": "x", "max_tokens": 1})
+            assert status == 200
+        assert len(sick.seen) == 0 and len(well.seen) == 4
+
+        well.knobs.healthy = False
+        await _rounds(checker, 2)
+        status, raw = await s.get("/health")
+        assert status == 503 and sorted(json.loads(raw)["down"]) == sorted([sick.url, well.url])
+        status, _, _ = await s.post("/v1/completions", {"prompt": "x"})
+        assert status == 503
+
+        sick.knobs.healthy = well.knobs.healthy = True
+        await _rounds(checker, 2)
+        status, _ = await s.get("/health")
+        assert status == 200
+        labels = {"role": "prefill", "backend": sick.url}
+        assert s.sample("pd_proxy_backend_healthy", labels) == 1
+
+
+async def _rounds(checker, n: int) -> None:
+    """Wait for ``n`` more complete health rounds (the first may have started before a change)."""
+    import asyncio
+
+    target = checker.rounds + n
+    while checker.rounds < target:
+        await asyncio.sleep(0.01)

@@ -1,0 +1,111 @@
+"""Settings from flags and PD_PROXY_* variables; bad values exit 2 with a message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pd_proxy import cli
+from pd_proxy.config import ConfigError, build_parser, load_config
+
+P = "http://127.0.0.1:16801"
+D = "http://127.0.0.1:16802"
+
+
+def test_env_sets_every_option():
+    env = {
+        "PD_PROXY_HOST": "127.0.0.1",
+        "PD_PROXY_PORT": "9001",
+        "PD_PROXY_PREFILL": f"{P}, http://127.0.0.1:16803/",
+        "PD_PROXY_DECODE": f"{D} http://127.0.0.1:16804",
+        "PD_PROXY_CONNECT_TIMEOUT": "1.5",
+        "PD_PROXY_PREFILL_TIMEOUT": "7",
+        "PD_PROXY_DECODE_TIMEOUT": "8",
+        "PD_PROXY_MAX_BODY_BYTES": "2M",
+        "PD_PROXY_HEALTH_INTERVAL": "0.5",
+        "PD_PROXY_HEALTH_TIMEOUT": "0.25",
+        "PD_PROXY_DRAIN_TIMEOUT": "3",
+        "PD_PROXY_LOG_LEVEL": "WARNING",
+        "PD_PROXY_METRICS": "false",
+    }
+    c = load_config([], env)
+    assert (c.host, c.port) == ("127.0.0.1", 9001)
+    assert c.prefill == (P, "http://127.0.0.1:16803")
+    assert c.decode == (D, "http://127.0.0.1:16804")
+    assert (c.connect_timeout, c.prefill_timeout, c.decode_timeout) == (1.5, 7.0, 8.0)
+    assert c.max_body_bytes == 2 * 1024 * 1024
+    assert (c.health_interval, c.health_timeout, c.drain_timeout) == (0.5, 0.25, 3.0)
+    assert c.log_level == "warning"
+    assert c.metrics is False
+
+
+def test_flags_win_over_env():
+    env = {"PD_PROXY_PREFILL": P, "PD_PROXY_DECODE": D, "PD_PROXY_PORT": "9001"}
+    c = load_config(["--port", "9002", "--decode", "http://127.0.0.1:16805", "--metrics"], env)
+    assert c.port == 9002
+    assert c.prefill == (P,)
+    assert c.decode == ("http://127.0.0.1:16805",)
+    assert c.metrics is True
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PD_PROXY_PORT": "eighty"}, "PD_PROXY_PORT"),
+        ({"PD_PROXY_PREFILL_TIMEOUT": "-1"}, "prefill_timeout"),
+        ({"PD_PROXY_MAX_BODY_BYTES": "lots"}, "PD_PROXY_MAX_BODY_BYTES"),
+        ({"PD_PROXY_METRICS": "maybe"}, "PD_PROXY_METRICS"),
+        ({"PD_PROXY_LOG_LEVEL": "loud"}, "log level"),
+        ({"PD_PROXY_PREFILL": "localhost:8000"}, "must look like http"),
+        ({"PD_PROXY_DECODE": ""}, "--decode"),
+    ],
+)
+def test_bad_settings_raise_config_error(env, message):
+    base = {"PD_PROXY_PREFILL": P, "PD_PROXY_DECODE": D}
+    with pytest.raises(ConfigError, match=message):
+        load_config([], {**base, **env})
+
+
+def test_main_exits_2_with_a_message_not_a_traceback(monkeypatch, capsys):
+    monkeypatch.setenv("PD_PROXY_PREFILL", P)
+    monkeypatch.setenv("PD_PROXY_DECODE", D)
+    monkeypatch.setenv("PD_PROXY_HEALTH_INTERVAL", "often")
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "PD_PROXY_HEALTH_INTERVAL" in err
+    assert "Traceback" not in err
+
+
+def test_console_script_rejects_bad_env_with_exit_2():
+    package_root = str(Path(cli.__file__).resolve().parents[1])
+    env = {"PYTHONPATH": package_root, "PD_PROXY_PREFILL": P, "PD_PROXY_DECODE": D}
+    env["PD_PROXY_PORT"] = "x"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pd_proxy"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "PD_PROXY_PORT" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_documents_every_option_and_its_variable():
+    text = build_parser().format_help()
+    for flag, env in [
+        ("--prefill", "PD_PROXY_PREFILL"),
+        ("--decode", "PD_PROXY_DECODE"),
+        ("--host", "PD_PROXY_HOST"),
+        ("--port", "PD_PROXY_PORT"),
+        ("--connect-timeout", "PD_PROXY_CONNECT_TIMEOUT"),
+        ("--prefill-timeout", "PD_PROXY_PREFILL_TIMEOUT"),
+        ("--decode-timeout", "PD_PROXY_DECODE_TIMEOUT"),
+        ("--max-body-bytes", "PD_PROXY_MAX_BODY_BYTES"),
+        ("--health-interval", "PD_PROXY_HEALTH_INTERVAL"),
+        ("--health-timeout", "PD_PROXY_HEALTH_TIMEOUT"),
+        ("--drain-timeout", "PD_PROXY_DRAIN_TIMEOUT"),
+        ("--log-level", "PD_PROXY_LOG_LEVEL"),
+        ("--no-metrics", "PD_PROXY_METRICS"),
+    ]:
+        assert flag in text
+        assert env in text

@@ -1,0 +1,135 @@
+"""The two legs as pure functions: every field the NIXL P/D protocol cares about."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from pd_proxy.rewrite import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    BadRequest,
+    decode_body,
+    kv_params_from_prefill,
+    parse_request,
+    prefill_body,
+)
+
+EXPECTED_PREFILL_KV = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+FULL_COMPLETION = {
+    "model": "m",
+    "prompt": "hello",
+    "max_tokens": 64,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "min_tokens": 5,
+    "temperature": 0.0,
+    "kv_transfer_params": {"client": "supplied"},
+}
+
+FULL_CHAT = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 64,
+    "max_completion_tokens": 32,
+    "min_completion_tokens": 3,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "top_p": 0.5,
+}
+
+
+def test_prefill_leg_of_a_completion_rewrites_every_field():
+    original = copy.deepcopy(FULL_COMPLETION)
+    body = prefill_body(FULL_COMPLETION)
+    assert body == {
+        "model": "m",
+        "prompt": "hello",
+        "max_tokens": 1,
+        "stream": False,
+        "temperature": 0.0,
+        "kv_transfer_params": EXPECTED_PREFILL_KV,
+    }
+    assert FULL_COMPLETION == original  # the client's body is not mutated
+
+
+def test_prefill_leg_of_a_chat_caps_max_completion_tokens_and_drops_min_fields():
+    body = prefill_body(FULL_CHAT)
+    assert body == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "max_completion_tokens": 1,
+        "stream": False,
+        "top_p": 0.5,
+        "kv_transfer_params": EXPECTED_PREFILL_KV,
+    }
+
+
+def test_prefill_leg_adds_max_tokens_but_not_max_completion_tokens_when_absent():
+    body = prefill_body({"prompt": "x"})
+    assert body["max_tokens"] == 1
+    assert "max_completion_tokens" not in body
+    assert body["stream"] is False
+
+
+def test_each_prefill_leg_gets_its_own_kv_params_dict():
+    a = prefill_body({"prompt": "x"})
+    a["kv_transfer_params"]["remote_host"] = "mutated"
+    assert prefill_body({"prompt": "x"})["kv_transfer_params"] == EXPECTED_PREFILL_KV
+
+
+def test_decode_leg_is_the_original_body_plus_the_prefill_params():
+    kv = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_id": "e"}
+    body = decode_body(FULL_CHAT, kv)
+    expected = dict(FULL_CHAT)
+    expected["kv_transfer_params"] = kv
+    assert body == expected
+    assert "kv_transfer_params" not in FULL_CHAT
+
+
+def test_decode_leg_replaces_client_supplied_kv_params():
+    body = decode_body(FULL_COMPLETION, None)
+    assert body["kv_transfer_params"] is None
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["min_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("raw", "endpoint", "message"),
+    [
+        (b"{not json", COMPLETIONS, "not valid JSON"),
+        (b"\xff\xfe", COMPLETIONS, "not valid JSON"),
+        (b"[1, 2]", COMPLETIONS, "JSON object"),
+        (b'{"model": "m"}', COMPLETIONS, "'prompt' is required"),
+        (b'{"prompt": null}', COMPLETIONS, "'prompt' is required"),
+        (b'{"prompt": "x"}', CHAT_COMPLETIONS, "'messages' is required"),
+    ],
+)
+def test_parse_request_rejects(raw, endpoint, message):
+    with pytest.raises(BadRequest, match=message):
+        parse_request(raw, endpoint)
+
+
+def test_parse_request_accepts_each_endpoints_required_field():
+    assert parse_request(b'{"prompt": [1, 2]}', COMPLETIONS) == {"prompt": [1, 2]}
+    assert parse_request(b'{"messages": []}', CHAT_COMPLETIONS) == {"messages": []}
+
+
+def test_kv_params_from_prefill():
+    kv = {"remote_block_ids": [3], "do_remote_prefill": True}
+    assert kv_params_from_prefill(json.dumps({"kv_transfer_params": kv}).encode()) == kv
+    assert kv_params_from_prefill(b'{"choices": []}') is None
+    with pytest.raises(ValueError):
+        kv_params_from_prefill(b"[]")
+    with pytest.raises(ValueError):
+        kv_params_from_prefill(b"<html>")
