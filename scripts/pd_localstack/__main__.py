@@ -1,0 +1,7 @@
+"""Allow `python -m pd_localstack`."""
+
+import sys
+
+from pd_localstack.cli import main
+
+sys.exit(main())

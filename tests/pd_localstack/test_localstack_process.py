@@ -1,0 +1,102 @@
+"""ManagedProcess and wait_healthy against small stand-in processes (no vLLM)."""
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pd_localstack.commands import ProcessSpec
+from pd_localstack.ports import PortInUseError, ensure_ports_free, port_is_free
+from pd_localstack.process import ManagedProcess, StackProcessError, wait_healthy
+from pd_localstack.settings import StackSettings
+from pd_localstack.stack import Stack
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_process_that_dies_is_named_with_its_log_tail(tmp_path: Path) -> None:
+    code = "import sys; print('boom: missing weights'); sys.exit(3)"
+    proc = ManagedProcess(
+        ProcessSpec("decode", [sys.executable, "-c", code], health_url="http://127.0.0.1:1/h"),
+        tmp_path,
+    )
+    proc.start()
+    try:
+        with pytest.raises(StackProcessError, match=r"(?s)decode exited with code 3.*boom"):
+            wait_healthy([proc], timeout_s=30)
+    finally:
+        proc.stop()
+
+
+def test_never_healthy_times_out_naming_the_process(tmp_path: Path) -> None:
+    proc = ManagedProcess(
+        ProcessSpec(
+            "prefill",
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            health_url=f"http://127.0.0.1:{_free_port()}/health",
+        ),
+        tmp_path,
+    )
+    proc.start()
+    try:
+        with pytest.raises(StackProcessError, match="not healthy after 1s: prefill"):
+            wait_healthy([proc], timeout_s=1)
+    finally:
+        proc.stop()
+    assert not proc.is_running()
+
+
+def test_healthy_http_server_is_detected(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = ManagedProcess(
+        ProcessSpec(
+            "proxy",
+            [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+            health_url=f"http://127.0.0.1:{port}/",
+        ),
+        tmp_path,
+    )
+    proc.start()
+    try:
+        wait_healthy([proc], timeout_s=30)
+        assert proc.healthy_after_s is not None
+    finally:
+        proc.stop()
+
+
+def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(120)"
+    )
+    proc = ManagedProcess(ProcessSpec("engine", [sys.executable, "-c", script]), tmp_path)
+    proc.start()
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "child never started"
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    proc.stop(grace_s=5)
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+
+
+def test_port_in_use_is_reported_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        busy = sock.getsockname()[1]
+        assert not port_is_free("127.0.0.1", busy)
+        with pytest.raises(PortInUseError, match=f"decode port {busy}"):
+            ensure_ports_free("127.0.0.1", {"decode": busy})
+        stack = Stack(StackSettings(proxy_port=busy), work_dir=tmp_path)
+        with pytest.raises(PortInUseError, match=f"proxy port {busy}"):
+            stack.start()
+        assert stack.processes == {}
