@@ -82,9 +82,9 @@ def env_with_path() -> dict[str, str]:
     return env
 
 
-def start_fake(role: str, token_delay: float) -> tuple[subprocess.Popen, str]:
+def start_fake(role: str, token_delay: float, port: int = 0) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pd_proxy.testing.fake_vllm", "--role", role, "--port", "0",
+        [sys.executable, "-m", "pd_proxy.testing.fake_vllm", "--role", role, "--port", str(port),
          "--token-delay", str(token_delay)],
         stdout=subprocess.PIPE, text=True, env=env_with_path(),
     )  # fmt: skip
@@ -235,6 +235,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--token-delay", type=float, default=0.0, help="fake decode, seconds")
     parser.add_argument("--proxy-cmd", default=DEFAULT_PROXY_CMD)
+    parser.add_argument(
+        "--port-base", type=int, default=0,
+        help="listen on this port and the next two (prefill, decode, proxy); 0: ephemeral ports",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the summary here")
     parser.add_argument("--keep-log", action="store_true", help="keep the proxy's log file")
     parser.add_argument(
@@ -247,11 +251,12 @@ def main() -> int:
     keep_log = True  # unless the run succeeds
     log = tempfile.NamedTemporaryFile(prefix="bench-proxy-", suffix=".log", delete=False)
     try:
-        prefill_proc, prefill = start_fake("prefill", 0.0)
+        base = args.port_base
+        prefill_proc, prefill = start_fake("prefill", 0.0, base)
         procs.append(prefill_proc)
-        decode_proc, decode = start_fake("decode", args.token_delay)
+        decode_proc, decode = start_fake("decode", args.token_delay, base + 1 if base else 0)
         procs.append(decode_proc)
-        port = free_port()
+        port = base + 2 if base else free_port()
         cmd = args.proxy_cmd.format(port=port, prefill=prefill, decode=decode)
         proxy_proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=env_with_path())
         procs.append(proxy_proc)

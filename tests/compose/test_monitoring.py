@@ -81,6 +81,7 @@ def test_alerts_cover_dedup_nixl_failures_and_targets(alert_rules) -> None:
     by_name = {r["alert"]: r["expr"] for r in alert_rules}
     assert "vllm:nixl_pcp_finished_sending_suppressed_total" in by_name["PcpDedupInvariantBroken"]
     assert "vllm:nixl_pcp_canonical_completions_total" in by_name["PcpDedupInvariantBroken"]
+    assert "vllm:nixl_pcp_canonical_completions_total" in by_name["PcpConnectorMissing"]
     assert "vllm:nixl_num_failed_transfers_total" in by_name["NixlTransferFailures"]
     assert "up{" in by_name["PdTargetDown"]
     for job in ("prefill", "decode", "proxy"):
