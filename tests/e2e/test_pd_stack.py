@@ -7,6 +7,7 @@ check, and the decode stop/restart last (it perturbs the stack).
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +19,7 @@ from pd_localstack.prometheus_config import SCRAPE_JOBS
 from pd_localstack.report import failed, format_report, query_value, targets_up
 from pd_localstack.stack import Stack, wait_until
 
-from .clients import CASES, Output, greedy, median_latency_s
+from .clients import CASES, Output, greedy
 from .conftest import ReferenceRun
 
 pytestmark = pytest.mark.e2e
@@ -54,15 +55,34 @@ def test_pd_output_equals_single_instance_at_concurrency_4(
     assert not mismatches, f"P/D differs from the single instance for {mismatches}"
 
 
-def test_pd_latency_against_single_instance(reference_run: ReferenceRun, pd_stack: Stack) -> None:
-    """Logged for the record; bounded so a lost CPU knob (22-112 s per request) fails here."""
-    pd = median_latency_s(pd_stack.urls["proxy"], pd_stack.served_model_name)
+def test_cpu_knobs_took_effect_in_both_servers(pd_stack: Stack) -> None:
+    """Without the connector's CPU knobs every request costs 22-112 s (FACTS): prove they acted."""
+    delay = pd_stack.settings.nixl_progress_delay_us
+    for name in ("prefill", "decode"):
+        text = pd_stack.processes[name].log_path.read_text(errors="replace")
+        assert f"NIXL progress thread delay set to {delay} us" in text, name
+        assert "instead of NIXL's KV core pinning" in text, name
+
+
+def test_repeated_pd_requests_stay_equal_and_log_latency(
+    reference_run: ReferenceRun, pd_stack: Stack
+) -> None:
+    """Sequential repeats keep matching the reference; their median latency is logged, not
+    asserted (timing figures belong in notes and benchmarks, not in pass/fail)."""
+    seconds, mismatches = [], []
+    for i in range(7):
+        case = CASES[i % len(CASES)]
+        start = time.monotonic()
+        output = _pd(pd_stack, case.name)
+        seconds.append(time.monotonic() - start)
+        if output != reference_run.outputs[case.name]:
+            mismatches.append(case.name)
     log.info(
         "median request: P/D %.0f ms, single instance %.0f ms",
-        pd * 1000,
+        statistics.median(seconds) * 1000,
         reference_run.median_latency_s * 1000,
     )
-    assert pd < 5.0
+    assert not mismatches, f"repeated P/D requests differ from the reference: {mismatches}"
 
 
 def test_decode_metrics_prove_kv_came_over_nixl(pd_stack: Stack) -> None:
