@@ -6,11 +6,10 @@ both; the process environment wins so `MODEL=... make demo` works without editin
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from compose_env.dotenv import parse_dotenv
 
 
 class EnvFileError(ValueError):
@@ -18,34 +17,11 @@ class EnvFileError(ValueError):
 
 
 def parse_env_text(text: str, source: str = "<env>") -> dict[str, str]:
-    """KEY=VALUE lines; blank lines and '#' comments skipped; optional 'export '; quotes stripped.
-
-    An unquoted value ends at ' #' (an inline comment), as in docker compose's parser.
-    """
-    values: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export ") :].lstrip()
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not _KEY.match(key):
-            raise EnvFileError(f"{source}:{lineno}: expected KEY=VALUE, got {raw!r}")
-        values[key] = _unquote(value.strip(), f"{source}:{lineno}")
-    return values
-
-
-def _unquote(value: str, where: str) -> str:
-    if value[:1] in ("'", '"'):
-        quote = value[0]
-        end = value.find(quote, 1)
-        if end == -1:
-            raise EnvFileError(f"{where}: unterminated {quote} quote")
-        return value[1:end]
-    comment = value.find(" #")
-    return value[:comment].rstrip() if comment != -1 else value
+    """KEY=VALUE lines with Compose's rules (one parser for both stacks: compose_env.dotenv)."""
+    try:
+        return parse_dotenv(text)
+    except ValueError as exc:
+        raise EnvFileError(f"{source}: {exc}") from None
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -26,7 +26,7 @@ F=
 
 @pytest.mark.parametrize("line", ["NOEQUALS", "1BAD=x", "A B=c", 'Q="unterminated'])
 def test_parse_rejects_malformed_lines_with_location(line: str) -> None:
-    with pytest.raises(EnvFileError, match=r"f\.env:2"):
+    with pytest.raises(EnvFileError, match=r"f\.env: line 2"):
         parse_env_text(f"OK=1\n{line}\n", source="f.env")
 
 
