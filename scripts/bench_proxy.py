@@ -5,10 +5,12 @@ A fake vLLM prefill and a fake vLLM decode run as their own processes on loopbac
 as its own process, and this process is the load generator. Rounds alternate floor and proxy (the
 order flips every round) so machine noise hits both alike; the summary gives medians over rounds and
 the proxy/floor ratios. Every response is checked (status, all tokens, ``[DONE]``); errors must
-be 0.
+be 0. Each round also reads every process's CPU time from /proc: the proxy's CPU microseconds per
+request is the figure to compare changes by, since it barely moves when the machine is busy.
 
     python scripts/bench_proxy.py                     # 32 streams x 16 tokens, 5 rounds
     python scripts/bench_proxy.py --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
+    python scripts/bench_proxy.py --port-base 16000   # fixed ports 16000-16002, not ephemeral
 
 ``--proxy-cmd`` is a template with ``{port}``, ``{prefill}`` and ``{decode}`` (base URLs).
 """
@@ -202,6 +204,11 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
             "p99_ms": statistics.median(r.pct(0.99) for r in rs),
             "req_s": statistics.median(r.rps for r in rs),
             "errors": sum(r.errors for r in rs),
+            # CPU microseconds per request by process: unlike latency, robust to a busy machine.
+            "cpu_us_per_req": {
+                name: statistics.median((r.cpu_us or {}).get(name, 0.0) for r in rs)
+                for name in (rs[0].cpu_us or {})
+            },
         }
     f, p = summary["floor"], summary["proxy"]
     ratios = {
@@ -213,14 +220,23 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
         f"\n{args.concurrency} concurrent streams x {args.tokens} tokens, {args.requests} requests"
         f" per round, medians of {args.rounds} rounds"
     )
-    print(f"{'':6s} {'p50 ms':>8s} {'p99 ms':>8s} {'req/s':>8s} {'errors':>6s}")
+    print(
+        f"{'':6s} {'p50 ms':>8s} {'p99 ms':>8s} {'req/s':>8s} {'errors':>6s}"
+        f"  {'cpu us/req: proxy':>17s} prefill decode generator"
+    )
     for mode in ("floor", "proxy"):
         s = summary[mode]
-        print(f"{mode:6s} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {s['req_s']:8.1f} {s['errors']:6d}")
+        cpu = s["cpu_us_per_req"]
+        print(
+            f"{mode:6s} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {s['req_s']:8.1f} {s['errors']:6d}"
+            f"  {cpu.get('proxy', 0):17.0f} {cpu.get('prefill', 0):7.0f}"
+            f" {cpu.get('decode', 0):6.0f} {cpu.get('generator', 0):9.0f}"
+        )
     print(
         f"ratio  p50 {ratios['p50']:.2f}x (goal <= 1.5)  p99 {ratios['p99']:.2f}x  "
         f"throughput {ratios['throughput']:.2f}x (goal >= 0.6)"
     )
+    print(f"proxy CPU per request: {p['cpu_us_per_req'].get('proxy', 0):.0f} us (median of rounds)")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
     return 1 if f["errors"] or p["errors"] else 0

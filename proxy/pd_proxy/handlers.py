@@ -23,7 +23,7 @@ from pd_proxy.rewrite import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
     BadRequest,
-    decode_body,
+    decode_payload,
     dumps,
     kv_params_from_prefill,
     parse_request,
@@ -105,7 +105,7 @@ class ProxyHandlers:
     async def _proxy(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         start = time.perf_counter()
         metrics = self.metrics
-        metrics.in_flight.inc()
+        metrics.in_flight_count += 1
         # 32 hex chars like uuid4().hex, for a fraction of its cost.
         trace = Trace(request.headers.get("X-Request-Id") or os.urandom(16).hex())
         try:
@@ -133,7 +133,7 @@ class ProxyHandlers:
             raise
         finally:
             elapsed = time.perf_counter() - start
-            metrics.in_flight.dec()
+            metrics.in_flight_count -= 1
             metrics.count_request(endpoint, trace.status)
             metrics.request_duration.observe(elapsed)
             if log.isEnabledFor(logging.INFO):
@@ -163,7 +163,8 @@ class ProxyHandlers:
         if auth is not None:
             headers["Authorization"] = auth
         kv_params = await self._prefill(endpoint, client_body, headers, trace)
-        return await self._decode(request, endpoint, client_body, kv_params, headers, trace)
+        payload = decode_payload(body, client_body, kv_params)
+        return await self._decode(request, endpoint, payload, headers, trace)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -256,13 +257,11 @@ class ProxyHandlers:
         self,
         request: web.Request,
         endpoint: str,
-        client_body: dict[str, Any],
-        kv_params: Any,
+        payload: bytes,
         headers: dict[str, str],
         trace: Trace,
     ) -> web.StreamResponse:
         assert self.session is not None
-        payload = dumps(decode_body(client_body, kv_params))
         backend = self._pick(self.decode_pool)
         start = time.perf_counter()
         for attempt in (0, 1):

@@ -62,6 +62,9 @@ class ProxyMetrics:
         self.in_flight = Gauge(
             "pd_proxy_in_flight_requests", "Client requests being served now.", registry=reg
         )
+        # A plain int the handlers bump, read only at scrape time: no lock or call per request.
+        self.in_flight_count = 0
+        self.in_flight.set_function(lambda: self.in_flight_count)
         self.prefill_duration = Histogram(
             "pd_proxy_prefill_duration_seconds",
             "Prefill leg latency, request sent to JSON read.",

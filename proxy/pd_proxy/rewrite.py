@@ -8,8 +8,9 @@ params and pulls the KV blocks instead of recomputing them.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from pd_proxy.jsonio import dumps, loads
 
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
@@ -41,7 +42,7 @@ def prefill_kv_params() -> dict[str, Any]:
 def parse_request(body: bytes, endpoint: str) -> dict[str, Any]:
     """Decode and minimally validate a client body; raise ``BadRequest`` with a client message."""
     try:
-        obj = json.loads(body)
+        obj = loads(body)
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("request body is not valid JSON") from None
     if not isinstance(obj, dict):
@@ -78,12 +79,20 @@ def kv_params_from_prefill(payload: bytes) -> Any:
     ``None`` is legitimate (vLLM returns it when the one prefill token was EOS); decode then
     computes the prompt itself. A body that is not a JSON object raises ``ValueError``.
     """
-    obj = json.loads(payload)
+    obj = loads(payload)
     if not isinstance(obj, dict):
         raise ValueError("prefill response is not a JSON object")
     return obj.get("kv_transfer_params")
 
 
-def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes for an upstream body."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+def decode_payload(raw: bytes, request: dict[str, Any], kv_transfer_params: Any) -> bytes:
+    """The decode leg as bytes: the client's own bytes with ``kv_transfer_params`` appended.
+
+    Splicing skips re-encoding the whole body (the prompt can be large), and decode sees exactly
+    what the client sent. A body the splice cannot handle safely (one that already carries
+    ``kv_transfer_params``, or is not a plain UTF-8 ``{...}``) is re-encoded from ``request``.
+    """
+    body = raw.strip(b" \t\r\n")
+    if "kv_transfer_params" in request or body[:1] != b"{" or body[-1:] != b"}":
+        return dumps(decode_body(request, kv_transfer_params))
+    return b"".join((body[:-1], b',"kv_transfer_params":', dumps(kv_transfer_params), b"}"))

@@ -20,8 +20,10 @@ def test_dockerfile_pins_match_pyproject():
     ]
     pins = dict(d.split("==", 1) for d in declared if "==" in d)
     dockerfile = (ROOT / "proxy" / "Dockerfile").read_text()
-    installed = dict(re.findall(r"\b(aiohttp|prometheus-client|uvloop)==([\w.]+)", dockerfile))
-    assert set(installed) == {"aiohttp", "prometheus-client", "uvloop"}
+    installed = dict(
+        re.findall(r"\b(aiohttp|orjson|prometheus-client|uvloop)==([\w.]+)", dockerfile)
+    )
+    assert set(installed) == {"aiohttp", "orjson", "prometheus-client", "uvloop"}
     for name, version in installed.items():
         assert pins[name] == version, name
 

@@ -11,6 +11,8 @@ from pd_proxy.rewrite import (
     COMPLETIONS,
     BadRequest,
     decode_body,
+    decode_payload,
+    dumps,
     kv_params_from_prefill,
     parse_request,
     prefill_body,
@@ -133,3 +135,31 @@ def test_kv_params_from_prefill():
         kv_params_from_prefill(b"[]")
     with pytest.raises(ValueError):
         kv_params_from_prefill(b"<html>")
+
+
+def test_decode_payload_splices_the_client_bytes():
+    raw = b' {"prompt": "hi \\u00e9", "max_tokens": 5, "x": 1.50} \n'
+    kv = {"remote_engine_id": "e", "remote_block_ids": [1, 2]}
+    out = decode_payload(raw, parse_request(raw, COMPLETIONS), kv)
+    assert out.startswith(b'{"prompt": "hi \\u00e9", "max_tokens": 5, "x": 1.50,')
+    assert json.loads(out) == decode_body(json.loads(raw), kv)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"prompt": "a", "kv_transfer_params": {"old": 1}}',  # replaced, not duplicated
+        '{"prompt": "a"}'.encode("utf-16"),  # not UTF-8: re-encoded
+    ],
+)
+def test_decode_payload_falls_back_to_reencoding(raw):
+    request = parse_request(raw, COMPLETIONS)
+    out = decode_payload(raw, request, None)
+    assert out.count(b"kv_transfer_params") == 1
+    assert json.loads(out) == decode_body(request, None)
+
+
+def test_json_the_fast_parser_refuses_still_parses():
+    body = parse_request(b'{"prompt": "a", "temperature": NaN}', COMPLETIONS)
+    assert body["temperature"] != body["temperature"]  # NaN, read by the stdlib fallback
+    assert json.loads(dumps(body))["prompt"] == "a"
