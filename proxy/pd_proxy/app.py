@@ -23,6 +23,8 @@ HANDLERS_KEY = web.AppKey("pd_proxy_handlers", ProxyHandlers)
 # Below uvicorn's 5 s keep-alive (vLLM's server), so we drop idle upstream connections before the
 # backend does and never send a request onto a socket it is closing.
 UPSTREAM_KEEPALIVE_S = 4.0
+# Slack over the health-check timeout for the first round (checks run concurrently).
+FIRST_ROUND_MARGIN_S = 1.0
 
 
 def build_app(config: ProxyConfig) -> web.Application:
@@ -66,6 +68,7 @@ def build_app(config: ProxyConfig) -> web.Application:
         handlers.checker = checker
         task = asyncio.create_task(checker.run(), name="pd-proxy-health")
         try:
+            await _first_round(checker, config.health_timeout)
             yield
         finally:
             task.cancel()
@@ -79,6 +82,18 @@ def build_app(config: ProxyConfig) -> web.Application:
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(on_shutdown)
     return app
+
+
+async def _first_round(checker: HealthChecker, check_timeout: float) -> None:
+    """Wait for the first health round, so ``/health`` is truthful from the first request.
+
+    Backends start optimistic (healthy); without this wait a proxy whose backends are down would
+    answer 200 until the first round ends. Refused connections end the round at once; a hung
+    backend delays start-up by about the check timeout; the bound keeps a round that crashes
+    (logged by the checker) from blocking start-up.
+    """
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(checker.first_round.wait(), check_timeout + FIRST_ROUND_MARGIN_S)
 
 
 def make_runner(app: web.Application, config: ProxyConfig) -> web.AppRunner:

@@ -29,39 +29,62 @@ log = logging.getLogger("pd_proxy")
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
+class ListenError(Exception):
+    """The listening socket could not be opened (port in use, bad address): a one-line error."""
+
+
 async def serve(config: ProxyConfig, log_handler: logging.Handler | None = None) -> None:
     app = build_app(config)
     runner = make_runner(app, config)
+    # Starts the client session and the health checker, and waits for its first round (app.py).
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=2048, reuse_address=True)
-    await site.start()
-    for addr in runner.addresses:
-        host, port = addr[0], addr[1]
-        log.info("listening on http://%s:%d", host, port)
-    log.info("prefill: %s | decode: %s", " ".join(config.prefill), " ".join(config.decode))
-    # Startup objects (modules, app, config) live for good: keep them out of every collection.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    listening = False
     flusher = None
-    if log_handler is not None:
-        log_handler.flush()  # the "listening on" line must not wait for the first flush
-        flusher = asyncio.create_task(flush_periodically(log_handler))
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
+    try:  # from here on, any failure (a busy port included) still closes the session and task
+        await _listen(runner, config)
+        listening = True
+        _settle_gc()
+        if log_handler is not None:
+            log_handler.flush()  # the "listening on" line must not wait for the first flush
+            flusher = asyncio.create_task(flush_periodically(log_handler))
+        await _wait_for_signal()
         log.info("shutting down: draining in-flight requests (up to %gs)", config.drain_timeout)
     finally:
         await runner.cleanup()
-        log.info("stopped")
+        if listening:
+            log.info("stopped")
         if flusher is not None:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
+
+
+async def _listen(runner: web.AppRunner, config: ProxyConfig) -> None:
+    """Open the listening socket; an OSError becomes a ``ListenError`` naming the address."""
+    site = web.TCPSite(runner, config.host, config.port, backlog=2048, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {config.host}:{config.port}: {exc}") from None
+    for addr in runner.addresses:
+        host, port = addr[0], addr[1]
+        log.info("listening on http://%s:%d", host, port)
+    log.info("prefill: %s | decode: %s", " ".join(config.prefill), " ".join(config.decode))
+
+
+def _settle_gc() -> None:
+    """Startup objects (modules, app, config) live for good: keep them out of every collection."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def _run(coro_factory) -> None:
@@ -88,9 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = setup_logging(config.logging_level)
     try:
         _run(lambda: serve(config, handler))
-    except OSError as exc:  # e.g. port in use: say so without a traceback
-        log.error("cannot serve on %s:%d: %s", config.host, config.port, exc)
-        return 1
+    except ListenError as exc:  # e.g. port in use: one line like a bad flag, no traceback
+        handler.flush()  # earlier log lines first: the error is the last line
+        print(f"pd-proxy: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         handler.flush()
     return 0

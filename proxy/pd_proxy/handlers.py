@@ -10,7 +10,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -36,6 +37,7 @@ CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
 # Errors that mean the request never reached the backend, so another one may take it.
 CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+T = TypeVar("T")
 
 
 class RelayResponse(web.StreamResponse):
@@ -70,6 +72,14 @@ def _snippet(data: bytes, limit: int = 200) -> str:
     return data[:limit].decode("utf-8", "replace")
 
 
+async def _read_whole(
+    backend: Backend, resp: aiohttp.ClientResponse
+) -> tuple[Backend, int, bytes, str]:
+    """Prefill answers are small JSON: read them whole while the backend still counts them."""
+    data = await resp.read()
+    return backend, resp.status, data, resp.headers.get("Content-Type", "application/json")
+
+
 class ProxyHandlers:
     """Bound to one app; ``session`` is set when the app starts (it needs a running loop)."""
 
@@ -94,6 +104,11 @@ class ProxyHandlers:
         self.decode_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout, sock_read=config.decode_timeout
         )
+        # The tail of each stage's 504 message (decode's timeout bounds silence, not the total).
+        self._timeout_text = {
+            "prefill": f"timed out after {config.prefill_timeout:g}s",
+            "decode": f"sent nothing for {config.decode_timeout:g}s",
+        }
 
     # ----------------------------------------------------------------- completions
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -190,51 +205,75 @@ class ProxyHandlers:
         self.metrics.set_health(backend.role, backend.url, False)
         self.metrics.backend_error(stage, backend.url)
 
-    async def _prefill(
-        self, endpoint: str, client_body: dict[str, Any], headers: dict[str, str], trace: Trace
-    ) -> Any:
+    async def _exchange(
+        self,
+        pool: BackendPool,
+        path: str,
+        payload: bytes,
+        headers: dict[str, str],
+        timeout: aiohttp.ClientTimeout,
+        trace: Trace,
+        consume: Callable[[Backend, aiohttp.ClientResponse], Awaitable[T]],
+    ) -> T:
+        """POST to the least-busy backend of ``pool`` and hand its response to ``consume``.
+
+        One leg's whole life (connect, headers, body) sits inside one ``outstanding`` increment,
+        so a cancelled client cannot leak it. A refused connection marks the backend down and
+        retries once on another; upstream errors while posting or consuming become ``ProxyError``.
+        """
         assert self.session is not None
-        payload = dumps(prefill_body(client_body))
-        backend = self._pick(self.prefill_pool)
-        start = time.perf_counter()
+        stage = pool.role
+        backend = self._pick(pool)
         for attempt in (0, 1):
             backend.outstanding += 1
             try:
-                async with self.session.post(
-                    backend.endpoint(endpoint),
-                    data=payload,
-                    headers=headers,
-                    timeout=self.prefill_timeout,
-                ) as resp:
-                    data = await resp.read()
-                    status = resp.status
-                    content_type = resp.headers.get("Content-Type", "application/json")
+                resp = await self.session.post(
+                    backend.endpoint(path), data=payload, headers=headers, timeout=timeout
+                )
+                try:
+                    return await consume(backend, resp)
+                finally:
+                    resp.release()  # closes the connection if the body was not read to the end
             except CONNECT_ERRORS as exc:
-                self._mark_down(backend, "prefill")
-                retry = self.prefill_pool.pick(exclude=backend)
+                self._mark_down(backend, stage)
+                retry = pool.pick(exclude=backend)
                 if attempt == 0 and retry is not None:
                     log.warning(
-                        "rid=%s prefill %s unreachable, retrying on %s",
+                        "rid=%s %s %s unreachable, retrying on %s",
                         trace.rid,
+                        stage,
                         backend.url,
                         retry.url,
                     )
                     backend = retry
                     continue
-                raise ProxyError(502, f"prefill backend {backend.url} unreachable: {exc}") from None
+                raise ProxyError(502, f"{stage} backend {backend.url} unreachable: {exc}") from None
             except asyncio.TimeoutError:
-                self.metrics.backend_error("prefill", backend.url)
+                self.metrics.backend_error(stage, backend.url)
                 raise ProxyError(
-                    504,
-                    f"prefill backend {backend.url} timed out after "
-                    f"{self.config.prefill_timeout:g}s",
+                    504, f"{stage} backend {backend.url} {self._timeout_text[stage]}"
                 ) from None
             except aiohttp.ClientError as exc:
-                self.metrics.backend_error("prefill", backend.url)
-                raise ProxyError(502, f"prefill backend {backend.url} failed: {exc!r}") from None
+                self.metrics.backend_error(stage, backend.url)
+                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc!r}") from None
             finally:
                 backend.outstanding -= 1
-            break
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _prefill(
+        self, endpoint: str, client_body: dict[str, Any], headers: dict[str, str], trace: Trace
+    ) -> Any:
+        payload = dumps(prefill_body(client_body))
+        start = time.perf_counter()
+        backend, status, data, content_type = await self._exchange(
+            self.prefill_pool,
+            endpoint,
+            payload,
+            headers,
+            self.prefill_timeout,
+            trace,
+            _read_whole,
+        )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
         self.metrics.prefill_duration.observe(elapsed)
@@ -261,51 +300,15 @@ class ProxyHandlers:
         headers: dict[str, str],
         trace: Trace,
     ) -> web.StreamResponse:
-        assert self.session is not None
-        backend = self._pick(self.decode_pool)
         start = time.perf_counter()
-        for attempt in (0, 1):
-            backend.outstanding += 1
-            try:
-                resp = await self.session.post(
-                    backend.endpoint(endpoint),
-                    data=payload,
-                    headers=headers,
-                    timeout=self.decode_timeout,
-                )
-            except CONNECT_ERRORS as exc:
-                backend.outstanding -= 1
-                self._mark_down(backend, "decode")
-                retry = self.decode_pool.pick(exclude=backend)
-                if attempt == 0 and retry is not None:
-                    log.warning(
-                        "rid=%s decode %s unreachable, retrying on %s",
-                        trace.rid,
-                        backend.url,
-                        retry.url,
-                    )
-                    backend = retry
-                    continue
-                raise ProxyError(502, f"decode backend {backend.url} unreachable: {exc}") from None
-            except asyncio.TimeoutError:
-                backend.outstanding -= 1
-                self.metrics.backend_error("decode", backend.url)
-                raise ProxyError(
-                    504,
-                    f"decode backend {backend.url} sent nothing for "
-                    f"{self.config.decode_timeout:g}s",
-                ) from None
-            except aiohttp.ClientError as exc:
-                backend.outstanding -= 1
-                self.metrics.backend_error("decode", backend.url)
-                raise ProxyError(502, f"decode backend {backend.url} failed: {exc!r}") from None
-            break
-        trace.decode = backend.url
-        try:
+
+        async def relay(backend: Backend, resp: aiohttp.ClientResponse) -> web.StreamResponse:
+            trace.decode = backend.url
             return await self._relay(request, resp, backend, start, trace)
-        finally:
-            resp.release()  # closes the upstream connection if the body was not read to the end
-            backend.outstanding -= 1
+
+        return await self._exchange(
+            self.decode_pool, endpoint, payload, headers, self.decode_timeout, trace, relay
+        )
 
     async def _relay(
         self,

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 
+import aiohttp
+from aiohttp import web
+from pd_proxy.app import HANDLERS_KEY, build_app, make_runner
+from pd_proxy.config import ProxyConfig
 from pd_proxy.pool import BackendPool
+from pd_proxy.testing.fake_vllm import DECODE, FakeVLLM
 from proxy_harness import pd_stack
 
 
@@ -98,3 +104,35 @@ async def _rounds(checker, n: int) -> None:
     target = checker.rounds + n
     while checker.rounds < target:
         await asyncio.sleep(0.01)
+
+
+async def test_health_is_truthful_from_the_first_request():
+    """The first check round runs before the proxy listens: no optimistic 200 for a hung backend.
+
+    The prefill accepts connections but never answers, so its check takes the whole timeout;
+    a proxy that served before the round ended would still call it healthy.
+    """
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        hung_url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        decode = FakeVLLM(role=DECODE)
+        await decode.start()
+        config = ProxyConfig(
+            prefill=(hung_url,), decode=(decode.url,), health_timeout=1.0, health_interval=30.0
+        )
+        runner = make_runner(build_app(config), config)
+        try:
+            await runner.setup()
+            assert runner.app[HANDLERS_KEY].checker.rounds == 1
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://{host}:{port}/health") as r:
+                    status, body = r.status, await r.json()
+        finally:
+            await runner.cleanup()
+            await decode.stop()
+    assert status == 503
+    assert body["down"] == [hung_url]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +111,40 @@ def test_help_documents_every_option_and_its_variable():
     ]:
         assert flag in text
         assert env in text
+
+
+def held_port() -> socket.socket:
+    """A loopback socket listening on an ephemeral port, so binding that port fails."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    return holder
+
+
+def test_busy_port_exits_2_with_one_line_and_no_traceback():
+    package_root = str(Path(cli.__file__).resolve().parents[1])
+    with held_port() as holder:
+        port = holder.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "pd_proxy", "--host", "127.0.0.1", "--port", str(port),
+             "--prefill", P, "--decode", D, "--health-timeout", "0.5"],
+            env={"PYTHONPATH": package_root}, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"pd-proxy: error: cannot listen on 127.0.0.1:{port}: "), last
+    assert "address already in use" in last.lower()
+    assert "Traceback" not in proc.stderr
+
+
+async def test_busy_port_still_closes_the_session_and_health_task():
+    """``runner.setup()`` has started both before the bind fails; they must not outlive serve()."""
+    with held_port() as holder:
+        port = holder.getsockname()[1]
+        config = load_config(
+            ["--host", "127.0.0.1", "--port", str(port), "--prefill", P, "--decode", D]
+        )
+        with pytest.raises(cli.ListenError):
+            await cli.serve(config)
+    names = {t.get_name() for t in asyncio.all_tasks()}
+    assert "pd-proxy-health" not in names

@@ -60,3 +60,31 @@ async def test_disconnect_during_decode_stream_cancels_the_decode():
         # The proxy is still fine afterwards.
         status, _, _ = await s.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
         assert status == 200
+
+
+async def wait_outstanding_zero(s: Stack) -> None:
+    """Bounded poll: every backend's outstanding count settles back to 0."""
+    backends = s.handlers.prefill_pool.backends + s.handlers.decode_pool.backends
+    for _ in range(1000):
+        if all(b.outstanding == 0 for b in backends):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"outstanding never returned to 0: {backends}")
+
+
+async def test_disconnect_before_decode_headers_releases_the_decode_backend():
+    """A client leaving while decode works on a non-stream answer must not leak ``outstanding``.
+
+    A leaked count skews least-outstanding picks towards the other backends for good.
+    """
+    async with pd_stack() as s:
+        s.decode.knobs.delay = 30  # decode holds its headers back: the proxy waits in post()
+        _, writer = await open_request(s, "gone-3", {"prompt": "x", "stream": False})
+        await s.decode.wait_for(lambda: len(s.decode.seen) == 1)
+        assert s.handlers.decode_pool.backends[0].outstanding == 1
+        writer.close()
+        await s.decode.wait_for(lambda: "gone-3" in s.decode.cancelled)
+        await wait_gauge_zero(s)
+        await wait_outstanding_zero(s)
+        labels = {"endpoint": "/v1/completions", "status": "499"}
+        assert s.sample("pd_proxy_requests_total", labels) == 1
