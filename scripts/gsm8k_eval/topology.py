@@ -9,13 +9,10 @@ records its error instead of raising: a missing direct URL must not lose a finis
 from __future__ import annotations
 
 import json
-import re
 import urllib.error
 import urllib.request
 from typing import Any
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _PER_ENGINE = ("engine", "model_name")
 # Counters worth a line in the manifest: proof that KV crossed NIXL, failures, and the kit's dedup.
 INTERESTING = (
@@ -31,21 +28,31 @@ INTERESTING = (
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Prometheus text exposition -> (name, labels, value) samples; comments and junk skipped."""
-    samples = []
+    """Prometheus text exposition -> (name, labels, value) samples, via prometheus_client's parser.
+
+    A page the parser rejects as a whole is parsed line by line and the bad lines skipped: the
+    manifest is best-effort. Imported here so the rest of the helper runs without the package.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples(chunk: str) -> list[tuple[str, dict[str, str], float]]:
+        return [
+            (s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(chunk)
+            for s in family.samples
+        ]
+
+    try:
+        return samples(text)
+    except ValueError:
+        pass
+    out = []
     for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
         try:
-            value = float(match.group(4))
+            out += samples(line + "\n")
         except ValueError:
             continue
-        labels = dict(_LABEL.findall(match.group(3) or ""))
-        samples.append((match.group(1), labels, value))
-    return samples
+    return out
 
 
 def summarize_metrics(text: str) -> dict[str, Any]:
@@ -78,7 +85,10 @@ def probe_server(base_url: str, timeout: float = 5.0) -> dict[str, Any]:
             info["errors"][path] = str(getattr(exc, "reason", exc))
             continue
         if path == "/metrics":
-            info["metrics"] = summarize_metrics(body)
+            try:
+                info["metrics"] = summarize_metrics(body)
+            except ImportError as exc:
+                info["errors"][path] = f"cannot parse: {exc}"
             continue
         try:
             data = json.loads(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -22,17 +23,25 @@ class HttpError(RuntimeError):
 def get_text(url: str, timeout_s: float = 10.0) -> str:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.read().decode()
+            return resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         raise HttpError(url, exc.code, exc.read().decode(errors="replace")) from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise HttpError(url, None, str(exc)) from None
+
+
+def _decode_json(url: str, status: int | None, text: str) -> Any:
+    """json.loads, with a body that is not JSON raised as HttpError like any other bad answer."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise HttpError(url, status, f"not JSON ({exc}): {text}") from None
 
 
 def get_json(url: str, params: dict[str, str] | None = None, timeout_s: float = 10.0) -> Any:
     if params:
         url = f"{url}?{urllib.parse.urlencode(params)}"
-    return json.loads(get_text(url, timeout_s))
+    return _decode_json(url, 200, get_text(url, timeout_s))
 
 
 def post_json(url: str, payload: dict[str, Any], timeout_s: float = 300.0) -> Any:
@@ -44,8 +53,9 @@ def post_json(url: str, payload: dict[str, Any], timeout_s: float = 300.0) -> An
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            return json.loads(resp.read().decode())
+            status, text = resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         raise HttpError(url, exc.code, exc.read().decode(errors="replace")) from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise HttpError(url, None, str(exc)) from None
+    return _decode_json(url, status, text)

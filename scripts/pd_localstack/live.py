@@ -18,8 +18,13 @@ log = logging.getLogger("pd_localstack")
 
 
 def scrape(url: str) -> list[Sample]:
-    """Parsed /metrics of one server."""
-    return parse_metrics(get_text(f"{url}/metrics"))
+    """Parsed /metrics of one server; an unreadable or unparsable page raises HttpError."""
+    metrics_url = f"{url}/metrics"
+    text = get_text(metrics_url)
+    try:
+        return parse_metrics(text)
+    except ValueError as exc:
+        raise HttpError(metrics_url, 200, f"not Prometheus text ({exc}): {text}") from None
 
 
 def dedup_metric_names(repo: Path) -> tuple[str, ...]:
@@ -42,8 +47,19 @@ def wait_for_scrape(prometheus_url: str, decode_url: str, timeout_s: float = 60.
     """Wait until Prometheus's view of decode's external-KV counter matches /metrics.
 
     The report must read Prometheus after it scraped the traffic just sent, not a stale sample.
+    Returns at once when decode's /metrics is unreadable: its own check reports that.
     """
-    want = total(scrape(decode_url), report.PROMPT_TOKENS_BY_SOURCE, source=report.EXTERNAL_KV)
+    try:
+        decode = scrape(decode_url)
+    except HttpError as exc:
+        log.warning("not waiting for Prometheus: decode's /metrics is unreadable: %s", exc)
+        return
+    want = total(decode, report.PROMPT_TOKENS_BY_SOURCE, source=report.EXTERNAL_KV)
+    if want is None:
+        log.warning(
+            "decode exports no %s: not waiting for Prometheus", report.PROMPT_TOKENS_BY_SOURCE
+        )
+        return
     query = f'sum({report.PROMPT_TOKENS_BY_SOURCE}{{source="{report.EXTERNAL_KV}"}})'
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -51,7 +67,7 @@ def wait_for_scrape(prometheus_url: str, decode_url: str, timeout_s: float = 60.
             seen = report.query_value(prometheus_query(prometheus_url, query))
         except HttpError:
             seen = None
-        if seen is not None and want is not None and seen >= want:
+        if seen is not None and seen >= want:
             return
         time.sleep(1.0)
     log.warning("Prometheus had not caught up with decode's counters after %.0fs", timeout_s)

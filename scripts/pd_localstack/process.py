@@ -3,23 +3,55 @@
 vLLM forks an engine-core process; stopping only the API server's PID would orphan it. Every
 process therefore runs in a new session and is stopped with killpg (TERM, then KILL after a
 grace period). Waiting for health fails fast, with the log tail, when the process dies.
+
+A launcher killed without running its cleanup (SIGKILL, or SIGTERM with Python's default
+handling) would leave those sessions running; on Linux each child therefore also asks the kernel
+for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG). SIGTERM, not SIGKILL, so vLLM's API
+server still stops its own engine-core process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pd_localstack.commands import ProcessSpec
 
 log = logging.getLogger("pd_localstack")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def parent_death_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A Popen preexec_fn making the child receive sig when its parent dies; None off Linux.
+
+    The kernel sends it when the thread that forked the child exits, so start children from a
+    long-lived thread (the launcher and pytest use the main thread).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not after fork
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 class StackProcessError(RuntimeError):
@@ -66,6 +98,7 @@ class ManagedProcess:
                     stdout=logfile,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=parent_death_preexec(),
                 )
             except FileNotFoundError as exc:
                 raise StackProcessError(

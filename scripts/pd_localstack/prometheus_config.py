@@ -12,15 +12,17 @@ import yaml
 
 from pd_localstack.settings import StackSettings
 
-SCRAPE_JOBS = ("vllm-prefill", "vllm-decode", "pd-proxy")
+# The compose stack's job names (compose/prometheus/prometheus.yml): the shared alerts in
+# compose/prometheus/alerts.yml select on them (PdTargetDown: job=~"prefill|decode|proxy").
+SCRAPE_JOBS = ("prefill", "decode", "proxy")
 
 
 def scrape_targets(settings: StackSettings) -> dict[str, str]:
     """job name -> host:port; one target per job so 'every target up' is unambiguous."""
     return {
-        "vllm-prefill": f"{settings.host}:{settings.prefill_port}",
-        "vllm-decode": f"{settings.host}:{settings.decode_port}",
-        "pd-proxy": f"{settings.host}:{settings.proxy_port}",
+        "prefill": f"{settings.host}:{settings.prefill_port}",
+        "decode": f"{settings.host}:{settings.decode_port}",
+        "proxy": f"{settings.host}:{settings.proxy_port}",
     }
 
 

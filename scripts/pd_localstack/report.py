@@ -90,10 +90,10 @@ def query_value(query_json: Mapping[str, Any]) -> float | None:
 
 
 def dedup_counters(query_results: Mapping[str, Mapping[str, Any]]) -> list[Check]:
-    """The connector's dedup counters exist in Prometheus; canonical completions counted > 0.
+    """The connector's dedup metrics exist in Prometheus; canonical completions counted > 0.
 
-    On this PCP1 prefill the two suppression counters stay 0 (nothing to suppress) but must be
-    exported; every finished transfer is a canonical completion.
+    On this PCP1 prefill the two suppression counters and the expected-suppression gauge stay 0
+    (nothing to suppress) but must be exported; every finished transfer is a canonical completion.
     """
     checks = []
     for name, result in query_results.items():

@@ -35,8 +35,9 @@ class StackSettings:
     prefill_cpu_bind: str = "0"
     decode_cpu_bind: str = "1"
     nixl_progress_delay_us: int = 1000
-    kv_connector: str = "NixlConnector"
-    kv_connector_module_path: str = ""
+    # The kit's connector: stock NixlConnector ignores the CPU knobs (22-112 s per request).
+    kv_connector: str = "PcpCanonicalNixlConnector"
+    kv_connector_module_path: str = "pcp_nixl_connector"
     startup_timeout_s: float = 600.0
     prometheus_scrape_interval_s: float = 2.0
     demo_limit: int = 4
@@ -83,6 +84,14 @@ ENV_KEYS: dict[str, str] = {
     "DEMO_LIMIT": "demo_limit",
     "DEMO_EXPECTED_SCORE": "demo_expected_score",
 }
+# Keys whose empty value is an error rather than "use the default": an empty KV_CONNECTOR most
+# likely means a broken .env, and silently picking any connector would hide that.
+REQUIRED_IF_SET: dict[str, str] = {
+    "KV_CONNECTOR": (
+        "KV_CONNECTOR is set but empty: set it to PcpCanonicalNixlConnector (with "
+        "KV_CONNECTOR_MODULE_PATH=pcp_nixl_connector), or unset it for that default"
+    ),
+}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -109,12 +118,17 @@ def _convert(env_key: str, raw: str, kind: type) -> object:
 
 
 def settings_from_env(env: Mapping[str, str]) -> StackSettings:
-    """Build and validate settings; keys absent or empty in env keep their defaults."""
+    """Build and validate settings; keys absent or empty in env keep their defaults.
+
+    Except KV_CONNECTOR: set but empty is a SettingsError (see REQUIRED_IF_SET).
+    """
     kinds = {f.name: f.type for f in fields(StackSettings)}
     type_of = {"int": int, "float": float, "bool": bool, "str": str}
     values: dict[str, object] = {}
     for env_key, field_name in ENV_KEYS.items():
         raw = env.get(env_key)
+        if env_key in REQUIRED_IF_SET and raw is not None and not raw.strip():
+            raise SettingsError(REQUIRED_IF_SET[env_key])
         if raw is None or not raw.strip():
             continue
         kind = type_of[str(kinds[field_name])]

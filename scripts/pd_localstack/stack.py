@@ -166,7 +166,7 @@ class Stack:
 
     def stop(self) -> None:
         """Stop every part, proxy first so no request lands on a half-stopped pair."""
-        order = ["prometheus", "proxy", "decode", "prefill", "reference"]
+        order = ["proxy", "prometheus", "decode", "prefill", "reference"]
         for part in sorted(self.processes, key=order.index):
             try:
                 self.processes[part].stop()

@@ -11,7 +11,9 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -51,6 +53,28 @@ class _TerminalHandler(logging.Handler):
             return
         with self.capture.global_and_fixture_disabled():
             print(line, file=sys.stderr, flush=True)
+
+
+def _term_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _sigterm_stops_the_stack() -> Iterator[None]:
+    """SIGTERM (a CI timeout) as KeyboardInterrupt, so fixture teardown stops the vLLM servers.
+
+    Python's default SIGTERM action ends the process without running finally blocks or atexit
+    hooks; the children run in their own sessions and would outlive pytest. Autouse, so it is in
+    place before the stack fixtures start anything; the previous handler comes back afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _term_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="package", autouse=True)

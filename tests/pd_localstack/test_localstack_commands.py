@@ -46,7 +46,8 @@ def test_prefill_and_decode_differ_in_port_binding_and_side_channel() -> None:
 
 
 def test_stock_connector_has_no_module_path() -> None:
-    spec = vllm_server_spec(StackSettings(), "decode", "/m", "tiny", REPO)
+    stock = StackSettings(kv_connector="NixlConnector", kv_connector_module_path="")
+    spec = vllm_server_spec(stock, "decode", "/m", "tiny", REPO)
     config = json.loads(_flag(spec.argv, "--kv-transfer-config"))
     assert config["kv_connector"] == "NixlConnector"
     assert "kv_connector_module_path" not in config

@@ -1,10 +1,14 @@
 """ManagedProcess and wait_healthy against small stand-in processes (no vLLM)."""
 
+import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pd_localstack
 import pytest
 from pd_localstack.commands import ProcessSpec
 from pd_localstack.ports import PortInUseError, ensure_ports_free, port_is_free
@@ -100,3 +104,69 @@ def test_port_in_use_is_reported_before_anything_starts(tmp_path: Path) -> None:
         with pytest.raises(PortInUseError, match=f"proxy port {busy}"):
             stack.start()
         assert stack.processes == {}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux")
+def test_child_gets_sigterm_when_the_launcher_is_killed(tmp_path: Path) -> None:
+    """A SIGKILLed launcher runs no cleanup; the kernel's parent-death signal ends the child."""
+    launcher = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from pd_localstack.commands import ProcessSpec\n"
+        "from pd_localstack.process import ManagedProcess\n"
+        "p = ManagedProcess(ProcessSpec('orphan', [sys.executable, '-c', "
+        "'import time; time.sleep(120)']), Path(sys.argv[1]))\n"
+        "p.start()\n"
+        "print(p.popen.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    scripts = str(Path(pd_localstack.__file__).resolve().parents[1])  # the package under test
+    parent = subprocess.Popen(
+        [sys.executable, "-c", launcher, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": scripts},
+    )
+    child = 0
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), "child outlived its SIGKILLed launcher"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running, i.e. neither gone nor a zombie waiting for its new parent to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_stack_stops_the_proxy_first(tmp_path: Path) -> None:
+    stopped: list[str] = []
+
+    class _Fake:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def stop(self) -> None:
+            stopped.append(self.name)
+
+    stack = Stack(StackSettings(), work_dir=tmp_path)
+    parts = ("prefill", "decode", "prometheus", "proxy")
+    stack.processes = {p: _Fake(p) for p in parts}  # type: ignore[misc]
+    stack.stop()
+    assert stopped[0] == "proxy" and stopped[-1] == "prefill"

@@ -68,12 +68,12 @@ def _targets(*health: tuple[str, str]) -> dict:
 
 
 def test_targets_up_requires_every_job_up() -> None:
-    jobs = ("vllm-prefill", "vllm-decode")
-    assert targets_up(_targets(("vllm-prefill", "up"), ("vllm-decode", "up")), jobs).ok
-    down = targets_up(_targets(("vllm-prefill", "up"), ("vllm-decode", "down")), jobs)
-    assert not down.ok and "vllm-decode=down" in down.detail
-    missing = targets_up(_targets(("vllm-prefill", "up")), jobs)
-    assert not missing.ok and "missing jobs: vllm-decode" in missing.detail
+    jobs = ("prefill", "decode")
+    assert targets_up(_targets(("prefill", "up"), ("decode", "up")), jobs).ok
+    down = targets_up(_targets(("prefill", "up"), ("decode", "down")), jobs)
+    assert not down.ok and "decode=down" in down.detail
+    missing = targets_up(_targets(("prefill", "up")), jobs)
+    assert not missing.ok and "missing jobs: decode" in missing.detail
     assert not targets_up({"data": {"activeTargets": []}}, ()).ok
 
 
@@ -95,9 +95,18 @@ def test_dedup_counters_present_and_canonical_positive() -> None:
         "vllm:nixl_pcp_handshake_publications_skipped_total",
         "vllm:nixl_pcp_finished_sending_suppressed_total",
         "vllm:nixl_pcp_canonical_completions_total",
+        "vllm:nixl_pcp_expected_suppressed_per_completion",
     )
-    good = dedup_counters({names[0]: _vector("0"), names[1]: _vector("0"), names[2]: _vector("4")})
+    good = dedup_counters(
+        {
+            names[0]: _vector("0"),
+            names[1]: _vector("0"),
+            names[2]: _vector("4"),
+            names[3]: _vector("0"),
+        }
+    )
     assert not failed(good)
+    assert failed(dedup_counters({**dict.fromkeys(names[:3], _vector("4")), names[3]: _vector()}))
     bad = dedup_counters({names[0]: _vector(), names[1]: _vector("0"), names[2]: _vector("0")})
     assert [c.name for c in failed(bad)] == [
         f"{names[0]} present",

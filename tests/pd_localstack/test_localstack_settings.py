@@ -45,3 +45,18 @@ def test_repository_env_example_is_valid_and_names_the_kits_connector() -> None:
     assert s.kv_connector_module_path == "pcp_nixl_connector"
     assert s.host == "127.0.0.1"
     assert all(18000 <= port <= 18999 for port in s.ports().values())
+
+
+def test_default_connector_is_the_kits_own() -> None:
+    """Without KV_CONNECTOR the stack must not fall back to stock NixlConnector (no CPU knobs)."""
+    s = settings_from_env({})
+    assert (s.kv_connector, s.kv_connector_module_path) == (
+        "PcpCanonicalNixlConnector",
+        "pcp_nixl_connector",
+    )
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_empty_kv_connector_is_a_clear_error(value: str) -> None:
+    with pytest.raises(SettingsError, match="KV_CONNECTOR is set but empty"):
+        settings_from_env({"KV_CONNECTOR": value})
