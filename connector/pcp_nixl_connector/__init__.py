@@ -5,7 +5,7 @@ Load it into stock vLLM with::
     --kv-transfer-config '{"kv_connector":"PcpCanonicalNixlConnector",
                            "kv_connector_module_path":"pcp_nixl_connector", ...}'
 
-``DEDUP_METRIC_NAMES`` and the pure modules import without vLLM; the
+The metric names (``DEDUP_METRIC_NAMES``) and the pure modules import without vLLM; the
 connector classes are loaded (and the vLLM version checked) on first access.
 """
 
@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .metric_names import DEDUP_METRIC_NAMES
+from .metric_names import (
+    DEDUP_COUNTER_NAMES,
+    DEDUP_METRIC_NAMES,
+    EXPECTED_SUPPRESSED_PER_COMPLETION,
+)
 
 _LAZY = {
     "PcpCanonicalNixlConnector": "connector",
@@ -22,7 +26,12 @@ _LAZY = {
     "PcpNixlPromMetrics": "stats",
 }
 
-__all__ = ["DEDUP_METRIC_NAMES", *_LAZY]
+__all__ = [
+    "DEDUP_COUNTER_NAMES",
+    "DEDUP_METRIC_NAMES",
+    "EXPECTED_SUPPRESSED_PER_COMPLETION",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -39,28 +39,12 @@ from vllm.logger import init_logger
 
 from .cpu_tuning import CpuKnobs, tuned_worker_init
 from .stats import PcpNixlKVConnectorStats, PcpNixlPromMetrics
-from .topology import PcpLayout, parse_completion_mode, pcp_rank_from_global_rank
+from .topology import PcpLayout, layout_from_config, pcp_rank_from_global_rank
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = init_logger(__name__)
-
-
-def layout_from_config(vllm_config: VllmConfig) -> PcpLayout:
-    """The engine's parallel layout, role and completion mode."""
-    ktc = vllm_config.kv_transfer_config
-    if ktc is None or ktc.kv_role is None:
-        raise ValueError("PcpCanonicalNixlConnector needs kv_transfer_config with a kv_role")
-    pc = vllm_config.parallel_config
-    return PcpLayout(
-        tp=pc.tensor_parallel_size,
-        pp=pc.pipeline_parallel_size,
-        pcp=pc.prefill_context_parallel_size,
-        dcp=pc.decode_context_parallel_size,
-        kv_role=ktc.kv_role,
-        mode=parse_completion_mode(ktc.kv_connector_extra_config),
-    )
 
 
 def resolve_pcp_rank(layout: PcpLayout) -> int:
@@ -69,10 +53,10 @@ def resolve_pcp_rank(layout: PcpLayout) -> int:
         return 0
     from vllm.distributed import parallel_state
 
-    try:
+    # get_pcp_group() asserts the group exists; check the module global instead so the
+    # fallback also works under ``python -O`` (where that assert is stripped).
+    if getattr(parallel_state, "_PCP", None) is not None:
         return layout.check_pcp_rank(parallel_state.get_pcp_group().rank_in_group)
-    except AssertionError:  # PCP group not initialised
-        pass
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

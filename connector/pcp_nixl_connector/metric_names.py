@@ -1,4 +1,4 @@
-"""Names of the dedup counters, importable without vLLM.
+"""Names of the dedup metrics (three counters and one gauge), importable without vLLM.
 
 The compose/Grafana tests and the dashboards check their queries against
 ``DEDUP_METRIC_NAMES``; keeping the names in a module with no heavy imports
@@ -21,8 +21,17 @@ COUNTER_BASE_NAMES: tuple[str, ...] = (
     CANONICAL_COMPLETIONS,
 )
 
-# Full names as they appear on /metrics.
-DEDUP_METRIC_NAMES: tuple[str, ...] = tuple(f"{name}_total" for name in COUNTER_BASE_NAMES)
+# Gauge, per engine, set once at API-server startup from the config: how many suppressed
+# finished_sending reports go with one canonical completion (p-1 for a replicated PCP=p producer
+# in `canonical` mode; 0 in `world_size` mode, with PCP1 and on consumers). The dedup alert
+# multiplies canonical completions by it instead of reading a hand-set PCP size.
+EXPECTED_SUPPRESSED_PER_COMPLETION = "vllm:nixl_pcp_expected_suppressed_per_completion"
+
+# Full names of the counters as they appear on /metrics.
+DEDUP_COUNTER_NAMES: tuple[str, ...] = tuple(f"{name}_total" for name in COUNTER_BASE_NAMES)
+
+# Every dedup metric on /metrics (the counters, then the gauge), each present from startup.
+DEDUP_METRIC_NAMES: tuple[str, ...] = (*DEDUP_COUNTER_NAMES, EXPECTED_SUPPRESSED_PER_COMPLETION)
 
 # Keys of the per-step stats payload (worker -> scheduler -> API server),
 # one per counter, in the same order.

@@ -22,10 +22,12 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 from .metric_names import (
     CANONICAL_COMPLETIONS,
     COUNTER_BASE_NAMES,
+    EXPECTED_SUPPRESSED_PER_COMPLETION,
     FINISHED_SENDING_SUPPRESSED,
     HANDSHAKE_PUBLICATIONS_SKIPPED,
     STATS_KEYS,
 )
+from .topology import layout_from_config
 
 SKIPPED_KEY, SUPPRESSED_KEY, CANONICAL_KEY = STATS_KEYS
 _STOCK_KEYS: tuple[str, ...] = tuple(NixlKVConnectorStats().data)
@@ -37,6 +39,9 @@ _DOCS = {
     "non-canonical PCP replicas (one per request per non-canonical rank).",
     CANONICAL_COMPLETIONS: "finished_sending reports emitted by canonical ranks of a "
     "KV producer (every rank is canonical when PCP=1).",
+    EXPECTED_SUPPRESSED_PER_COMPLETION: "Suppressed finished_sending reports expected per "
+    "canonical completion: PCP size - 1 for a replicated-PCP producer in canonical mode, "
+    "0 otherwise (world_size mode, PCP=1, consumers).",
 }
 
 
@@ -86,7 +91,11 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
 
 
 class PcpNixlPromMetrics(NixlPromMetrics):
-    """vLLM's NIXL metrics plus the dedup counters, created per engine at 0."""
+    """vLLM's NIXL metrics plus the dedup counters (per engine, at 0) and the expectation gauge.
+
+    Built in the API server (``KVConnectorProm``), which has the engine's ``vllm_config`` but no
+    worker: the gauge's value comes from the config's layout and mode, set once per engine.
+    """
 
     def __init__(
         self,
@@ -100,6 +109,18 @@ class PcpNixlPromMetrics(NixlPromMetrics):
         for key, name in zip(STATS_KEYS, COUNTER_BASE_NAMES, strict=True):
             counter = self._counter_cls(name=name, documentation=_DOCS[name], labelnames=labelnames)
             self.pcp_counters[key] = create_metric_per_engine(counter, self.per_engine_labelvalues)
+        self.expected_suppressed_per_completion = layout_from_config(
+            vllm_config
+        ).expected_suppressed_per_completion()
+        gauge = self._gauge_cls(
+            name=EXPECTED_SUPPRESSED_PER_COMPLETION,
+            documentation=_DOCS[EXPECTED_SUPPRESSED_PER_COMPLETION],
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
+        self.pcp_expected_gauge = create_metric_per_engine(gauge, self.per_engine_labelvalues)
+        for child in self.pcp_expected_gauge.values():
+            child.set(self.expected_suppressed_per_completion)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         base = transfer_stats_data

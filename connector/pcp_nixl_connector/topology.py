@@ -113,11 +113,40 @@ class PcpLayout:
         count = self.finished_count()
         return self.world_size if count is None else count
 
+    def expected_suppressed_per_completion(self) -> int:
+        """Suppressed reports expected per canonical completion: p-1 in canonical mode, else 0.
+
+        The gauge ``vllm:nixl_pcp_expected_suppressed_per_completion`` exports this so an alert
+        needs no hand-set PCP size (world_size mode, PCP1 and consumers suppress nothing).
+        """
+        if self.replicated_pcp_producer and self.mode is CompletionMode.CANONICAL:
+            return self.pcp - 1
+        return 0
+
     def reporting_ranks(self) -> int:
         """How many ranks per engine emit a send report for each request."""
         if not self.replicated_pcp_producer or self.mode is CompletionMode.WORLD_SIZE:
             return self.world_size
         return self.tp * self.pp
+
+
+def layout_from_config(vllm_config: Any) -> PcpLayout:
+    """The engine's parallel layout, role and completion mode from a ``VllmConfig``.
+
+    Duck-typed (attribute access only) so this module stays free of vLLM imports.
+    """
+    ktc = vllm_config.kv_transfer_config
+    if ktc is None or ktc.kv_role is None:
+        raise ValueError("PcpCanonicalNixlConnector needs kv_transfer_config with a kv_role")
+    pc = vllm_config.parallel_config
+    return PcpLayout(
+        tp=pc.tensor_parallel_size,
+        pp=pc.pipeline_parallel_size,
+        pcp=pc.prefill_context_parallel_size,
+        dcp=pc.decode_context_parallel_size,
+        kv_role=ktc.kv_role,
+        mode=parse_completion_mode(ktc.kv_connector_extra_config),
+    )
 
 
 def pcp_rank_from_global_rank(global_rank: int, tp: int, pp: int, pcp: int) -> int:

@@ -22,6 +22,7 @@ INTERESTING = (
     "vllm:nixl_pcp_handshake_publications_skipped_total",
     "vllm:nixl_pcp_finished_sending_suppressed_total",
     "vllm:nixl_pcp_canonical_completions_total",
+    "vllm:nixl_pcp_expected_suppressed_per_completion",
     "pd_proxy_requests_total",
     "pd_proxy_backend_errors_total",
 )

@@ -6,17 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from compose_paths import COMPOSE_DIR, COMPOSE_FILES, REPO, SHARED  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
 for _path in (REPO / "scripts", REPO / "proxy", REPO / "connector", Path(__file__).parent):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
 from compose_env.load import load_env_file  # noqa: E402
-
-COMPOSE_DIR = REPO / "compose"
-COMPOSE_FILES = sorted(COMPOSE_DIR.glob("docker-compose*.yml"))
 
 
 @pytest.fixture(scope="session")

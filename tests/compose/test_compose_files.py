@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from compose_env.interpolate import tree_references
 from compose_env.load import load_compose, load_raw
-from conftest import COMPOSE_DIR, COMPOSE_FILES, SHARED
+from compose_paths import COMPOSE_DIR, COMPOSE_FILES, SHARED
 
 SCHEMA_PATH = SHARED / "schemas" / "compose-spec.json"
 MAIN = COMPOSE_DIR / "docker-compose.yml"

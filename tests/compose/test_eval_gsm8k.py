@@ -13,7 +13,7 @@ from pathlib import Path
 
 import procs
 import pytest
-from conftest import REPO, SHARED
+from compose_paths import REPO, SHARED
 
 SCRIPT = REPO / "scripts" / "eval_gsm8k.sh"
 SLICE = REPO / "scripts" / "data" / "gsm8k_slice"

@@ -13,7 +13,7 @@ import metric_names as mn
 import pytest
 import yaml
 from compose_env.load import load_compose
-from conftest import COMPOSE_DIR
+from compose_paths import COMPOSE_DIR
 
 PROM_DIR = COMPOSE_DIR / "prometheus"
 GRAFANA_DIR = COMPOSE_DIR / "grafana"
@@ -60,6 +60,7 @@ def test_target_check_catches_a_wrong_port(compose, prom) -> None:
 
 
 def test_pcp_size_label_matches_env_example(prom, env_example) -> None:
+    """The label PcpConnectorMissing keys on (stock vLLM exports nothing else that says PCP>1)."""
     prefill = next(j for j in prom["scrape_configs"] if j["job_name"] == "prefill")
     labels = prefill["static_configs"][0]["labels"]
     assert labels["pcp_size"] == env_example["PREFILLER_PCP_SIZE"]
@@ -82,10 +83,25 @@ def test_alerts_cover_dedup_nixl_failures_and_targets(alert_rules) -> None:
     assert "vllm:nixl_pcp_finished_sending_suppressed_total" in by_name["PcpDedupInvariantBroken"]
     assert "vllm:nixl_pcp_canonical_completions_total" in by_name["PcpDedupInvariantBroken"]
     assert "vllm:nixl_pcp_canonical_completions_total" in by_name["PcpConnectorMissing"]
+    assert "pcp_size" in by_name["PcpConnectorMissing"]
     assert "vllm:nixl_num_failed_transfers_total" in by_name["NixlTransferFailures"]
     assert "up{" in by_name["PdTargetDown"]
     for job in ("prefill", "decode", "proxy"):
         assert job in by_name["PdTargetDown"]
+
+
+def test_dedup_alert_reads_the_connector_gauge_not_the_pcp_size_label(alert_rules) -> None:
+    """p comes from the connector (0 in world_size mode, PCP1, consumers), not a scrape label
+    that the cpu profile's PCP1 prefill shares with the PCP2 one."""
+    from pcp_nixl_connector.metric_names import (
+        DEDUP_METRIC_NAMES,
+        EXPECTED_SUPPRESSED_PER_COMPLETION,
+    )
+
+    expr = next(r["expr"] for r in alert_rules if r["alert"] == "PcpDedupInvariantBroken")
+    assert EXPECTED_SUPPRESSED_PER_COMPLETION in DEDUP_METRIC_NAMES
+    assert EXPECTED_SUPPRESSED_PER_COMPLETION in mn.metrics_in_query(expr)
+    assert "pcp_size" not in expr
 
 
 def test_alert_queries_name_existing_metrics(alert_rules, known_metrics) -> None:

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from compose_paths import REPO
 
 SCRIPT = REPO / "scripts" / "preflight.sh"
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from compose_paths import REPO
 
 
 def shellcheck_binary() -> str | None:

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from connector_paths import CONNECTOR_DIR, REPO_ROOT  # noqa: F401
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONNECTOR_DIR = REPO_ROOT / "connector"
 if str(CONNECTOR_DIR) not in sys.path:
     sys.path.insert(0, str(CONNECTOR_DIR))
 

@@ -1,4 +1,8 @@
-"""Two spawned PCP ranks (real gloo group, factory-built connector, real nixl on CPU memory)."""
+"""Two spawned PCP ranks (real gloo group, factory-built connector, real nixl on CPU memory).
+
+One spawn runs both completion modes (``canonical``, then ``world_size``) against vLLM's real
+pull worker, scheduler-side connector, ``KVOutputAggregator`` and Prometheus logger.
+"""
 
 from __future__ import annotations
 
@@ -11,40 +15,59 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CONNECTOR_DIR
+from connector_paths import CONNECTOR_DIR
 from pcp_nixl_connector import DEDUP_METRIC_NAMES
+from pcp_nixl_connector.metric_names import (
+    CANONICAL_COMPLETIONS,
+    EXPECTED_SUPPRESSED_PER_COMPLETION,
+    FINISHED_SENDING_SUPPRESSED,
+    HANDSHAKE_PUBLICATIONS_SKIPPED,
+)
 
 pytestmark = pytest.mark.vllm
 
-RANK_TIMEOUT_S = 150
+RANK_TIMEOUT_S = 200
+MODES = ("canonical", "world_size")
+SKIPPED, SUPPRESSED, CANONICAL = (
+    f"{n}_total"
+    for n in (HANDSHAKE_PUBLICATIONS_SKIPPED, FINISHED_SENDING_SUPPRESSED, CANONICAL_COMPLETIONS)
+)
 
 
-def _free_port() -> int:
-    """A free loopback port in the kit's test range 15000-15999."""
-    for port in range(15600, 15999):
-        with socket.socket() as s:
+def _free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports in the kit's test range (15600-15999 here)."""
+    held: list[socket.socket] = []
+    try:
+        for port in range(15600, 15999):
+            s = socket.socket()
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                s.close()
                 continue
-            return port
-    raise RuntimeError("no free port in 15600-15999")
+            held.append(s)  # keep it taken while picking the next one
+            if len(held) == n:
+                return [h.getsockname()[1] for h in held]
+    finally:
+        for h in held:
+            h.close()
+    raise RuntimeError(f"no {n} free ports in 15600-15999")
 
 
 def _spawn_ranks(model_dir: Path, names: tuple[str, str]) -> dict[int, dict[str, Any]]:
+    """{rank: {mode: what the rank saw}}."""
     sys.path.insert(0, str(Path(__file__).parent))
     import pcp_rank_proc
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    dist_port = _free_port()
-    with socket.socket() as hold:  # keep dist_port taken while picking the side port
-        hold.bind(("127.0.0.1", dist_port))
-        side_port = _free_port()
+    assert pcp_rank_proc.MODES == MODES
+    dist_port, *side = _free_ports(1 + len(MODES))
+    side_ports = dict(zip(MODES, side, strict=True))
     procs = [
         ctx.Process(
             target=pcp_rank_proc.run_rank,
-            args=(rank, dist_port, side_port, str(model_dir), names, q),
+            args=(rank, dist_port, side_ports, str(model_dir), names, q),
             daemon=True,
         )
         for rank in (0, 1)
@@ -83,24 +106,52 @@ def monkeypatch_module():
         yield mp_
 
 
-def test_factory_builds_our_connector_on_both_ranks(ranks, env_connector_names):
-    assert [ranks[r]["class"] for r in (0, 1)] == [env_connector_names[0]] * 2
-    assert [ranks[r]["pcp_group_rank"] for r in (0, 1)] == [0, 1]
+def _by_mode(ranks: dict, mode: str) -> dict[int, dict[str, Any]]:
+    return {r: ranks[r][mode] for r in (0, 1)}
 
 
-def test_only_rank0_metadata_is_published_and_served(ranks):
-    assert [ranks[r]["published"] for r in (0, 1)] == [True, False]
-    assert ranks[0]["published_keys"] == [(0, 0)]
-    assert ranks[0]["own_metadata"] != ranks[1]["own_metadata"]
-    assert ranks[0]["served"] == ranks[0]["own_metadata"]
+@pytest.mark.parametrize("mode", MODES)
+def test_factory_builds_our_connector_on_both_ranks(ranks, env_connector_names, mode):
+    got = _by_mode(ranks, mode)
+    assert [got[r]["class"] for r in (0, 1)] == [env_connector_names[0]] * 2
+    assert [got[r]["pcp_group_rank"] for r in (0, 1)] == [0, 1]
+    assert {got[r]["stats_type"] for r in (0, 1)} == {"PcpNixlKVConnectorStats"}
 
 
-def test_rank1_completions_suppressed_rank0_reports(ranks):
-    assert ranks[0]["finished_count"] == 1  # TP x PP
-    assert all(r == [] for r in ranks[1]["reports"])
-    assert ranks[0]["reports"][-1] == ["req-pcp-proc"]
-    assert sum(len(r) for r in ranks[0]["reports"]) == 1
-    assert {ranks[r]["stats_type"] for r in (0, 1)} == {"PcpNixlKVConnectorStats"}
+@pytest.mark.parametrize("mode", MODES)
+def test_only_rank0_metadata_is_published_and_served(ranks, mode):
+    got = _by_mode(ranks, mode)
+    assert [got[r]["published"] for r in (0, 1)] == [True, False]
+    assert got[0]["published_keys"] == [(0, 0)]
+    assert got[0]["own_metadata"] != got[1]["own_metadata"]
+    assert got[0]["served"] == got[0]["own_metadata"]
+
+
+def test_canonical_rank1_completions_suppressed_rank0_reports(ranks):
+    got = _by_mode(ranks, "canonical")
+    req = "req-pcp-proc-canonical"
+    assert got[0]["finished_count"] == 1 == got[0]["aggregator_expected"]  # TP x PP
+    assert all(r == [] for r in got[1]["reports"])
+    assert got[1]["dedup_totals"]["num_pcp_finished_sending_suppressed"] == 1
+    assert got[0]["reports"][-1] == [req]
+    assert sum(len(r) for r in got[0]["reports"]) == 1
+    assert got[0]["aggregated_finished_sending"] == [req]  # freed after rank 0's report
+
+
+def test_world_size_rank1_reports_nothing_suppressed(ranks):
+    got = _by_mode(ranks, "world_size")
+    req = "req-pcp-proc-world_size"
+    # Scheduler side: stock count, world_size reports per request.
+    assert got[0]["finished_count"] is None
+    assert got[0]["aggregator_expected"] == 2
+    # Rank 1 (stock pull worker) reports at once and it is passed through, not suppressed.
+    assert [req] in got[1]["reports"]
+    assert got[1]["dedup_totals"]["num_pcp_finished_sending_suppressed"] == 0
+    assert got[1]["dedup_totals"]["num_pcp_canonical_completions"] == 0  # not canonical
+    assert got[0]["reports"][-1] == [req]
+    assert sum(len(r) for r in got[0]["reports"]) == 1
+    # Both ranks' reports complete the request in the aggregator (freed after rank 0's).
+    assert got[0]["aggregated_finished_sending"] == [req]
 
 
 def _sample(text: str, name: str) -> float:
@@ -109,13 +160,27 @@ def _sample(text: str, name: str) -> float:
     return float(m.group(1))
 
 
-def test_counters_in_vllm_prometheus_text(ranks):
-    before, after = ranks[0]["prom_text"].split("\n#--after--\n")
-    skipped, suppressed, canonical = DEDUP_METRIC_NAMES
-    for name in DEDUP_METRIC_NAMES:
+# mode -> (skipped, suppressed, canonical, expected suppressed per completion) after the request
+PROM_AFTER = {"canonical": (1.0, 1.0, 1.0, 1.0), "world_size": (1.0, 0.0, 1.0, 0.0)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_counters_in_vllm_prometheus_text(ranks, mode):
+    before, after = ranks[0][mode]["prom_text"].split("\n#--after--\n")
+    skipped, suppressed, canonical, expected = PROM_AFTER[mode]
+    assert set(DEDUP_METRIC_NAMES) == {
+        SKIPPED,
+        SUPPRESSED,
+        CANONICAL,
+        EXPECTED_SUPPRESSED_PER_COMPLETION,
+    }
+    for name in (SKIPPED, SUPPRESSED, CANONICAL):
         assert _sample(before, name) == 0.0
-    assert _sample(after, skipped) == 1.0
-    assert _sample(after, suppressed) == 1.0
-    assert _sample(after, canonical) == 1.0
+    # The gauge holds its config-derived value from startup (p - 1 = 1 only in canonical mode).
+    assert _sample(before, EXPECTED_SUPPRESSED_PER_COMPLETION) == expected
+    assert _sample(after, EXPECTED_SUPPRESSED_PER_COMPLETION) == expected
+    assert _sample(after, SKIPPED) == skipped
+    assert _sample(after, SUPPRESSED) == suppressed
+    assert _sample(after, CANONICAL) == canonical
     # vLLM's own NIXL metrics keep working (rank 0's lease expired once).
     assert _sample(after, "vllm:nixl_num_kv_expired_reqs_total") == 1.0

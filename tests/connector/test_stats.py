@@ -28,11 +28,11 @@ def test_stats_only_dedup_events_are_not_empty_and_aggregate():
     assert isinstance(clone, PcpNixlKVConnectorStats) and merged.is_empty()
 
 
-def test_prom_counters_exist_at_zero_and_count(tiny_model_dir):
+def _build_prom(cfg):
+    """``build_prom_metrics`` as vLLM's ``KVConnectorProm`` calls it, on a private registry."""
     import prometheus_client
     from pcp_nixl_connector import PcpCanonicalNixlConnector
     from prometheus_client import Counter, Gauge, Histogram
-    from vllm.config import KVTransferConfig, ModelConfig, VllmConfig
 
     registry = prometheus_client.CollectorRegistry()
 
@@ -43,32 +43,71 @@ def test_prom_counters_exist_at_zero_and_count(tiny_model_dir):
 
         return Bound
 
-    cfg = VllmConfig(
-        model_config=ModelConfig(model=str(tiny_model_dir), skip_tokenizer_init=True),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="PcpCanonicalNixlConnector",
-            kv_connector_module_path="pcp_nixl_connector",
-            kv_role="kv_consumer",
-        ),
-    )
     prom = PcpCanonicalNixlConnector.build_prom_metrics(
         cfg,
         {Gauge: bound(Gauge), Counter: bound(Counter), Histogram: bound(Histogram)},
         ["model_name", "engine"],
         {0: ["m", "0"], 1: ["m", "1"]},
     )
-    text = prometheus_client.generate_latest(registry).decode()
-    for name in DEDUP_METRIC_NAMES:
+    return prom, lambda: prometheus_client.generate_latest(registry).decode()
+
+
+def _config(model_dir, role="kv_consumer", pcp=1, extra=None):
+    from vllm.config import KVTransferConfig, ModelConfig, VllmConfig
+
+    cfg = VllmConfig(
+        model_config=ModelConfig(model=str(model_dir), skip_tokenizer_init=True),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="PcpCanonicalNixlConnector",
+            kv_connector_module_path="pcp_nixl_connector",
+            kv_role=role,
+            kv_connector_extra_config=extra or {},
+        ),
+    )
+    cfg.parallel_config.prefill_context_parallel_size = pcp
+    return cfg
+
+
+def test_prom_counters_exist_at_zero_and_count(tiny_model_dir):
+    from pcp_nixl_connector import PcpCanonicalNixlConnector
+
+    prom, text_of = _build_prom(_config(tiny_model_dir))
+    text = text_of()
+    assert len(DEDUP_METRIC_NAMES) == 4
+    for name in DEDUP_METRIC_NAMES:  # counters and the gauge (0 on a consumer)
         assert f'{name}{{engine="1",model_name="m"}} 0.0' in text
     stats = PcpCanonicalNixlConnector.build_kv_connector_stats()
     stats.record_canonical_completions(2)
     stats.record_canonical_completions(3)
     prom.observe(stats.data, engine_idx=1)
     prom.observe({"num_pcp_finished_sending_suppressed": [4]}, engine_idx=0)  # sparse payload
-    text = prometheus_client.generate_latest(registry).decode()
+    text = text_of()
     assert 'vllm:nixl_pcp_canonical_completions_total{engine="1",model_name="m"} 5.0' in text
     assert 'vllm:nixl_pcp_finished_sending_suppressed_total{engine="0",model_name="m"} 4.0' in text
     assert 'vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 0.0' in text
+
+
+@pytest.mark.parametrize(
+    "role,pcp,mode,want",
+    [
+        ("kv_producer", 2, "canonical", 1),
+        ("kv_producer", 4, "canonical", 3),
+        ("kv_producer", 2, "world_size", 0),
+        ("kv_producer", 1, "canonical", 0),
+        ("kv_consumer", 2, "canonical", 0),
+    ],
+)
+def test_expected_suppressed_gauge_from_config(tiny_model_dir, role, pcp, mode, want):
+    from pcp_nixl_connector import EXPECTED_SUPPRESSED_PER_COMPLETION
+
+    cfg = _config(tiny_model_dir, role, pcp, {"pcp_completion_mode": mode})
+    _prom, text_of = _build_prom(cfg)
+    text = text_of()
+    assert f"# TYPE {EXPECTED_SUPPRESSED_PER_COMPLETION} gauge" in text
+    for engine in ("0", "1"):  # same engine/model labels as the counters, from startup
+        labels = f'{{engine="{engine}",model_name="m"}}'
+        assert f"{EXPECTED_SUPPRESSED_PER_COMPLETION}{labels} {float(want)}" in text
+        assert f"vllm:nixl_pcp_canonical_completions_total{labels} 0.0" in text
 
 
 def test_push_is_refused_clearly():

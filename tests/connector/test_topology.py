@@ -56,6 +56,15 @@ def test_reports_match_what_the_scheduler_waits_for(
         1 for _ in range(tp * pp) for r in range(pcp) if not layout.suppresses_finished_sending(r)
     )
     assert reporting == layout.reporting_ranks() == layout.expected_reports()
+    # The exported gauge: suppressed reports per canonical completion, per request.
+    suppressed = sum(
+        1 for _ in range(tp * pp) for r in range(pcp) if layout.suppresses_finished_sending(r)
+    )
+    canonical_reports = sum(1 for _ in range(tp * pp) for r in range(pcp) if r in canonical)
+    assert suppressed == layout.expected_suppressed_per_completion() * canonical_reports
+    assert layout.expected_suppressed_per_completion() == (
+        pcp - 1 if replicated and mode is C else 0
+    )
 
 
 def test_every_canonical_rank_of_a_replicated_layout_is_pcp_rank_zero():

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CONNECTOR_DIR
+from connector_paths import CONNECTOR_DIR
 from pcp_nixl_connector import version_guard
 
 

@@ -101,17 +101,18 @@ def test_prometheus_targets_up(pd_stack: Stack) -> None:
 
 def test_dedup_counters_in_prometheus(pd_stack: Stack) -> None:
     names = dedup_metric_names(pd_stack.repo)
-    assert len(names) == 3
+    assert len(names) == 4  # three counters + the expected-suppression gauge, all from startup
     prom = pd_stack.urls["prometheus"]
 
     def scraped_on_prefill() -> dict[str, float] | None:
-        values = {
-            n: query_value(prometheus_query(prom, f'{n}{{job="vllm-prefill"}}')) for n in names
-        }
+        values = {n: query_value(prometheus_query(prom, f'{n}{{job="prefill"}}')) for n in names}
         return values if all(v is not None for v in values.values()) else None
 
     values = wait_until(scraped_on_prefill, 60, "dedup counters in Prometheus")
     assert values["vllm:nixl_pcp_canonical_completions_total"] > 0
+    # The local stack's prefill is PCP1: nothing to suppress, and the gauge says so.
+    assert values["vllm:nixl_pcp_expected_suppressed_per_completion"] == 0
+    assert values["vllm:nixl_pcp_finished_sending_suppressed_total"] == 0
 
 
 def test_demo_report_checks_pass_on_live_stack(pd_stack: Stack) -> None:
@@ -129,7 +130,11 @@ def test_demo_eval_through_proxy(pd_stack: Stack) -> None:
 
 
 def test_no_kv_blocks_left_on_prefill(pd_stack: Stack) -> None:
-    """Every transfer finished: the producer freed every block (the replicated-PCP leak's sign)."""
+    """P/D frees KV blocks: once decode has read them, prefill's (and decode's) usage drops to 0.
+
+    The CPU stack's prefill is PCP1, so this is not the replicated-PCP leak (that needs PCP > 1 on
+    a GPU host): it checks that the producer releases blocks after the consumer's transfer.
+    """
 
     def prefill_idle() -> bool:
         prefill = scrape(pd_stack.urls["prefill"])
@@ -152,7 +157,6 @@ def test_proxy_clear_error_when_decode_stopped_then_recovers(
     assert info.value.status in (502, 503), info.value
     assert "error" in info.value.body.lower() and info.value.body.lstrip().startswith("{")
 
-    started = time.monotonic()
     seconds = pd_stack.start_part("decode")
     log.info("decode restarted in %.0fs", seconds)
 
@@ -166,5 +170,4 @@ def test_proxy_clear_error_when_decode_stopped_then_recovers(
         wait_until(served, 120, "the proxy to serve again after decode restart")
         == (references["short"])
     )
-    assert time.monotonic() - started < pd_stack.settings.startup_timeout_s + 120
     assert _pd(pd_stack, "multi_block") == references["multi_block"]
