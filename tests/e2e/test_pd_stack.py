@@ -58,10 +58,15 @@ def test_pd_output_equals_single_instance_at_concurrency_4(
 def test_cpu_knobs_took_effect_in_both_servers(pd_stack: Stack) -> None:
     """Without the connector's CPU knobs every request costs 22-112 s (FACTS): prove they acted."""
     delay = pd_stack.settings.nixl_progress_delay_us
-    for name in ("prefill", "decode"):
-        text = pd_stack.processes[name].log_path.read_text(errors="replace")
+    logs = {
+        name: pd_stack.processes[name].log_path.read_text(errors="replace")
+        for name in ("prefill", "decode")
+    }
+    for name, text in logs.items():
         assert f"NIXL progress thread delay set to {delay} us" in text, name
-        assert "instead of NIXL's KV core pinning" in text, name
+    # NIXL's worker pins onto the machine's last core; prefill is bound to core 0, so its
+    # affinity is always restored (decode may already sit on the last core: nothing to undo).
+    assert "instead of NIXL's KV core pinning" in logs["prefill"]
 
 
 def test_repeated_pd_requests_stay_equal_and_log_latency(
