@@ -320,14 +320,8 @@ class ProxyHandlers:
     ) -> web.StreamResponse:
         content_type = resp.headers.get("Content-Type", "application/json")
         if resp.status != 200 or not content_type.startswith("text/event-stream"):
-            try:
-                data = await resp.read()
-            except asyncio.TimeoutError:
-                self.metrics.backend_error("decode", backend.url)
-                raise ProxyError(504, f"decode backend {backend.url} timed out") from None
-            except aiohttp.ClientError as exc:
-                self.metrics.backend_error("decode", backend.url)
-                raise ProxyError(502, f"decode backend {backend.url} failed: {exc!r}") from None
+            # Read failures (timeout, broken connection) are mapped by _exchange, as for prefill.
+            data = await resp.read()
             self._first_byte(start, trace)
             if 400 <= resp.status < 500:
                 raise Passthrough(resp.status, data, content_type)
