@@ -15,6 +15,17 @@ from pd_proxy.app import HANDLERS_KEY, build_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
 
+# The prefill leg's kv_transfer_params as the protocol spells it, written out independently of
+# pd_proxy.rewrite so the tests check the implementation against the spec.
+EXPECTED_PREFILL_KV = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
 
 def closed_port_url() -> str:
     """A loopback URL nobody listens on (connection refused)."""

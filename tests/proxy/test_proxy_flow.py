@@ -5,16 +5,7 @@ from __future__ import annotations
 import json
 
 from pd_proxy.metrics import METRIC_NAMES
-from proxy_harness import pd_stack, sse_events
-
-PREFILL_KV = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+from proxy_harness import EXPECTED_PREFILL_KV, pd_stack, sse_events
 
 
 async def test_streaming_completion_legs_and_byte_exact_relay():
@@ -43,7 +34,7 @@ async def test_streaming_completion_legs_and_byte_exact_relay():
             "max_tokens": 1,
             "stream": False,
             "temperature": 0,
-            "kv_transfer_params": PREFILL_KV,
+            "kv_transfer_params": EXPECTED_PREFILL_KV,
         }
         assert d.body == {**client, "kv_transfer_params": s.prefill.issued["client-rid-1"]}
         for leg in (p, d):
@@ -70,7 +61,7 @@ async def test_chat_completion_streaming_and_json():
             "max_completion_tokens": 1,
             "max_tokens": 1,
             "stream": False,
-            "kv_transfer_params": PREFILL_KV,
+            "kv_transfer_params": EXPECTED_PREFILL_KV,
         }
         rid = p.headers["X-Request-Id"]
         assert s.decode.seen[0].body == {**body, "kv_transfer_params": s.prefill.issued[rid]}

@@ -17,15 +17,7 @@ from pd_proxy.rewrite import (
     parse_request,
     prefill_body,
 )
-
-EXPECTED_PREFILL_KV = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+from proxy_harness import EXPECTED_PREFILL_KV
 
 FULL_COMPLETION = {
     "model": "m",
