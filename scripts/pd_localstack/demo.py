@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from pd_localstack.live import live_checks
+from pd_localstack.process import signal_group
 from pd_localstack.report import Check
 from pd_localstack.stack import Stack
 
@@ -83,10 +84,7 @@ def _tee(stream: IO[str], out: IO[str]) -> None:
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: group id == leader pid
-    except (ProcessLookupError, PermissionError):
-        pass
+    signal_group(proc.pid, signal.SIGKILL)  # start_new_session: group id == leader pid
     proc.wait()
 
 

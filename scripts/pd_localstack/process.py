@@ -131,13 +131,13 @@ class ManagedProcess:
             return
         pgid = self.popen.pid  # start_new_session: the group id is the leader's pid
         if self.popen.poll() is None:
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             try:
                 self.popen.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 log.warning("%s ignored SIGTERM for %.0fs, killing", self.name, grace_s)
         # The leader may be gone while children (vLLM's engine core) linger: KILL the group.
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         try:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -146,7 +146,8 @@ class ManagedProcess:
         self.popen = None
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a whole process group; a group that is already gone is not an error."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
