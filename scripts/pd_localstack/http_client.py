@@ -20,14 +20,20 @@ class HttpError(RuntimeError):
         self.body = body
 
 
-def get_text(url: str, timeout_s: float = 10.0) -> str:
+def _fetch(request: urllib.request.Request | str, timeout_s: float) -> tuple[int, str]:
+    """Status and body text; every way of failing becomes an HttpError."""
+    url = request if isinstance(request, str) else request.full_url
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.read().decode(errors="replace")
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         raise HttpError(url, exc.code, exc.read().decode(errors="replace")) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise HttpError(url, None, str(exc)) from None
+
+
+def get_text(url: str, timeout_s: float = 10.0) -> str:
+    return _fetch(url, timeout_s)[1]
 
 
 def _decode_json(url: str, status: int | None, text: str) -> Any:
@@ -41,7 +47,7 @@ def _decode_json(url: str, status: int | None, text: str) -> Any:
 def get_json(url: str, params: dict[str, str] | None = None, timeout_s: float = 10.0) -> Any:
     if params:
         url = f"{url}?{urllib.parse.urlencode(params)}"
-    return _decode_json(url, 200, get_text(url, timeout_s))
+    return _decode_json(url, *_fetch(url, timeout_s))
 
 
 def post_json(url: str, payload: dict[str, Any], timeout_s: float = 300.0) -> Any:
@@ -51,11 +57,4 @@ def post_json(url: str, payload: dict[str, Any], timeout_s: float = 300.0) -> An
         headers={"Content-Type": "application/json"},
         method="POST",
     )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            status, text = resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        raise HttpError(url, exc.code, exc.read().decode(errors="replace")) from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        raise HttpError(url, None, str(exc)) from None
-    return _decode_json(url, status, text)
+    return _decode_json(url, *_fetch(request, timeout_s))
