@@ -2,9 +2,8 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-COMPOSE_FILE ?= compose/docker-compose.yml
 
-.PHONY: help install demo up test test-unit test-e2e lint format bench compose-up compose-down clean
+.PHONY: help install engine images demo up test test-unit test-e2e test-compose test-k8s preflight lint format bench compose-up compose-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -18,12 +17,31 @@ demo: install  ## CPU: real P/D stack + proxy + Prometheus, GSM8K through the pr
 up: install  ## CPU: start the same stack and keep it until Ctrl-C
 	$(PY) -m pd_localstack up
 
-test: install  ## the whole suite: lint, unit, real-vLLM connector, compose, proxy, end-to-end
-	$(PY) -m ruff check .
-	$(PY) -m pytest -ra --durations=15
+engine:  ## a Docker engine + Compose v2 (uses yours; on bare Debian/Ubuntu installs and starts one)
+	@bash scripts/docker_engine.sh ensure
 
-test-unit: install  ## everything except the end-to-end stack tests
-	$(PY) -m pytest -ra -m "not e2e"
+images: install engine  ## build the cpu profile's images (official bases, or KIT_IMAGE_BASE=local) + tiny model
+	@bash scripts/images.sh
+
+# The whole suite, the live compose deployment included. A dockerd this kit started is stopped
+# afterwards (by PID), whatever the result.
+test: install  ## the whole suite: lint, unit, real-vLLM connector, compose for real, proxy, end-to-end
+	@status=0; \
+	{ bash scripts/docker_engine.sh ensure && bash scripts/images.sh && \
+	  $(PY) -m ruff check . && $(PY) -m pytest -ra --durations=15; } || status=$$?; \
+	bash scripts/docker_engine.sh stop; exit $$status
+
+test-compose: images  ## only the live compose tests (docker compose --profile cpu up for real)
+	$(PY) -m pytest -ra -m compose
+
+test-k8s: install  ## render and validate deploy/k8s (needs kubectl; no cluster)
+	$(PY) -m pytest -ra -m k8s tests/k8s
+
+preflight:  ## GPU host checks before docker compose up (system python3, no venv needed)
+	bash scripts/preflight.sh
+
+test-unit: install  ## everything except the live stacks (no Docker needed)
+	$(PY) -m pytest -ra -m "not e2e and not compose"
 
 test-e2e: install  ## only the end-to-end tests on the real CPU stack
 	$(PY) -m pytest -ra -m e2e
@@ -40,12 +58,12 @@ bench: install  ## proxy and connector microbenchmarks (figures, not pass/fail)
 	$(PY) scripts/bench_proxy.py
 	$(PY) scripts/bench_connector.py
 
-compose-up:  ## GPU host: docker compose up (needs .env; run scripts/preflight.sh first)
+compose-up:  ## GPU host: preflight, then docker compose up -d
 	bash scripts/preflight.sh
-	docker compose -f $(COMPOSE_FILE) --env-file .env up -d
+	docker compose up -d
 
 compose-down:
-	docker compose -f $(COMPOSE_FILE) --env-file .env down
+	docker compose down
 
 clean:  ## remove run/ logs and the generated tiny model (keeps .venv)
 	rm -rf run .models

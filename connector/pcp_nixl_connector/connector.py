@@ -37,7 +37,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
 )
 from vllm.logger import init_logger
 
-from .cpu_tuning import CpuKnobs, tuned_worker_init
+from .amx import ensure_amx_permission
+from .cpu_tuning import CpuKnobs, is_cpu_platform, tuned_worker_init
 from .stats import PcpNixlKVConnectorStats, PcpNixlPromMetrics
 from .topology import PcpLayout, layout_from_config, pcp_rank_from_global_rank
 
@@ -89,6 +90,10 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
             )
             self.connector_worker = None
         elif role == KVConnectorRole.WORKER:
+            if is_cpu_platform():
+                # Before the first attention step: a decode worker's first step is a 1-token
+                # step that would run vLLM's AMX attention kernel without permission (SIGILL).
+                ensure_amx_permission()
             with tuned_worker_init(self.cpu_knobs):
                 worker = NixlPullConnectorWorker(vllm_config, self.engine_id, kv_cache_config)
             worker.xfer_stats = PcpNixlKVConnectorStats()

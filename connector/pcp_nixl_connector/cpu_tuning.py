@@ -96,7 +96,7 @@ def _nixl_bindings_for(wrapper_cls: Any) -> Any | None:
     return bind
 
 
-def _default_is_cpu() -> bool:
+def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
@@ -112,7 +112,7 @@ def _default_wrapper_cls() -> Any:
 def tuned_worker_init(
     knobs: CpuKnobs,
     *,
-    is_cpu: Callable[[], bool] = _default_is_cpu,
+    is_cpu: Callable[[], bool] = is_cpu_platform,
     wrapper_cls: Callable[[], Any] = _default_wrapper_cls,
 ) -> Iterator[None]:
     """Wrap the construction of vLLM's NIXL worker to apply ``knobs``.
@@ -140,13 +140,34 @@ def tuned_worker_init(
         else:
             original_cfg = bind.nixlAgentConfig
             bind.nixlAgentConfig = delayed_agent_config_cls(original_cfg, knobs.progress_delay_us)
-    affinity = os.sched_getaffinity(0) if knobs.skip_kv_core_pinning else None
+    real_setaffinity = os.sched_setaffinity
+    if knobs.skip_kv_core_pinning:
+        os.sched_setaffinity = _keep_own_affinity(real_setaffinity)
     try:
         yield
     finally:
+        os.sched_setaffinity = real_setaffinity
         if bind is not None:
             bind.nixlAgentConfig = original_cfg
             logger.info("NIXL progress thread delay set to %d us", knobs.progress_delay_us)
-        if affinity is not None and os.sched_getaffinity(0) != affinity:
-            os.sched_setaffinity(0, affinity)
-            logger.info("Kept CPU affinity %s instead of NIXL's KV core pinning", sorted(affinity))
+
+
+def _keep_own_affinity(real: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """``os.sched_setaffinity`` that ignores re-pinning of this thread (pid 0).
+
+    The call must not happen at all, not be undone afterwards: inside a container with a cpuset,
+    NIXL's "last core of each NUMA node" (read from /sys, host-wide) is often outside the
+    container's cores, and the call itself fails with EINVAL and kills the worker.
+    """
+
+    def keep(pid: int, cores: Any) -> None:
+        if pid != 0:
+            real(pid, cores)
+            return
+        logger.info(
+            "Kept CPU affinity %s instead of NIXL's KV core pinning to %s",
+            sorted(os.sched_getaffinity(0)),
+            sorted(cores),
+        )
+
+    return keep

@@ -3,21 +3,30 @@
 ``build_app`` is what in-process tests use; ``make_runner`` adds the server settings the proxy
 relies on (client disconnects cancel the handler, no access log, drain timeout), so use it (or pass
 ``handler_cancellation=True`` to aiohttp's ``TestServer``) when disconnect behaviour matters.
+With ``metrics_port`` set, ``build_metrics_app`` gives the app for that second listener.
+With DNS names or an endpoints file configured, discovery (pd_proxy.discovery) fills the pools
+before the first health round and then keeps them current.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.config import ProxyConfig
+from pd_proxy.auth import BackendKey, ClientKeys, KeyFileError
+from pd_proxy.config import ConfigError, ProxyConfig
+from pd_proxy.discovery import Discovery, Resolver
+from pd_proxy.errors import error_response, unauthorized_response
 from pd_proxy.handlers import ProxyHandlers
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool, HealthChecker
+
+request_log = logging.getLogger("pd_proxy.request")
 
 HANDLERS_KEY = web.AppKey("pd_proxy_handlers", ProxyHandlers)
 # Below uvicorn's 5 s keep-alive (vLLM's server), so we drop idle upstream connections before the
@@ -26,23 +35,42 @@ UPSTREAM_KEEPALIVE_S = 4.0
 # Slack over the health-check timeout for the first round (checks run concurrently).
 FIRST_ROUND_MARGIN_S = 1.0
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-def build_app(config: ProxyConfig) -> web.Application:
-    """A ready-to-run proxy application; its metrics live in ``app[HANDLERS_KEY].metrics``."""
+
+def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Application:
+    """A ready-to-run proxy application; its metrics live in ``app[HANDLERS_KEY].metrics``.
+
+    ``resolver`` resolves the ``*_dns`` names (default: the event loop's ``getaddrinfo``).
+    """
     prefill = BackendPool("prefill", config.prefill)
     decode = BackendPool("decode", config.decode)
     metrics = ProxyMetrics(config.prefill, config.decode)
-    handlers = ProxyHandlers(config, metrics, prefill, decode)
+    metrics.track_pools((prefill, decode))
+    discovery = Discovery.from_config(
+        config, {"prefill": prefill, "decode": decode}, metrics, resolver
+    )
+    client_keys = _key_file(ClientKeys, config.api_key_file, "--api-key-file")
+    backend_key = _key_file(BackendKey, config.backend_api_key_file, "--backend-api-key-file")
+    handlers = ProxyHandlers(config, metrics, prefill, decode, client_keys, backend_key)
+    handlers.discovery = discovery
+
+    def guard(handler: Handler, endpoint: str | None = None) -> Handler:
+        if client_keys is None:
+            return handler  # no wrapper at all: nothing added to the request path
+        return _require_key(client_keys, handler, metrics, endpoint)
 
     app = web.Application(client_max_size=config.max_body_bytes)
     app[HANDLERS_KEY] = handlers
-    app.router.add_post("/v1/completions", handlers.completions)
-    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
-    app.router.add_get("/v1/models", handlers.models)
-    app.router.add_get("/health", handlers.health)
-    if config.metrics:
-        app.router.add_get("/metrics", handlers.metrics_page)
-    app.router.add_route("*", "/{tail:.*}", handlers.not_found)
+    app.router.add_post("/v1/completions", guard(handlers.completions, "/v1/completions"))
+    app.router.add_post(
+        "/v1/chat/completions", guard(handlers.chat_completions, "/v1/chat/completions")
+    )
+    app.router.add_get("/v1/models", guard(handlers.models, "/v1/models"))
+    app.router.add_get("/health", handlers.health)  # always open: orchestrators probe it
+    if config.metrics and config.metrics_port is None:
+        app.router.add_get("/metrics", guard(handlers.metrics_page))
+    app.router.add_route("*", "/{tail:.*}", guard(handlers.not_found))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(
@@ -66,14 +94,23 @@ def build_app(config: ProxyConfig) -> web.Application:
             [prefill, decode], session, config.health_interval, config.health_timeout, on_result
         )
         handlers.checker = checker
-        task = asyncio.create_task(checker.run(), name="pd-proxy-health")
+        tasks: list[asyncio.Task[None]] = []
         try:
+            if discovery is not None:
+                # Discovered backends join unhealthy; the first round below checks them.
+                await discovery.refresh()
+                discovery.check = checker.check_some
+            tasks.append(asyncio.create_task(checker.run(), name="pd-proxy-health"))
             await _first_round(checker, config.health_timeout)
+            if discovery is not None:
+                tasks.append(asyncio.create_task(discovery.run(), name="pd-proxy-discovery"))
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await session.close()
 
     async def on_shutdown(app: web.Application) -> None:
@@ -82,6 +119,56 @@ def build_app(config: ProxyConfig) -> web.Application:
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(on_shutdown)
     return app
+
+
+def build_metrics_app(app: web.Application) -> web.Application | None:
+    """The second listener's app (``GET /metrics``, no key) when ``metrics_port`` is set."""
+    handlers = app[HANDLERS_KEY]
+    if handlers.config.metrics_port is None:
+        return None
+    metrics_app = web.Application()
+    metrics_app.router.add_get("/metrics", handlers.metrics_page)
+
+    async def not_found(request: web.Request) -> web.Response:
+        return error_response(404, f"no route for {request.method} {request.path}")
+
+    metrics_app.router.add_route("*", "/{tail:.*}", not_found)
+    return metrics_app
+
+
+def _key_file(kind, path: str | None, flag: str):
+    """``kind(path)``, or None without a path; a file that went bad since the config check is a
+    ``ConfigError`` too."""
+    if path is None:
+        return None
+    try:
+        return kind(path)
+    except KeyFileError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def _require_key(
+    keys: ClientKeys, handler: Handler, metrics: ProxyMetrics, endpoint: str | None
+) -> Handler:
+    """``handler`` behind the client key check: a bad key gets a 401, and no backend is touched."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        problem = keys.check(request.headers.get("Authorization"))
+        if problem is None:
+            return await handler(request)
+        if endpoint is not None:
+            metrics.count_request(endpoint, 401)
+        if request_log.isEnabledFor(logging.INFO):
+            request_log.info(
+                "rid=- %s %s status=401 from=%s: %s",
+                request.method,
+                request.path,
+                request.remote,
+                problem,
+            )
+        return unauthorized_response(problem)
+
+    return guarded
 
 
 async def _first_round(checker: HealthChecker, check_timeout: float) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from pd_proxy.app import build_app, make_runner
+from pd_proxy.app import build_app, build_metrics_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig, load_config
 from pd_proxy.logs import flush_periodically, setup_logging
 
@@ -36,12 +36,17 @@ class ListenError(Exception):
 async def serve(config: ProxyConfig, log_handler: logging.Handler | None = None) -> None:
     app = build_app(config)
     runner = make_runner(app, config)
+    metrics_app = build_metrics_app(app)
+    metrics_runner = None if metrics_app is None else web.AppRunner(metrics_app, access_log=None)
     # Starts the client session and the health checker, and waits for its first round (app.py).
     await runner.setup()
     listening = False
     flusher = None
     try:  # from here on, any failure (a busy port included) still closes the session and task
         await _listen(runner, config)
+        if metrics_runner is not None:
+            await metrics_runner.setup()
+            await _listen_metrics(metrics_runner, config)
         listening = True
         _settle_gc()
         if log_handler is not None:
@@ -50,7 +55,9 @@ async def serve(config: ProxyConfig, log_handler: logging.Handler | None = None)
         await _wait_for_signal()
         log.info("shutting down: draining in-flight requests (up to %gs)", config.drain_timeout)
     finally:
-        await runner.cleanup()
+        await runner.cleanup()  # drains; metrics stay scrapable meanwhile
+        if metrics_runner is not None and metrics_runner.server is not None:
+            await metrics_runner.cleanup()
         if listening:
             log.info("stopped")
         if flusher is not None:
@@ -69,7 +76,32 @@ async def _listen(runner: web.AppRunner, config: ProxyConfig) -> None:
     for addr in runner.addresses:
         host, port = addr[0], addr[1]
         log.info("listening on http://%s:%d", host, port)
-    log.info("prefill: %s | decode: %s", " ".join(config.prefill), " ".join(config.decode))
+    log.info(
+        "prefill: %s | decode: %s",
+        " ".join(config.sources("prefill")),
+        " ".join(config.sources("decode")),
+    )
+    if config.api_key_file is None:
+        port = runner.addresses[0][1] if runner.addresses else config.port
+        log.warning(
+            "no client API key configured (PD_PROXY_API_KEY_FILE): anyone who can reach port %d "
+            "can use the model",
+            port,
+        )
+
+
+async def _listen_metrics(runner: web.AppRunner, config: ProxyConfig) -> None:
+    """The second listener, for ``GET /metrics`` only (``--metrics-port``)."""
+    assert config.metrics_port is not None
+    site = web.TCPSite(runner, config.host, config.metrics_port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ListenError(
+            f"cannot listen on {config.host}:{config.metrics_port} (metrics port): {exc}"
+        ) from None
+    for addr in runner.addresses:
+        log.info("metrics on http://%s:%d/metrics", addr[0], addr[1])
 
 
 def _settle_gc() -> None:
@@ -111,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = setup_logging(config.logging_level)
     try:
         _run(lambda: serve(config, handler))
-    except ListenError as exc:  # e.g. port in use: one line like a bad flag, no traceback
+    # ListenError, e.g. port in use; ConfigError, e.g. a key file deleted since load_config
+    # read it: one line like a bad flag, no traceback.
+    except (ListenError, ConfigError) as exc:
         handler.flush()  # earlier log lines first: the error is the last line
         print(f"pd-proxy: error: {exc}", file=sys.stderr)
         return 2

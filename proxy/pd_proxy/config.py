@@ -8,6 +8,7 @@ it into exit code 2) instead of surfacing as a traceback at the first request.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import re
@@ -15,8 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pd_proxy.auth import KeyFileError, read_key_file
+from pd_proxy.endpoints import EndpointsFileError, read_endpoints_file
+
 ENV_PREFIX = "PD_PROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ROLES = ("prefill", "decode")
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 
 class ConfigError(ValueError):
@@ -25,10 +31,14 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    """Everything the app needs; defaults suit a local P/D pair."""
+    """Everything the app needs; defaults suit a local P/D pair.
 
-    prefill: tuple[str, ...]
-    decode: tuple[str, ...]
+    Each role needs at least one backend source: fixed URLs, a DNS name (``*_dns``, re-resolved
+    every ``discovery_interval``) or entries in ``endpoints_file``; sources may be combined.
+    """
+
+    prefill: tuple[str, ...] = ()
+    decode: tuple[str, ...] = ()
     host: str = "0.0.0.0"
     port: int = 8000
     connect_timeout: float = 5.0
@@ -40,15 +50,36 @@ class ProxyConfig:
     drain_timeout: float = 30.0
     log_level: str = "info"
     metrics: bool = True
+    # Paths, never keys: the files are read (and re-read when they change) by pd_proxy.auth.
+    api_key_file: str | None = None
+    backend_api_key_file: str | None = None
+    metrics_port: int | None = None  # None: /metrics on the main port
+    # Discovery (pd_proxy.discovery): "host:port" names and a file, re-read every interval.
+    prefill_dns: str | None = None
+    decode_dns: str | None = None
+    endpoints_file: str | None = None
+    discovery_interval: float = 5.0
 
     def __post_init__(self) -> None:
-        for role in ("prefill", "decode"):
+        for role in ROLES:
             urls = tuple(normalize_url(u, role) for u in getattr(self, role))
             object.__setattr__(self, role, urls)
-        if not self.prefill:
-            raise ConfigError("at least one --prefill URL is required (or PD_PROXY_PREFILL)")
-        if not self.decode:
-            raise ConfigError("at least one --decode URL is required (or PD_PROXY_DECODE)")
+            name = f"{role}_dns"
+            value = getattr(self, name)
+            if value is not None:
+                flag = f"--{role}-dns ({ENV_PREFIX}{name.upper()})"
+                object.__setattr__(self, name, check_host_port(value, flag))
+        file_roles = ()
+        if self.endpoints_file is not None:
+            file_roles = check_endpoints_file(self.endpoints_file)
+        for role in ROLES:
+            if not getattr(self, role) and getattr(self, f"{role}_dns") is None:
+                if role not in file_roles:
+                    raise ConfigError(
+                        f"no {role} backend: give --{role} URL ({ENV_PREFIX}{role.upper()}), "
+                        f"--{role}-dns HOST:PORT ({ENV_PREFIX}{role.upper()}_DNS) or an "
+                        f"--endpoints-file listing one ({ENV_PREFIX}ENDPOINTS_FILE)"
+                    )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port {self.port} is outside 0-65535")
         for name in (
@@ -58,6 +89,7 @@ class ProxyConfig:
             "health_interval",
             "health_timeout",
             "drain_timeout",  # aiohttp reads 0 as "wait forever"
+            "discovery_interval",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -66,10 +98,99 @@ class ProxyConfig:
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"log level {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         object.__setattr__(self, "log_level", self.log_level.lower())
+        for name, flag in (
+            ("api_key_file", "--api-key-file"),
+            ("backend_api_key_file", "--backend-api-key-file"),
+        ):
+            path = getattr(self, name)
+            if path is not None:
+                check_key_file(path, flag, f"{ENV_PREFIX}{name.upper()}")
+        if self.metrics_port is not None:
+            if not 0 <= self.metrics_port <= 65535:
+                raise ConfigError(f"metrics port {self.metrics_port} is outside 0-65535")
+            if self.metrics_port == self.port != 0:
+                raise ConfigError(f"metrics port {self.metrics_port} is the main port")
+            if not self.metrics:
+                raise ConfigError(
+                    "--metrics-port (PD_PROXY_METRICS_PORT) is set but metrics are off"
+                )
 
     @property
     def logging_level(self) -> int:
         return getattr(logging, self.log_level.upper())
+
+    @property
+    def discovery(self) -> bool:
+        """Whether any backend source can change at run time."""
+        return bool(self.prefill_dns or self.decode_dns or self.endpoints_file)
+
+    def sources(self, role: str) -> list[str]:
+        """The role's backend sources, for the start-up log line."""
+        found = list(getattr(self, role))
+        dns = getattr(self, f"{role}_dns")
+        if dns is not None:
+            found.append(f"dns:{dns}")
+        if self.endpoints_file is not None:
+            found.append(f"file:{self.endpoints_file}")
+        return found
+
+
+def check_key_file(path: str, flag: str, env: str) -> None:
+    """A key file must hold at least one key at start; later changes only log (pd_proxy.auth)."""
+    if not path.strip():
+        raise ConfigError(f"{flag} ({env}) is an empty path")
+    try:
+        read_key_file(path)
+    except KeyFileError as exc:
+        raise ConfigError(f"{flag} ({env}): {exc}") from None
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` into its parts; ``ValueError`` says what is wrong."""
+    text = value.strip()
+    if "://" in text or "/" in text:
+        raise ValueError("expected HOST:PORT, not a URL")
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise ValueError("expected [IPv6]:PORT")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            raise ValueError("missing port, expected HOST:PORT")
+        if not host:
+            raise ValueError("missing host, expected HOST:PORT")
+        name = host[:-1] if host.endswith(".") else host  # a fully qualified name may end in "."
+        if len(name) > 253 or not all(_DNS_LABEL.fullmatch(p) for p in name.split(".")):
+            raise ValueError(f"{host!r} is not a valid host name (IPv6 needs [brackets])")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port!r} is not a number in 1-65535")
+    return host, int(port)
+
+
+def check_host_port(value: str, flag: str) -> str:
+    """``value`` as a canonical ``host:port``, or a ``ConfigError`` naming ``flag``."""
+    try:
+        host, port = split_host_port(value)
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {value!r}: {exc}") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_endpoints_file(path: str) -> tuple[str, ...]:
+    """The roles the file lists at least one endpoint for; a bad file is a ``ConfigError``."""
+    where = f"--endpoints-file ({ENV_PREFIX}ENDPOINTS_FILE)"
+    if not path.strip():
+        raise ConfigError(f"{where} is an empty path")
+    try:
+        found = read_endpoints_file(path)
+    except EndpointsFileError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return tuple(role for role in ROLES if found[role])
 
 
 def normalize_url(url: str, role: str) -> str:
@@ -171,6 +292,61 @@ _OPTIONS: tuple[tuple[str, str, str, object, str], ...] = (
         str,
         f"one of {', '.join(LOG_LEVELS)}; info logs one line per request (default info)",
     ),
+    (
+        "api_key_file",
+        "--api-key-file",
+        "API_KEY_FILE",
+        str,
+        "file of client API keys, one per line (blank lines and # comments ignored); when set, "
+        "every route but /health needs 'Authorization: Bearer <key>'. Re-read when it changes "
+        "(default: none, anyone can use the proxy)",
+    ),
+    (
+        "backend_api_key_file",
+        "--backend-api-key-file",
+        "BACKEND_API_KEY_FILE",
+        str,
+        "file whose first key the proxy sends to the backends as 'Authorization: Bearer' (vLLM's "
+        "--api-key); the client's Authorization is never forwarded (default: none)",
+    ),
+    (
+        "metrics_port",
+        "--metrics-port",
+        "METRICS_PORT",
+        int,
+        "serve GET /metrics only on this second port (same host, no key); the main port then "
+        "answers /metrics with 404 (default: /metrics on the main port)",
+    ),
+    (
+        "prefill_dns",
+        "--prefill-dns",
+        "PREFILL_DNS",
+        str,
+        "HOST:PORT whose A/AAAA records are the prefill backends (e.g. a Kubernetes headless "
+        "Service), re-resolved every --discovery-interval; with or instead of --prefill",
+    ),
+    (
+        "decode_dns",
+        "--decode-dns",
+        "DECODE_DNS",
+        str,
+        "HOST:PORT whose A/AAAA records are the decode backends; with or instead of --decode",
+    ),
+    (
+        "endpoints_file",
+        "--endpoints-file",
+        "ENDPOINTS_FILE",
+        str,
+        "YAML or JSON file listing backends with their role (endpoints: [{role: prefill, url: "
+        "http://10.0.0.5:8100}, ...]), re-read when it changes (default: none)",
+    ),
+    (
+        "discovery_interval",
+        "--discovery-interval",
+        "DISCOVERY_INTERVAL",
+        float,
+        "seconds between DNS re-resolutions and endpoints-file checks (default 5)",
+    ),
 )
 
 
@@ -186,8 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefill",
         nargs="+",
         metavar="URL",
-        help="prefill backend base URL(s), e.g. http://127.0.0.1:8100 [PD_PROXY_PREFILL, "
-        "comma or space separated]",
+        help="prefill backend base URL(s), e.g. http://127.0.0.1:8100; optional with "
+        "--prefill-dns or --endpoints-file [PD_PROXY_PREFILL, comma or space separated]",
     )
     parser.add_argument(
         "--decode",
@@ -216,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, object]:
     values: dict[str, object] = {}
-    for role in ("prefill", "decode"):
+    for role in ROLES:
         raw = environ.get(f"{ENV_PREFIX}{role.upper()}")
         if raw is not None and raw.strip():
             values[role] = split_urls(raw)
@@ -242,7 +418,7 @@ def load_config(
     for key, value in vars(args).items():
         if value is not None:
             values[key] = value
-    for role in ("prefill", "decode"):
+    for role in ROLES:
         urls: list[str] = []
         for item in values.get(role) or []:
             urls.extend(split_urls(str(item)))

@@ -8,6 +8,7 @@ from aiohttp import web
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",  # what OpenAI answers for a bad key, with code invalid_api_key
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -37,13 +38,13 @@ class Passthrough(Exception):
         self.content_type = content_type
 
 
-def error_body(status: int, message: str) -> dict:
+def error_body(status: int, message: str, code: int | str | None = None) -> dict:
     return {
         "error": {
             "message": message,
             "type": ERROR_TYPES.get(status, "server_error"),
             "param": None,
-            "code": status,
+            "code": status if code is None else code,
         }
     }
 
@@ -55,6 +56,16 @@ def error_response(status: int, message: str, request_id: str | None = None) -> 
         body=json.dumps(error_body(status, message)).encode(),
         content_type="application/json",
         headers=headers,
+    )
+
+
+def unauthorized_response(message: str) -> web.Response:
+    """401 for a missing or wrong client key, shaped like OpenAI's (``code: invalid_api_key``)."""
+    return web.Response(
+        status=401,
+        body=json.dumps(error_body(401, message, "invalid_api_key")).encode(),
+        content_type="application/json",
+        headers={"WWW-Authenticate": 'Bearer realm="pd-proxy"'},
     )
 
 

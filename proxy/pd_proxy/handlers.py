@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 
+from pd_proxy.auth import BackendKey, ClientKeys
 from pd_proxy.config import ProxyConfig
+from pd_proxy.discovery import Discovery
 from pd_proxy.errors import Passthrough, ProxyError, error_response, sse_error_event
 from pd_proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool, HealthChecker
@@ -89,13 +91,18 @@ class ProxyHandlers:
         metrics: ProxyMetrics,
         prefill: BackendPool,
         decode: BackendPool,
+        client_keys: ClientKeys | None = None,
+        backend_key: BackendKey | None = None,
     ) -> None:
         self.config = config
+        self.client_keys = client_keys  # checked in front of the handlers (app.py)
+        self.backend_key = backend_key
         self.metrics = metrics
         self.prefill_pool = prefill
         self.decode_pool = decode
         self.session: aiohttp.ClientSession | None = None
         self.checker: HealthChecker | None = None
+        self.discovery: Discovery | None = None  # set by build_app when backends are discovered
         self.draining = False
         self.prefill_timeout = aiohttp.ClientTimeout(
             total=config.prefill_timeout, sock_connect=config.connect_timeout
@@ -173,10 +180,10 @@ class ProxyHandlers:
             client_body = parse_request(body, endpoint)
         except BadRequest as exc:
             raise ProxyError(400, str(exc)) from None
+        # The client's Authorization is never forwarded: its key is for the proxy only.
         headers = {"Content-Type": "application/json", "X-Request-Id": trace.rid}
-        auth = request.headers.get("Authorization")
-        if auth is not None:
-            headers["Authorization"] = auth
+        if self.backend_key is not None:
+            headers["Authorization"] = self.backend_key.header()
         kv_params = await self._prefill(endpoint, client_body, headers, trace)
         payload = decode_payload(body, client_body, kv_params)
         return await self._decode(request, endpoint, payload, headers, trace)
@@ -277,6 +284,8 @@ class ProxyHandlers:
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
         self.metrics.prefill_duration.observe(elapsed)
+        if status == 401:
+            raise self._backend_refused_key("prefill", backend)
         if 400 <= status < 500:
             raise Passthrough(status, data, content_type)
         if status != 200:
@@ -323,6 +332,8 @@ class ProxyHandlers:
             # Read failures (timeout, broken connection) are mapped by _exchange, as for prefill.
             data = await resp.read()
             self._first_byte(start, trace)
+            if resp.status == 401:
+                raise self._backend_refused_key("decode", backend)
             if 400 <= resp.status < 500:
                 raise Passthrough(resp.status, data, content_type)
             if resp.status != 200:
@@ -385,6 +396,17 @@ class ProxyHandlers:
             trace.status = CLIENT_GONE
         return out
 
+    def _backend_refused_key(self, stage: str, backend: Backend) -> ProxyError:
+        """A backend's 401 is about the proxy's key, not the client's: a 502 that says so."""
+        self.metrics.backend_error(stage, backend.url)
+        if self.backend_key is None:
+            hint = "set --backend-api-key-file (PD_PROXY_BACKEND_API_KEY_FILE) to its --api-key"
+        else:
+            hint = f"check the key in {self.backend_key.path}"
+        message = f"{backend.role} backend {backend.url} rejected the proxy's API key"
+        log.error("%s: %s", message, hint)
+        return ProxyError(502, message)
+
     @staticmethod
     async def _read_chunk(content: aiohttp.StreamReader) -> bytes | BaseException:
         """Next upstream chunk, b"" at a clean end, or the exception that broke the stream."""
@@ -402,12 +424,13 @@ class ProxyHandlers:
         """``GET /v1/models`` answered by a decode backend (it serves the same model)."""
         assert self.session is not None
         status = 500
+        backend: Backend | None = None
         try:
             backend = self._pick(self.decode_pool)
+            backend.outstanding += 1  # a draining backend is dropped only once this is done
             headers = {}
-            auth = request.headers.get("Authorization")
-            if auth is not None:
-                headers["Authorization"] = auth
+            if self.backend_key is not None:
+                headers["Authorization"] = self.backend_key.header()
             try:
                 async with self.session.get(
                     backend.endpoint("/v1/models"), headers=headers, timeout=self.prefill_timeout
@@ -424,6 +447,8 @@ class ProxyHandlers:
             except aiohttp.ClientError as exc:
                 self.metrics.backend_error("models", backend.url)
                 raise ProxyError(502, f"decode backend {backend.url} failed: {exc!r}") from None
+            if status == 401:
+                raise self._backend_refused_key("models", backend)
             if status >= 500:
                 self.metrics.backend_error("models", backend.url)
                 raise ProxyError(502, f"decode backend {backend.url} returned {status}")
@@ -432,14 +457,21 @@ class ProxyHandlers:
             status = exc.status
             return error_response(exc.status, exc.message)
         finally:
+            if backend is not None:
+                backend.outstanding -= 1
             self.metrics.count_request("/v1/models", status)
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 while a prefill and a decode backend are healthy; else 503 naming what is down."""
+        """200 while a prefill and a decode backend are healthy; else 503 naming what is down.
+
+        Draining backends (discovery dropped them; in-flight requests finishing) are listed apart:
+        they take no new requests, so they count neither as healthy nor as down.
+        """
         pools = (self.prefill_pool, self.decode_pool)
         body: dict[str, Any] = {
             pool.role: {b.url: b.healthy for b in pool.backends} for pool in pools
         }
+        body["draining"] = [b.url for p in pools for b in p.draining]
         problems = [f"no healthy {p.role} backend" for p in pools if not p.healthy()]
         if self.draining:
             problems.append("proxy is shutting down")

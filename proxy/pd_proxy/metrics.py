@@ -8,6 +8,7 @@ front are created once so the request path does no label lookups for them.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -21,7 +22,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_request_duration_seconds",
     "pd_proxy_backend_errors_total",
     "pd_proxy_backend_healthy",
+    "pd_proxy_backends",
+    "pd_proxy_discovery_errors_total",
 )
+BACKEND_STATES = ("healthy", "unhealthy", "draining")
 
 # Loopback legs take milliseconds, real CPU/GPU prefill and KV transfer seconds to minutes.
 LATENCY_BUCKETS = (
@@ -45,6 +49,14 @@ LATENCY_BUCKETS = (
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class CountedPool(Protocol):
+    """What the backends gauge reads from a pool (pd_proxy.pool.BackendPool)."""
+
+    role: str
+
+    def count(self, state: str) -> int: ...
 
 
 class ProxyMetrics:
@@ -95,6 +107,20 @@ class ProxyMetrics:
             ("role", "backend"),
             registry=reg,
         )
+        self.backends = Gauge(
+            "pd_proxy_backends",
+            "Backends per role: healthy and unhealthy ones take part, draining ones only finish "
+            "their in-flight requests.",
+            ("role", "state"),
+            registry=reg,
+        )
+        self.discovery_errors = Counter(
+            "pd_proxy_discovery_errors",
+            "Failed discovery polls (DNS name not resolving or empty, endpoints file unreadable, "
+            "malformed or missing a role); the last known backends stay.",
+            ("role", "source"),
+            registry=reg,
+        )
         self._request_children: dict[tuple[str, int], Counter] = {}
         for role, urls in (("prefill", prefill), ("decode", decode)):
             for url in urls:
@@ -106,6 +132,26 @@ class ProxyMetrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(endpoint, str(status))
         child.inc()
+
+    def track_pools(self, pools: Iterable[CountedPool]) -> None:
+        """Read the backends gauge from ``pools`` at scrape time: nothing to keep in step."""
+        for pool in pools:
+            for state in BACKEND_STATES:
+                self.backends.labels(pool.role, state).set_function(
+                    lambda pool=pool, state=state: pool.count(state)
+                )
+
+    def track_discovery(self, sources: Iterable[tuple[str, str]]) -> None:
+        """Show each configured (role, source) error counter at 0 before its first error."""
+        for role, source in sources:
+            self.discovery_errors.labels(role, source)
+
+    def discovery_error(self, role: str, source: str) -> None:
+        self.discovery_errors.labels(role, source).inc()
+
+    def forget_backend(self, role: str, backend: str) -> None:
+        """A dropped backend's health series goes (its error counts stay, as counters should)."""
+        self.backend_healthy.remove(role, backend)
 
     def backend_error(self, stage: str, backend: str) -> None:
         self.backend_errors.labels(stage, backend).inc()

@@ -2,13 +2,17 @@
 
 Health is both active (``GET {backend}/health`` every interval) and passive (a refused connection
 marks the backend down at once), so a dead backend costs at most one retried request.
+
+Membership can change at run time (``BackendPool.update``, fed by pd_proxy.discovery): a backend
+that no source lists any more moves to ``draining``. It gets no new requests, its in-flight ones
+finish, and ``reap`` drops it once nothing is outstanding on it, so a scale-down loses no request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 from yarl import URL
@@ -19,15 +23,17 @@ log = logging.getLogger("pd_proxy.pool")
 class Backend:
     """One vLLM instance; ``outstanding`` counts requests on it now."""
 
-    __slots__ = ("role", "url", "base", "healthy", "outstanding", "_urls")
+    __slots__ = ("role", "url", "base", "healthy", "outstanding", "draining", "_urls")
 
-    def __init__(self, role: str, url: str) -> None:
+    def __init__(self, role: str, url: str, healthy: bool = True) -> None:
         self.role = role
         self.url = url
         self.base = URL(url)
-        # Optimistic until the first check: a refused connection flips it at once anyway.
-        self.healthy = True
+        # Configured backends start optimistic (the first round runs before the proxy listens);
+        # discovered ones start down, so none gets a request before its first check passes.
+        self.healthy = healthy
         self.outstanding = 0
+        self.draining = False  # left every source: no new requests, dropped once idle
         self._urls: dict[str, URL] = {}
 
     def endpoint(self, path: str) -> URL:
@@ -42,11 +48,19 @@ class Backend:
 
 
 class BackendPool:
-    """The backends of one role."""
+    """The backends of one role: ``backends`` take requests, ``draining`` ones only finish theirs.
+
+    Both lists are replaced, never changed in place, so a caller iterating one across an ``await``
+    keeps a consistent snapshot.
+    """
+
+    STATIC = "static"  # the source name of the configured URLs
 
     def __init__(self, role: str, urls: tuple[str, ...]) -> None:
         self.role = role
-        self.backends = [Backend(role, u) for u in urls]
+        self.backends = [Backend(role, u) for u in dict.fromkeys(urls)]
+        self.draining: list[Backend] = []
+        self._sources: dict[str, frozenset[str]] = {self.STATIC: frozenset(urls)}
         self._next = 0
 
     def pick(self, exclude: Backend | None = None) -> Backend | None:
@@ -78,6 +92,68 @@ class BackendPool:
     def down(self) -> list[str]:
         return [b.url for b in self.backends if not b.healthy]
 
+    def update(self, source: str, urls: Iterable[str]) -> list[Backend]:
+        """Set what ``source`` lists now; the pool serves the union of all its sources.
+
+        New URLs join unhealthy (the caller checks them, see ``HealthChecker.check_some``); URLs
+        no source lists any more start draining; a draining URL that comes back serves again.
+        Returns the backends that joined.
+        """
+        self._sources[source] = frozenset(urls)
+        wanted: set[str] = set().union(*self._sources.values())
+        keep: list[Backend] = []
+        leaving: list[Backend] = []
+        for b in self.backends:
+            if b.url in wanted:
+                keep.append(b)
+            else:
+                b.draining = True
+                leaving.append(b)
+                log.info(
+                    "%s backend %s is no longer listed: draining (%d in flight)",
+                    self.role,
+                    b.url,
+                    b.outstanding,
+                )
+        still_draining: list[Backend] = []
+        for b in self.draining:
+            if b.url in wanted:
+                b.draining = False
+                keep.append(b)
+                log.info("%s backend %s is listed again: serving", self.role, b.url)
+            else:
+                still_draining.append(b)
+        have = {b.url for b in keep} | {b.url for b in still_draining} | {b.url for b in leaving}
+        added = [Backend(self.role, url, healthy=False) for url in sorted(wanted - have)]
+        for b in added:
+            log.info(
+                "%s backend %s joined (%s): serving once a health check passes",
+                self.role,
+                b.url,
+                source,
+            )
+        self.backends = keep + added
+        self.draining = still_draining + leaving
+        return added
+
+    def reap(self) -> list[Backend]:
+        """Drop the draining backends with nothing in flight; returns them."""
+        if not self.draining:
+            return []
+        done = [b for b in self.draining if b.outstanding == 0]
+        if done:
+            self.draining = [b for b in self.draining if b.outstanding > 0]
+            for b in done:
+                log.info("%s backend %s drained: dropped", self.role, b.url)
+        return done
+
+    def count(self, state: str) -> int:
+        """Backends in ``state``: healthy, unhealthy (both taking part) or draining."""
+        if state == "draining":
+            return len(self.draining)
+        want = state == "healthy"
+        return sum(1 for b in self.backends if b.healthy == want)
+
 
 class HealthChecker:
     """Polls every backend of every pool; ``on_change(backend)`` is called on each transition."""
@@ -107,9 +183,16 @@ class HealthChecker:
             return False
 
     async def check_all(self) -> None:
-        backends = [b for pool in self.pools for b in pool.backends]
+        await self.check_some([b for pool in self.pools for b in pool.backends])
+        self.rounds += 1
+        self.first_round.set()
+
+    async def check_some(self, backends: list[Backend]) -> None:
+        """Check ``backends`` now and apply the results (discovery calls it for new backends)."""
         results = await asyncio.gather(*(self.check(b) for b in backends))
         for backend, ok in zip(backends, results, strict=True):
+            if backend.draining:
+                continue  # left meanwhile: no result may revive its metrics
             if ok != backend.healthy:
                 log.warning(
                     "%s backend %s is now %s",
@@ -119,8 +202,6 @@ class HealthChecker:
                 )
             backend.healthy = ok
             self.on_result(backend, ok)
-        self.rounds += 1
-        self.first_round.set()
 
     async def run(self) -> None:
         """Check at once, then every ``interval`` seconds, until cancelled."""

@@ -1,24 +1,8 @@
-"""Compose-file helpers the kit's tests and scripts share: .env parsing and ${VAR} interpolation.
+"""Compose-style .env parsing, shared by the local stack (pd_localstack) and the compose tests.
 
-Pure functions only (no Docker needed), so the compose files can be checked on a CPU-only CI.
+Pure functions only: the compose file itself is rendered by the real `docker compose config`.
 """
 
 from compose_env.dotenv import parse_dotenv
-from compose_env.interpolate import (
-    InterpolationError,
-    Reference,
-    interpolate,
-    interpolate_tree,
-    references,
-    tree_references,
-)
 
-__all__ = [
-    "InterpolationError",
-    "Reference",
-    "interpolate",
-    "interpolate_tree",
-    "parse_dotenv",
-    "references",
-    "tree_references",
-]
+__all__ = ["parse_dotenv"]

@@ -27,10 +27,18 @@ def _die(message: str) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     """Is the proxy up and serving a model? Print the first model id."""
     url = args.url.rstrip("/") + "/v1/models"
+    # The same key lm-eval's local-completions sends (it reads OPENAI_API_KEY too).
+    key = os.environ.get("OPENAI_API_KEY", "")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=args.timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=args.timeout) as resp:  # noqa: S310
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            return _die(
+                f"the proxy at {args.url} wants an API key: set OPENAI_API_KEY to one of its keys"
+                + (" (the one set was refused)" if key else "")
+            )
         return _die(
             f"the proxy at {args.url} answered {exc.code} on /v1/models: are its backends up?"
         )
@@ -38,7 +46,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         reason = getattr(exc, "reason", exc)
         return _die(
             f"cannot reach the proxy at {args.url} ({reason}). Start the stack "
-            "(`docker compose --env-file .env -f compose/docker-compose.yml up -d` or `make demo`) "
+            "(`docker compose up -d`, `docker compose --profile cpu up -d --wait` or `make demo`) "
             "or point --base-url / EVAL_BASE_URL at it."
         )
     except ValueError:

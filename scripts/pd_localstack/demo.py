@@ -32,14 +32,9 @@ class EvalResult:
 
 
 def gsm8k_data_dir(repo: Path) -> Path | None:
-    """The slice shipped with the kit, else the shared full copy; None when neither exists."""
-    for candidate in (
-        repo / "scripts" / "data" / "gsm8k_slice",
-        repo.parent / "shared" / "data" / "gsm8k",
-    ):
-        if candidate.is_dir():
-            return candidate
-    return None
+    """The GSM8K slice shipped with the kit; None if it was removed (the eval then uses the hub)."""
+    candidate = repo / "scripts" / "data" / "gsm8k_slice"
+    return candidate if candidate.is_dir() else None
 
 
 def eval_command(stack: Stack, limit: int, data_dir: Path | None) -> list[str]:

@@ -69,14 +69,14 @@ ENV_KEYS: dict[str, str] = {
     "LOCAL_DECODE_SIDE_CHANNEL_PORT": "decode_side_channel_port",
     "MODEL": "model",
     "LOCAL_SERVED_MODEL_NAME": "served_model_name",
-    "LOCAL_MAX_MODEL_LEN": "max_model_len",
-    "LOCAL_BLOCK_SIZE": "block_size",
+    "MAX_MODEL_LEN": "max_model_len",
+    "CPU_BLOCK_SIZE": "block_size",
     "LOCAL_DTYPE": "dtype",
     "LOCAL_ENFORCE_EAGER": "enforce_eager",
-    "LOCAL_KVCACHE_SPACE_GIB": "kvcache_space_gib",
-    "LOCAL_PREFILL_CPU_BIND": "prefill_cpu_bind",
-    "LOCAL_DECODE_CPU_BIND": "decode_cpu_bind",
-    "LOCAL_NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
+    "KVCACHE_SPACE_GIB": "kvcache_space_gib",
+    "PREFILL_CPUS": "prefill_cpu_bind",
+    "DECODE_CPUS": "decode_cpu_bind",
+    "NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
     "KV_CONNECTOR": "kv_connector",
     "KV_CONNECTOR_MODULE_PATH": "kv_connector_module_path",
     "LOCAL_STARTUP_TIMEOUT_S": "startup_timeout_s",
@@ -151,14 +151,14 @@ def validate(s: StackSettings) -> None:
         seen[port] = name
     if s.block_size <= 0 or s.block_size % 32:
         raise SettingsError(
-            f"LOCAL_BLOCK_SIZE={s.block_size}: vLLM's CPU attention needs a multiple of 32"
+            f"CPU_BLOCK_SIZE={s.block_size}: vLLM's CPU attention needs a multiple of 32"
         )
     if s.kvcache_space_gib < 1:
-        raise SettingsError("LOCAL_KVCACHE_SPACE_GIB must be at least 1 (GiB)")
+        raise SettingsError("KVCACHE_SPACE_GIB must be at least 1 (GiB)")
     if s.max_model_len < s.block_size:
-        raise SettingsError("LOCAL_MAX_MODEL_LEN must be at least one block")
+        raise SettingsError("MAX_MODEL_LEN must be at least one block")
     if s.nixl_progress_delay_us < 0:
-        raise SettingsError("LOCAL_NIXL_PROGRESS_DELAY_US must be >= 0")
+        raise SettingsError("NIXL_PROGRESS_DELAY_US must be >= 0")
     for name in ("startup_timeout_s", "prometheus_scrape_interval_s"):
         if getattr(s, name) <= 0:
             env_key = next(k for k, v in ENV_KEYS.items() if v == name)

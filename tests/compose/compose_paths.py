@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
 COMPOSE_DIR = REPO / "compose"
-COMPOSE_FILES = sorted(COMPOSE_DIR.glob("docker-compose*.yml"))
+COMPOSE_FILE = REPO / "compose.yaml"
+DEBUG_PORTS_FILE = COMPOSE_DIR / "debug-ports.yaml"
+ENV_EXAMPLE = REPO / ".env.example"

@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from compose_paths import COMPOSE_DIR, COMPOSE_FILES, REPO, SHARED  # noqa: F401
+from compose_paths import ENV_EXAMPLE, REPO
 
 for _path in (REPO / "scripts", REPO / "proxy", REPO / "connector", Path(__file__).parent):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from compose_env.load import load_env_file  # noqa: E402
+from compose_env.dotenv import parse_dotenv  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -22,4 +22,5 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def env_example() -> dict[str, str]:
-    return load_env_file(REPO / ".env.example")
+    """The knobs and their documented defaults, as Compose reads .env.example."""
+    return parse_dotenv(ENV_EXAMPLE.read_text(encoding="utf-8"))

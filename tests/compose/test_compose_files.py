@@ -1,113 +1,157 @@
-"""The compose files, interpolated with .env.example, against the Compose spec and the topology
-the kit promises (PCP/EP prefill producer, decode consumer, the kit's connector, monitoring)."""
+"""compose.yaml as the pinned `docker compose config` renders it, against the topology and the
+security the kit promises. Every check passes on the real file and is shown failing on a broken
+copy (or model) or a bad override."""
 
 from __future__ import annotations
 
 import copy
-import json
+import re
 from pathlib import Path
 
 import compose_checks as cc
-import jsonschema
+import compose_cli as cli
 import pytest
-from compose_env.interpolate import tree_references
-from compose_env.load import load_compose, load_raw
-from compose_paths import COMPOSE_DIR, COMPOSE_FILES, SHARED
+from compose_env.dotenv import parse_dotenv
+from compose_paths import COMPOSE_FILE, DEBUG_PORTS_FILE, ENV_EXAMPLE, REPO
 
-SCHEMA_PATH = SHARED / "schemas" / "compose-spec.json"
-MAIN = COMPOSE_DIR / "docker-compose.yml"
+ALL_PROFILES = ("gpu", "cpu", "grafana")
 
 
-@pytest.fixture(scope="module")
-def validator() -> jsonschema.protocols.Validator:
-    if not SCHEMA_PATH.is_file():
-        pytest.fail(f"compose spec schema not found at {SCHEMA_PATH} (expected ../shared/schemas)")
-    schema = json.loads(SCHEMA_PATH.read_text())
-    # The spec declares draft-07 without the trailing '#', which jsonschema does not look up.
-    if "draft-07" in schema.get("$schema", ""):
-        cls = jsonschema.Draft7Validator
-    else:
-        cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
+def vllm_version() -> str:
+    """The vLLM release the kit pins (constraints.txt), which the images must match."""
+    match = re.search(r"^vllm(?:-cpu)?==(\S+)", (REPO / "constraints.txt").read_text(), re.M)
+    assert match, "constraints.txt pins no vllm"
+    return match.group(1)
+
+
+def render(tmp_path: Path, overrides: dict[str, str], **kwargs) -> tuple[dict, dict[str, str]]:
+    """The model and the settings it was rendered with, for .env.example plus ``overrides``."""
+    env_path = cli.env_file(tmp_path, overrides)
+    return cli.config(env_file=env_path, **kwargs), parse_dotenv(env_path.read_text())
 
 
 @pytest.fixture(scope="module")
-def compose(env_example: dict[str, str]) -> dict:
-    return load_compose(MAIN, env_example)
+def gpu() -> dict:
+    return cli.config()
 
 
-def test_compose_files_found() -> None:
-    assert MAIN in COMPOSE_FILES
+@pytest.fixture(scope="module")
+def cpu() -> dict:
+    return cli.config(profiles=["cpu"])
 
 
-@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
-def test_validates_against_compose_spec(path: Path, validator, env_example) -> None:
-    errors = sorted(validator.iter_errors(load_compose(path, env_example)), key=str)
-    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
+@pytest.fixture(scope="module")
+def everything() -> dict:
+    return cli.config(profiles=ALL_PROFILES)
 
 
-def test_schema_rejects_a_broken_file(validator, compose) -> None:
-    broken = copy.deepcopy(compose)
-    broken["services"]["prefill"]["ipc"] = {"not": "a string"}
-    broken["services"]["decode"]["bogus_key"] = 1
-    assert len(list(validator.iter_errors(broken))) >= 2
+@pytest.fixture(scope="module")
+def bare() -> dict:
+    return cli.config(env_file=cli.BARE)
 
 
-@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
-def test_every_variable_has_default_or_env_example_line(path: Path, env_example) -> None:
-    refs = tree_references(load_raw(path))
-    assert refs, "no ${VAR} found: the compose file should be configurable"
-    bare = sorted({r.name for r in refs if not r.has_default and r.name not in env_example})
-    assert not bare, f"variables with neither a default nor a line in .env.example: {bare}"
+# ------------------------------------------------------------------------------ Compose accepts it
+@pytest.mark.parametrize(
+    ("env_file", "profiles", "files"),
+    [
+        (ENV_EXAMPLE, (), (COMPOSE_FILE,)),
+        (cli.BARE, (), (COMPOSE_FILE,)),
+        (ENV_EXAMPLE, ("cpu",), (COMPOSE_FILE,)),
+        (cli.BARE, ("cpu", "grafana"), (COMPOSE_FILE,)),
+        (ENV_EXAMPLE, ALL_PROFILES, (COMPOSE_FILE, DEBUG_PORTS_FILE)),
+    ],
+    ids=["env-example", "bare", "cpu", "bare-cpu-grafana", "all-with-debug-ports"],
+)
+def test_compose_accepts_the_file(env_file, profiles, files) -> None:
+    res = cli.run("config", "--quiet", env_file=env_file, profiles=profiles, files=files)
+    assert res.returncode == 0, res.stderr
+    assert "variable is not set" not in res.stderr, res.stderr
 
 
-def test_defaults_match_env_example(env_example) -> None:
-    """A ${VAR:-default} that disagrees with .env.example makes a missing .env change the stack."""
-    refs = tree_references(load_raw(MAIN))
-    raw = MAIN.read_text()
-    mismatched = []
-    for ref in {r.name for r in refs if r.has_default and r.name in env_example}:
-        marker = "${" + ref + ":-"
-        start = raw.find(marker)
-        while start >= 0:
-            end = raw.find("}", start)
-            default = raw[start + len(marker) : end]
-            if default != env_example[ref] and not default.startswith("$"):
-                mismatched.append(
-                    f"{ref}: compose {default!r} vs .env.example {env_example[ref]!r}"
-                )
-            start = raw.find(marker, end)
-    assert not mismatched, mismatched
+def test_compose_rejects_a_broken_copy(tmp_path) -> None:
+    edit = ("    ipc: service:prefill\n", "    ipc: service:prefill\n    bogus_key: 1\n")
+    broken = cli.edited_copy(tmp_path, [edit], COMPOSE_FILE)
+    res = cli.run("config", "--quiet", files=[broken])
+    assert res.returncode != 0
+    assert "bogus_key" in res.stderr
 
 
-def test_env_example_reproduces_the_reference_run(env_example) -> None:
-    want = {
-        "MODEL_NAME": "deepseek-ai/DeepSeek-V2-Lite-Chat",
-        "PREFILLER_PCP_SIZE": "2",
-        "PREFILLER_TP_SIZE": "1",
-        "DECODER_TP_SIZE": "1",
-        "GPU_MEMORY_UTILIZATION": "0.3",
-        "PREFILL_BLOCK_SIZE": "128",
-        "DECODE_BLOCK_SIZE": "128",
-        "KV_CONNECTOR": "PcpCanonicalNixlConnector",
-        "KV_CONNECTOR_MODULE_PATH": "pcp_nixl_connector",
+def test_bare_defaults_render_like_env_example(gpu, bare) -> None:
+    assert bare["services"] == gpu["services"]
+
+
+# ------------------------------------------------------------------------------ profiles
+@pytest.mark.parametrize(
+    ("profiles", "want"),
+    [
+        ((), {"keygen", "prefill", "decode", "proxy", "prometheus", "grafana"}),
+        (("cpu",), {"keygen", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus"}),
+        (
+            ("cpu", "grafana"),
+            {"keygen", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus", "grafana"},
+        ),
+    ],
+    ids=["bare-up", "cpu", "cpu-grafana"],
+)
+def test_profiles_select_one_deployment(profiles, want) -> None:
+    assert cli.services(env_file=cli.BARE, profiles=profiles) == want
+
+
+def test_compose_profiles_from_the_environment_are_ignored(monkeypatch) -> None:
+    """The tests never inherit COMPOSE_* (a developer's COMPOSE_PROFILES=cpu)."""
+    monkeypatch.setenv("COMPOSE_PROFILES", "cpu")
+    monkeypatch.setenv("PREFILLER_PCP_SIZE", "8")
+    assert "prefill" in cli.services(env_file=cli.BARE)
+    prefill = cli.config(env_file=cli.BARE)["services"]["prefill"]
+    assert cc.flag_value(cc.command_args(prefill), "--prefill-context-parallel-size") == "2"
+
+
+# ------------------------------------------------------------------------------ variables
+def test_compose_sees_the_variables_the_text_scan_sees() -> None:
+    """Guards the text scan below: it finds exactly the names Compose interpolates."""
+    files = (COMPOSE_FILE, DEBUG_PORTS_FILE)
+    scanned = {name for f in files for name, _, _ in cc.variable_uses(f.read_text())}
+    assert scanned == set(cli.variables(env_file=cli.BARE, files=files))
+
+
+def test_every_variable_has_a_default_equal_to_env_example(env_example) -> None:
+    for path in (COMPOSE_FILE, DEBUG_PORTS_FILE):
+        assert cc.check_variable_defaults(cc.variable_uses(path.read_text()), env_example) == []
+    reported = cli.variables(env_file=cli.BARE, files=(COMPOSE_FILE, DEBUG_PORTS_FILE))
+    wrong = {
+        name: (v["DefaultValue"], env_example[name])
+        for name, v in reported.items()
+        if name in env_example and v["DefaultValue"] != env_example[name]
     }
-    assert {k: env_example.get(k) for k in want} == want
-    extra = env_example["VLLM_EXTRA_ARGS"].split()
-    for arg in (
-        "--max-model-len",
-        "4096",
-        "--max-num-seqs",
-        "128",
-        "--max-num-batched-tokens",
-        "32768",
-        "--trust-remote-code",
-        "--moe-backend",
-        "flashinfer_cutlass",
-    ):
-        assert arg in extra
-    assert env_example["VLLM_IMAGE"] == "vllm/vllm-openai:v0.32.0"
+    assert not wrong, wrong
+    assert not [name for name, v in reported.items() if v["Required"]]
+
+
+def test_variable_check_catches_a_drifted_default_and_a_bare_variable(env_example) -> None:
+    text = COMPOSE_FILE.read_text()
+    assert "${MOE_BACKEND:-auto}" in text and "${SHM_SIZE:-16g}" in text
+    text = text.replace("${MOE_BACKEND:-auto}", "${MOE_BACKEND:-flashinfer_cutlass}", 1)
+    text = text.replace("${SHM_SIZE:-16g}", "${NEW_KNOB}")
+    problems = cc.check_variable_defaults(cc.variable_uses(text), env_example)
+    assert any(p.startswith("MOE_BACKEND") for p in problems), problems
+    assert any(p.startswith("NEW_KNOB") for p in problems), problems
+
+
+def test_kit_settings_show_the_knobs(tmp_path, gpu, env_example) -> None:
+    assert cc.check_kit_settings(gpu, env_example) == []
+    overrides = {var: f"x{i}" for i, var in enumerate(cc.KIT_SETTINGS.values())}
+    overrides |= {"PD_SUBNET": "10.9.0.0/24", "PROXY_PORT": "8001", "PROMETHEUS_PORT": "9091"}
+    overrides |= {"GRAFANA_PORT": "3001", "PROXY_BIND_ADDRESS": "127.0.0.1"}
+    overrides |= {"BIND_ADDRESS": "127.0.0.2", "VLLM_IMAGE": "vllm/vllm-openai:v9"}
+    overrides |= {"HF_CACHE_DIR": "/srv/hf-cache"}
+    model, settings = render(tmp_path, overrides)
+    assert cc.check_kit_settings(model, settings) == []
+    broken = copy.deepcopy(model)
+    broken["x-kit-settings"]["decode_gpus"] = settings["PREFILL_GPUS"]
+    del broken["x-kit-settings"]["prefill_pcp_size"]
+    problems = cc.check_kit_settings(broken, settings)
+    assert any("decode_gpus" in p for p in problems), problems
+    assert any("prefill_pcp_size" in p for p in problems), problems
 
 
 def test_env_example_keeps_local_stack_section_last(repo) -> None:
@@ -115,87 +159,342 @@ def test_env_example_keeps_local_stack_section_last(repo) -> None:
     header = "# --- Local CPU stack (make demo / make up) ---"
     assert header in lines
     after = lines[lines.index(header) + 1 :]
-    compose_knobs = {"MODEL_NAME", "PREFILLER_PCP_SIZE", "VLLM_IMAGE", "PREFILL_PORT"}
+    compose_knobs = cli.variable_names(COMPOSE_FILE.read_text())
     assert not [ln for ln in after if ln.split("=", 1)[0] in compose_knobs]
 
 
-def test_services_present(compose) -> None:
-    assert {"prefill", "decode", "proxy", "prometheus", "grafana"} <= set(compose["services"])
-    cpu = {n for n, s in compose["services"].items() if "cpu" in s.get("profiles", [])}
-    assert {"prefill-cpu", "decode-cpu", "proxy-cpu"} <= cpu
+# ------------------------------------------------------------------------------ KV roles
+@pytest.mark.parametrize("model", ["gpu", "cpu"])
+def test_kv_roles_and_connector(request, model, env_example) -> None:
+    assert cc.check_kv_roles(request.getfixturevalue(model), env_example) == []
 
 
-def test_kv_roles_and_connector(compose, env_example) -> None:
-    assert cc.check_kv_roles(compose, env_example) == []
+def test_kv_roles_check_catches_swapped_role_and_bad_json(tmp_path, env_example) -> None:
+    broken = cli.edited_copy(
+        tmp_path, [('"kv_role":"kv_consumer"}', '"kv_role":"kv_producer"}')], COMPOSE_FILE
+    )
+    problems = cc.check_kv_roles(cli.config(files=[broken]), env_example)
+    assert any(p.startswith("decode: kv_role") for p in problems), problems
+    model, settings = render(tmp_path, {"NIXL_PROGRESS_DELAY_US": "1000,"}, profiles=["cpu"])
+    assert any("not JSON" in p for p in cc.check_kv_roles(model, settings))
 
 
-def test_kv_roles_check_catches_swapped_role(compose, env_example) -> None:
-    broken = copy.deepcopy(compose)
-    cmd = broken["services"]["decode"]["command"]
-    broken["services"]["decode"]["command"] = cmd.replace("kv_consumer", "kv_producer")
-    assert any("decode" in p for p in cc.check_kv_roles(broken, env_example))
+# ------------------------------------------------------------------------------ GPU topology
+@pytest.mark.parametrize("model", ["gpu", "bare"])
+def test_gpu_topology(request, model, env_example) -> None:
+    assert cc.check_gpu_topology(request.getfixturevalue(model), env_example) == []
 
 
-def test_prefill_topology_and_gpu_reservations(compose, env_example) -> None:
-    assert cc.check_gpu_prefill(compose, env_example) == []
+def test_gpu_flags_follow_the_variables(tmp_path) -> None:
+    overrides = {
+        "PREFILLER_TP_SIZE": "2",
+        "PREFILLER_PCP_SIZE": "2",
+        "PREFILL_GPUS": "0,1,2,3",
+        "DECODER_TP_SIZE": "2",
+        "DECODE_GPUS": "4,5",
+        "MOE_BACKEND": "flashinfer_cutlass",
+        "PREFILL_GPU_MEMORY_UTILIZATION": "0.7",
+        "DECODE_GPU_MEMORY_UTILIZATION": "0.6",
+    }
+    model, settings = render(tmp_path, overrides)
+    assert cc.check_gpu_topology(model, settings) == []
+    assert cc.gpu_device_ids(model["services"]["decode"]) == [*"012345"]
 
 
 @pytest.mark.parametrize(
-    ("override", "needle"),
+    ("overrides", "needle"),
     [
-        ({"PREFILLER_PCP_SIZE": "4"}, "TP x PCP"),
-        ({"PREFILLER_TP_SIZE": "2"}, "TP x PCP"),
-        ({"DECODER_GPU_0": "1"}, "overlap"),
+        ({"PREFILLER_PCP_SIZE": "4"}, "TP x PCP = 4"),
+        ({"PREFILLER_TP_SIZE": "2"}, "TP x PCP = 4"),
+        ({"DECODER_TP_SIZE": "2"}, "DECODER_TP_SIZE = 2"),
+        ({"DECODE_GPUS": "1"}, "overlap"),
+        ({"PREFILLER_TP_SIZE": "two"}, "not a positive integer"),
+        ({"PREFILL_GPUS": "0,gpu1"}, "not a GPU index or UUID"),
+        ({"DECODE_GPU_MEMORY_UTILIZATION": "85"}, "not a fraction"),
+    ],
+    ids=[
+        "pcp4-2gpus",
+        "tp2-2gpus",
+        "decode-tp2-1gpu",
+        "overlap",
+        "tp-not-int",
+        "bad-gpu-id",
+        "mem",
     ],
 )
-def test_gpu_check_fails_when_env_disagrees(env_example, override, needle) -> None:
-    env = {**env_example, **override}
-    problems = cc.check_gpu_prefill(load_compose(MAIN, env), env)
+def test_gpu_check_catches_bad_overrides(tmp_path, overrides, needle) -> None:
+    """Compose renders all of these (it does not know what the values mean); the check does not."""
+    model, settings = render(tmp_path, overrides)
+    problems = cc.check_gpu_topology(model, settings)
     assert any(needle in p for p in problems), problems
 
 
-def test_connector_mounted_read_only_at_module_path(compose, env_example) -> None:
-    module = env_example["KV_CONNECTOR_MODULE_PATH"]
-    assert cc.check_connector_mount(compose, COMPOSE_DIR, module) == []
-    assert cc.check_connector_mount(compose, COMPOSE_DIR, "no_such_module")
+@pytest.mark.parametrize(
+    ("edits", "needle"),
+    [
+        (
+            [
+                (
+                    'device_ids: ["${PREFILL_GPUS:-0,1}", "${DECODE_GPUS:-2}"]',
+                    'device_ids: ["${PREFILL_GPUS:-0,1}"]',
+                )
+            ],
+            "do not cover",
+        ),
+        ([("ipc: service:prefill", "ipc: private")], "decode: ipc"),
+        ([("pid: service:prefill", "pid: host")], "decode: pid"),
+        ([("ipc: shareable", "ipc: private")], "prefill: ipc"),
+        ([("      --enable-expert-parallel\n", "")], "--enable-expert-parallel"),
+        (
+            [
+                (
+                    "--gpu-memory-utilization ${DECODE_GPU_MEMORY_UTILIZATION:-0.85}",
+                    "--gpu-memory-utilization ${PREFILL_GPU_MEMORY_UTILIZATION:-0.85}",
+                )
+            ],
+            "DECODE_GPU_MEMORY_UTILIZATION",
+        ),
+    ],
+    ids=["device-ids", "decode-ipc", "decode-pid", "prefill-ipc", "no-ep", "wrong-mem-var"],
+)
+def test_gpu_check_catches_a_broken_copy(tmp_path, edits, needle) -> None:
+    broken = cli.edited_copy(tmp_path, edits, COMPOSE_FILE)
+    env_path = cli.env_file(tmp_path, {"PREFILL_GPU_MEMORY_UTILIZATION": "0.7"})
+    model = cli.config(files=[broken], env_file=env_path)
+    problems = cc.check_gpu_topology(model, parse_dotenv(env_path.read_text()))
+    assert any(needle in p for p in problems), problems
 
 
-def test_pd_runtime_requirements(compose) -> None:
-    assert cc.check_pd_runtime(compose) == []
+# ------------------------------------------------------------------------------ CPU deployment
+def test_cpu_services(cpu, env_example) -> None:
+    assert cc.check_cpu_services(cpu, env_example) == []
 
 
-def test_pd_runtime_check_catches_regressions(compose) -> None:
-    broken = copy.deepcopy(compose)
-    broken["services"]["prefill"].pop("ipc")
-    broken["services"]["decode"]["environment"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] = "5600"
-    broken["services"]["proxy"]["depends_on"]["decode"]["condition"] = "service_started"
+def test_cpu_services_follow_core_lists(tmp_path) -> None:
+    cores = {"PREFILL_CPUS": "0-3", "DECODE_CPUS": "4-7,9"}
+    model, settings = render(tmp_path, cores, profiles=["cpu"])
+    assert cc.check_cpu_services(model, settings) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "edits", "needle"),
+    [
+        ({"DECODE_CPUS": "0"}, [], "share CPUs [0]"),
+        ({"PREFILL_CPUS": "0-"}, [], "is not a CPU list"),
+        ({}, [("cpuset: ${DECODE_CPUS:-1}", "cpuset: 1-2")], "!= VLLM_CPU_OMP_THREADS_BIND"),
+        ({}, [("  cap_add: [SYS_NICE]\n", "")], "SYS_NICE"),
+        ({}, [("  shm_size: 1g\n", "  shm_size: 256m\n")], "under 1g"),
+        (
+            {},
+            [('"cpu_skip_kv_core_pinning":true', '"cpu_skip_kv_core_pinning":false')],
+            "decode-cpu: cpu_skip_kv_core_pinning",
+        ),
+        (
+            {},
+            [('"kv_role":"kv_producer","kv_buffer_device":"cpu"', '"kv_role":"kv_producer"')],
+            "prefill-cpu: kv_buffer_device",
+        ),
+    ],
+    ids=["overlap", "bad-list", "cpuset-vs-bind", "no-sys-nice", "small-shm", "pinning", "buffer"],
+)
+def test_cpu_check_catches_breakage(tmp_path, overrides, edits, needle) -> None:
+    files = [cli.edited_copy(tmp_path, edits, COMPOSE_FILE)] if edits else [COMPOSE_FILE]
+    model, settings = render(tmp_path, overrides, profiles=["cpu"], files=files)
+    problems = cc.check_cpu_services(model, settings)
+    assert any(needle in p for p in problems), problems
+
+
+# ------------------------------------------------------------------------------ P/D runtime
+@pytest.mark.parametrize("model", ["gpu", "cpu", "everything"])
+def test_pd_runtime_requirements(request, model) -> None:
+    assert cc.check_pd_runtime(request.getfixturevalue(model)) == []
+
+
+def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
+    broken = copy.deepcopy(everything)
+    services = broken["services"]
+    services["prefill"]["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "172.28.0.10"
+    services["proxy"]["depends_on"]["decode"]["condition"] = "service_started"
+    services["proxy-cpu"]["environment"]["PD_PROXY_DECODE"] = "http://decode:8300"
+    services["decode"]["healthcheck"]["test"][-1] = "print('ok')"
+    services["decode-cpu"]["depends_on"].pop("keygen")
+    volumes = services["prefill"]["volumes"]
+    services["prefill"]["volumes"] = [v for v in volumes if "huggingface" not in v["target"]]
     problems = cc.check_pd_runtime(broken)
-    assert any("ipc" in p for p in problems)
-    assert any("side-channel port" in p for p in problems)
-    assert any("healthy" in p for p in problems)
+    for needle in (
+        "prefill: side-channel host",
+        "proxy: must wait",
+        "proxy-cpu: PD_PROXY_DECODE",
+        "decode: healthcheck",
+        "decode-cpu: does not wait for keygen",
+        "prefill: HF cache",
+    ):
+        assert any(p.startswith(needle) for p in problems), (needle, problems)
+    model, _ = render(tmp_path, {"DECODE_NIXL_SIDE_CHANNEL_PORT": "5600"})
+    assert any("side-channel port" in p for p in cc.check_pd_runtime(model))
 
 
-def test_hf_token_comes_from_environment_only() -> None:
-    raw = load_raw(MAIN)
-    for name in ("prefill", "decode", "prefill-cpu", "decode-cpu"):
-        assert raw["services"][name]["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"
+# ------------------------------------------------------------------------------ security
+@pytest.mark.parametrize("model", ["gpu", "cpu", "everything", "bare"])
+def test_only_the_proxy_listens_beyond_loopback(request, model) -> None:
+    compose = request.getfixturevalue(model)
+    assert cc.check_exposure(compose) == []
+    public = {
+        name
+        for name, ports in cc.published(compose).items()
+        for host, _ in ports
+        if host != cc.LOOPBACK
+    }
+    assert public == {n for n in ("proxy", "proxy-cpu") if n in compose["services"]}
 
 
-def test_images_pinned(compose) -> None:
-    for name in ("prefill", "decode"):
-        assert compose["services"][name]["image"].endswith(":v0.32.0")
-    args = compose["services"]["prefill-cpu"]["build"]["args"]
-    assert args["VLLM_CPU_IMAGE"] == "vllm/vllm-openai-cpu:v0.32.0-x86_64"
+def test_monitoring_publishes_on_loopback(everything) -> None:
+    ports = cc.published(everything)
+    assert ports["prometheus"] == [(cc.LOOPBACK, 9090)]
+    assert ports["grafana"] == [(cc.LOOPBACK, 3000)]
+    for name in ("prefill", "decode", "prefill-cpu", "decode-cpu", "keygen"):
+        assert ports[name] == [], name
 
 
-def test_build_contexts_and_dockerfiles_exist(compose) -> None:
-    missing = []
-    for name, service in compose["services"].items():
-        build = service.get("build")
-        if not build:
-            continue
-        context = (COMPOSE_DIR / build["context"]).resolve()
-        dockerfile = context / build.get("dockerfile", "Dockerfile")
-        if not dockerfile.is_file():
-            missing.append(f"{name}: {dockerfile}")
-    assert not missing, missing
+def test_bind_address_opens_monitoring(tmp_path) -> None:
+    model, _ = render(tmp_path, {"BIND_ADDRESS": "0.0.0.0"}, profiles=ALL_PROFILES)
+    problems = cc.check_exposure(model)
+    assert {p.split(":", 1)[0] for p in problems} == {"prometheus", "grafana"}, problems
+    model, _ = render(tmp_path, {"PROXY_BIND_ADDRESS": "127.0.0.1"})
+    assert cc.published(model)["proxy"] == [(cc.LOOPBACK, 8000)]
+
+
+@pytest.mark.parametrize("profiles", [(), ("cpu",)], ids=["gpu", "cpu"])
+def test_debug_ports_publish_vllm_on_loopback_only(profiles) -> None:
+    model = cli.config(files=[COMPOSE_FILE, DEBUG_PORTS_FILE], profiles=profiles)
+    assert cc.check_exposure(model, debug_ports=True) == []
+    suffix = "-cpu" if profiles else ""
+    ports = cc.published(model)
+    assert ports["prefill" + suffix] == [(cc.LOOPBACK, 8100)]
+    assert ports["decode" + suffix] == [(cc.LOOPBACK, 8200)]
+    # Without the debug allowance the same model is flagged: the check sees the extra ports.
+    assert len(cc.check_exposure(model)) == 2
+
+
+def test_exposure_check_catches_a_public_debug_port(tmp_path) -> None:
+    edit = ('"127.0.0.1:${DECODE_PORT', '"${DECODE_PORT')
+    debug = cli.edited_copy(tmp_path, [edit], DEBUG_PORTS_FILE)
+    model = cli.config(files=[COMPOSE_FILE, debug])
+    problems = cc.check_exposure(model, debug_ports=True)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("decode: publishes 8200->8200 on every interface"), problems
+
+
+@pytest.mark.parametrize("model", ["gpu", "cpu", "everything"])
+def test_least_privilege(request, model) -> None:
+    assert cc.check_least_privilege(request.getfixturevalue(model)) == []
+
+
+def test_least_privilege_check_catches_regressions(everything) -> None:
+    broken = copy.deepcopy(everything)
+    services = broken["services"]
+    services["proxy"]["read_only"] = False
+    services["prometheus"]["cap_drop"] = []
+    services["decode"]["security_opt"] = []
+    services["prefill"]["cap_add"] = ["SYS_NICE"]
+    services["decode-cpu"]["cap_add"] = ["SYS_NICE", "SYS_ADMIN"]
+    services["grafana"]["privileged"] = True
+    assert sorted(cc.check_least_privilege(broken)) == [
+        "decode-cpu: cap_add ['SYS_ADMIN']",
+        "decode: no no-new-privileges:true",
+        "grafana: privileged",
+        "prefill: cap_add ['SYS_NICE']",
+        "prometheus: capabilities not dropped (cap_drop ALL)",
+        "proxy: root filesystem not read_only",
+    ]
+
+
+@pytest.mark.parametrize("model", ["gpu", "cpu", "everything"])
+def test_secrets_are_files(request, model) -> None:
+    assert cc.check_secrets(request.getfixturevalue(model)) == []
+
+
+def test_secret_values_never_reach_the_model(tmp_path) -> None:
+    """Secrets set the old way (environment / .env) go nowhere: the rendered model, environment
+    included, never carries them."""
+    names = ("HF_TOKEN", "GRAFANA_ADMIN_PASSWORD", "GF_SECURITY_ADMIN_PASSWORD", "VLLM_API_KEY")
+    names += ("PD_PROXY_API_KEY",)
+    overrides = {name: f"sentinel-{name.lower()}" for name in names}
+    env_path = cli.env_file(tmp_path, overrides)
+    res = cli.run("config", "--format", "json", env_file=env_path, profiles=ALL_PROFILES)
+    assert res.returncode == 0, res.stderr
+    assert "sentinel-" not in res.stdout
+
+
+def test_secret_check_catches_regressions(tmp_path, everything) -> None:
+    broken = copy.deepcopy(everything)
+    services = broken["services"]
+    services["prefill"]["environment"]["HF_TOKEN"] = ""
+    services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] = "admin"
+    services["proxy-cpu"]["environment"]["PD_PROXY_API_KEY"] = "k"
+    services["decode"]["secrets"] = []
+    services["keygen"]["network_mode"] = "bridge"
+    services["proxy"]["volumes"][0]["read_only"] = False
+    problems = cc.check_secrets(broken)
+    for needle in (
+        "prefill: secret-looking environment value HF_TOKEN",
+        "grafana: secret-looking environment value GF_SECURITY_ADMIN_PASSWORD",
+        "proxy-cpu: secret-looking environment value PD_PROXY_API_KEY",
+        "decode: kit_secrets not mounted",
+        "keygen: has a network",
+        "proxy: kit-keys not mounted read-only",
+    ):
+        assert needle in problems, (needle, problems)
+    model, _ = render(tmp_path, {"GRAFANA_ANONYMOUS": "true"})
+    assert cc.check_secrets(model) == ["grafana: anonymous access 'true', want 'false'"]
+
+
+# ------------------------------------------------------------------------ mounts, builds, images
+@pytest.mark.parametrize("model", ["gpu", "cpu"])
+def test_connector_mounted_read_only_at_module_path(request, model, env_example) -> None:
+    compose = request.getfixturevalue(model)
+    assert cc.check_connector_mount(compose, env_example["KV_CONNECTOR_MODULE_PATH"]) == []
+    assert cc.check_connector_mount(compose, "no_such_module")
+    broken = copy.deepcopy(compose)
+    for service in cc.vllm_services(broken).values():
+        for mount in cc.bind_mounts(service):
+            mount.pop("read_only", None)
+    problems = cc.check_connector_mount(broken, env_example["KV_CONNECTOR_MODULE_PATH"])
+    assert problems and all("not read-only" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("base", ["official", "local"])
+def test_build_contexts_and_dockerfiles_exist(tmp_path, base) -> None:
+    model, _ = render(tmp_path, {"KIT_IMAGE_BASE": base}, profiles=ALL_PROFILES)
+    built = {name for name, service in model["services"].items() if service.get("build")}
+    assert {"proxy", "proxy-cpu", "prefill-cpu", "prometheus"} <= built
+    assert cc.check_builds(model) == []
+
+
+def test_build_check_catches_a_missing_dockerfile(tmp_path) -> None:
+    model, _ = render(tmp_path, {"KIT_IMAGE_BASE": "airgapped"}, profiles=ALL_PROFILES)
+    problems = cc.check_builds(model)
+    assert {p.split(":", 1)[0] for p in problems} == {"prefill-cpu", "prometheus"}, problems
+
+
+def test_images_pinned(everything) -> None:
+    version = vllm_version()
+    assert everything["services"]["prefill"]["image"] == f"vllm/vllm-openai:v{version}"
+    assert cc.check_images_pinned(everything, version) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"VLLM_IMAGE": "vllm/vllm-openai:latest"}, "prefill: image 'vllm/vllm-openai:latest'"),
+        ({"VLLM_IMAGE": "localhost:5000/vllm/vllm-openai"}, "is not pinned"),
+        ({"VLLM_IMAGE": "vllm/vllm-openai:v0.31.0"}, "is not vLLM"),
+        ({"KIT_VLLM_CPU_BASE_IMAGE": "vllm/vllm-openai-cpu"}, "build arg BASE_IMAGE"),
+        ({"GRAFANA_IMAGE": "grafana/grafana"}, "grafana: image"),
+    ],
+    ids=["latest", "untagged-registry", "other-vllm", "untagged-base", "grafana"],
+)
+def test_image_check_catches_unpinned_images(tmp_path, overrides, needle) -> None:
+    model, _ = render(tmp_path, overrides, profiles=ALL_PROFILES)
+    problems = cc.check_images_pinned(model, vllm_version())
+    assert any(needle in p for p in problems), problems

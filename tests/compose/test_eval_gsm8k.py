@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import procs
 import pytest
-from compose_paths import REPO, SHARED
+from compose_paths import REPO
 
 SCRIPT = REPO / "scripts" / "eval_gsm8k.sh"
 SLICE = REPO / "scripts" / "data" / "gsm8k_slice"
@@ -192,12 +194,53 @@ def test_bad_data_dir(stack, tmp_path) -> None:
     assert "train.jsonl is missing" in res.stderr
 
 
-def test_slice_is_the_head_of_the_shared_data() -> None:
-    shared = SHARED / "data" / "gsm8k"
-    if not shared.is_dir():
-        pytest.skip("../shared/data/gsm8k not present")
-    for name in ("test.jsonl", "train.jsonl"):
-        ours = (SLICE / name).read_text().splitlines()
-        theirs = (shared / name).read_text().splitlines()[: len(ours)]
-        assert ours == theirs and len(ours) >= (50 if name == "test.jsonl" else 5)
-    assert (SLICE / "LICENSE").read_text() == (shared / "LICENSE").read_text()
+def slice_problems(data_dir: Path) -> list[str]:
+    """The offline slice holds what its SOURCE says: the first N GSM8K rows of each split, each a
+    question with a '#### <number>' answer, no row twice, under the dataset's MIT licence."""
+    problems = []
+    source = (data_dir / "SOURCE").read_text(encoding="utf-8")
+    counts = dict(
+        (split, int(n)) for n, split in re.findall(r"[Ff]irst (\d+) rows of (\w+)\.jsonl", source)
+    )
+    if set(counts) != {"test", "train"}:
+        problems.append(f"SOURCE does not say how many rows of each split: {counts}")
+    for split, want in counts.items():
+        rows = (data_dir / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+        if len(rows) != want:
+            problems.append(f"{split}.jsonl has {len(rows)} rows, SOURCE says {want}")
+        questions = set()
+        for lineno, line in enumerate(rows, start=1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                problems.append(f"{split}.jsonl:{lineno}: not JSON")
+                continue
+            answer = str(row.get("answer", ""))
+            if not row.get("question") or not re.search(r"\n#### -?[\d,.]+$", answer):
+                problems.append(f"{split}.jsonl:{lineno}: no question or '#### <number>' answer")
+            if row.get("question") in questions:
+                problems.append(f"{split}.jsonl:{lineno}: repeated question")
+            questions.add(row.get("question"))
+    licence = data_dir / "LICENSE"
+    if not licence.is_file() or not licence.read_text().startswith("MIT License"):
+        problems.append("LICENSE is not the dataset's MIT licence")
+    return problems
+
+
+def test_the_kits_slice_is_what_its_source_says() -> None:
+    assert slice_problems(SLICE) == []
+
+
+def test_slice_check_catches_a_damaged_copy(tmp_path) -> None:
+    damaged = tmp_path / "slice"
+    shutil.copytree(SLICE, damaged)
+    rows = (damaged / "test.jsonl").read_text().splitlines()
+    row = json.loads(rows[1])
+    row["answer"] = row["answer"].rsplit("####", 1)[0]
+    (damaged / "test.jsonl").write_text("\n".join([rows[0], json.dumps(row), rows[0]]) + "\n")
+    (damaged / "LICENSE").unlink()
+    problems = slice_problems(damaged)
+    assert any("has 3 rows" in p for p in problems), problems
+    assert "test.jsonl:2: no question or '#### <number>' answer" in problems
+    assert "test.jsonl:3: repeated question" in problems
+    assert "LICENSE is not the dataset's MIT licence" in problems

@@ -109,3 +109,17 @@ def test_real_nixl_binding_takes_the_delay():
     cfg.pthrDelay = 0  # nixl_agent.__init__ does exactly this
     assert cfg.pthrDelay == 1000
     assert isinstance(cfg, base)
+
+
+def test_pinning_outside_a_cpuset_never_reaches_the_kernel():
+    """In a container with a cpuset, NIXL's host-wide "last core" is outside the allowed set:
+    the call itself fails with EINVAL, so skipping must stop the call, not undo it."""
+    outside = {os.cpu_count() + 64}
+    with pytest.raises(OSError):
+        os.sched_setaffinity(0, outside)
+    before = os.sched_getaffinity(0)
+    with tuned_worker_init(CpuKnobs(skip_kv_core_pinning=True), is_cpu=lambda: True):
+        os.sched_setaffinity(0, outside)
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(OSError):
+        os.sched_setaffinity(0, outside)  # the real call is back after the worker is built

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
 from pd_localstack.http_client import HttpError, get_json
 from pd_localstack.live import dedup_metric_names, live_checks, prometheus_query, scrape
 from pd_localstack.metrics import total
@@ -67,6 +68,10 @@ def test_cpu_knobs_took_effect_in_both_servers(pd_stack: Stack) -> None:
     # NIXL's worker pins onto the machine's last core; prefill is bound to core 0, so its
     # affinity is always restored (decode may already sit on the last core: nothing to undo).
     assert "instead of NIXL's KV core pinning" in logs["prefill"]
+    # AMX CPUs SIGILL in the decode's first 1-token step unless the worker asked for tile data.
+    want = AmxStatus(supported=cpu_has_amx(), permitted=cpu_has_amx()).describe()
+    for name, text in logs.items():
+        assert want in text, f"{name} did not log {want!r}"
 
 
 def test_repeated_pd_requests_stay_equal_and_log_latency(

@@ -15,7 +15,7 @@ def test_values_are_converted_and_empty_values_keep_defaults() -> None:
             "LOCAL_ENFORCE_EAGER": "no",
             "LOCAL_STARTUP_TIMEOUT_S": "12.5",
             "MODEL": "",
-            "LOCAL_BLOCK_SIZE": "",
+            "CPU_BLOCK_SIZE": "",
         }
     )
     assert (s.proxy_port, s.enforce_eager, s.startup_timeout_s) == (18555, False, 12.5)
@@ -28,8 +28,8 @@ def test_values_are_converted_and_empty_values_keep_defaults() -> None:
         ({"LOCAL_PREFILL_PORT": "eighty"}, "LOCAL_PREFILL_PORT='eighty': expected an integer"),
         ({"LOCAL_ENFORCE_EAGER": "maybe"}, "LOCAL_ENFORCE_EAGER"),
         ({"LOCAL_DECODE_PORT": "18100"}, "both use port 18100"),
-        ({"LOCAL_BLOCK_SIZE": "16"}, "multiple of 32"),
-        ({"LOCAL_KVCACHE_SPACE_GIB": "0"}, "LOCAL_KVCACHE_SPACE_GIB"),
+        ({"CPU_BLOCK_SIZE": "16"}, "multiple of 32"),
+        ({"KVCACHE_SPACE_GIB": "0"}, "KVCACHE_SPACE_GIB"),
         ({"LOCAL_PROXY_PORT": "70000"}, "outside 1-65535"),
         ({"LOCAL_STARTUP_TIMEOUT_S": "-1"}, "LOCAL_STARTUP_TIMEOUT_S must be > 0"),
     ],

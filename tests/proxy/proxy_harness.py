@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from pd_proxy.app import HANDLERS_KEY, build_app, make_runner
+from pd_proxy.app import HANDLERS_KEY, build_app, build_metrics_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
 
@@ -43,6 +43,7 @@ class Stack:
     app: web.Application
     session: aiohttp.ClientSession
     dead: list[str] = field(default_factory=list)
+    metrics_url: str | None = None  # the --metrics-port listener, when the config has one
 
     @property
     def prefill(self) -> FakeVLLM:
@@ -75,20 +76,30 @@ class Stack:
         async with self.session.post(self.url + path, data=data, headers=headers) as r:
             return r.status, r.headers.copy(), await r.read()
 
-    async def get(self, path: str) -> tuple[int, bytes]:
-        async with self.session.get(self.url + path) as r:
+    async def get(self, path: str, headers=None, base: str | None = None) -> tuple[int, bytes]:
+        async with self.session.get((base or self.url) + path, headers=headers) as r:
             return r.status, await r.read()
 
 
 @asynccontextmanager
 async def pd_stack(
-    prefills: int = 1, decodes: int = 1, dead_prefills: int = 0, dead_decodes: int = 0, **options
+    prefills: int = 1,
+    decodes: int = 1,
+    dead_prefills: int = 0,
+    dead_decodes: int = 0,
+    backend_key: str | None = None,
+    **options,
 ) -> AsyncIterator[Stack]:
-    """Start fakes and a proxy on ephemeral loopback ports; everything stops on exit."""
-    fakes_p = [FakeVLLM(role=PREFILL) for _ in range(prefills)]
-    fakes_d = [FakeVLLM(role=DECODE) for _ in range(decodes)]
+    """Start fakes and a proxy on ephemeral loopback ports; everything stops on exit.
+
+    ``backend_key`` makes every fake require it, as ``vllm serve --api-key`` does. With a
+    ``metrics_port`` option the metrics listener also runs, on an ephemeral port.
+    """
+    fakes_p = [FakeVLLM(role=PREFILL, api_key=backend_key) for _ in range(prefills)]
+    fakes_d = [FakeVLLM(role=DECODE, api_key=backend_key) for _ in range(decodes)]
     started: list[FakeVLLM] = []
     runner = None
+    metrics_runner = None
     session = None
     try:
         for fake in fakes_p + fakes_d:
@@ -110,13 +121,25 @@ async def pd_stack(
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         host, port = runner.addresses[0][:2]
+        metrics_url = None
+        metrics_app = build_metrics_app(app)
+        if metrics_app is not None:
+            metrics_runner = web.AppRunner(metrics_app)
+            await metrics_runner.setup()
+            await web.TCPSite(metrics_runner, "127.0.0.1", 0).start()
+            m_host, m_port = metrics_runner.addresses[0][:2]
+            metrics_url = f"http://{m_host}:{m_port}"
         # Start from a settled state: the first health round has run.
         await app[HANDLERS_KEY].checker.first_round.wait()
         session = aiohttp.ClientSession()
-        yield Stack(f"http://{host}:{port}", fakes_p, fakes_d, app, session, dead_p + dead_d)
+        yield Stack(
+            f"http://{host}:{port}", fakes_p, fakes_d, app, session, dead_p + dead_d, metrics_url
+        )
     finally:
         if session is not None:
             await session.close()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         if runner is not None:
             await runner.cleanup()
         for fake in started:

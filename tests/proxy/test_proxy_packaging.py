@@ -13,23 +13,61 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_dockerfile_pins_match_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = project["dependencies"] + [
-        d for ds in project["optional-dependencies"].values() for d in ds
-    ]
-    pins = dict(d.split("==", 1) for d in declared if "==" in d)
-    dockerfile = (ROOT / "proxy" / "Dockerfile").read_text()
-    installed = dict(
-        re.findall(r"\b(aiohttp|orjson|prometheus-client|uvloop)==([\w.]+)", dockerfile)
+def _pins(lines: list[str]) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep:
+            out[name.lower().replace("_", "-")] = version
+    return out
+
+
+def test_proxy_dependencies_are_pinned_once_and_agree_with_the_kit():
+    """The image runs `pip install -c constraints.txt ./proxy`: every dependency of the proxy's own
+    pyproject must be pinned there, at the version the kit's pyproject pins."""
+    proxy = tomllib.loads((ROOT / "proxy" / "pyproject.toml").read_text())["project"]
+    kit = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    constraints = _pins((ROOT / "constraints.txt").read_text().splitlines())
+    kit_pins = _pins(
+        kit["dependencies"] + [d for ds in kit["optional-dependencies"].values() for d in ds]
     )
-    assert set(installed) == {"aiohttp", "orjson", "prometheus-client", "uvloop"}
-    for name, version in installed.items():
-        assert pins[name] == version, name
+    names = [re.split(r"[<>=\[; ]", dep, maxsplit=1)[0].lower() for dep in proxy["dependencies"]]
+    assert set(names) == {"aiohttp", "orjson", "prometheus-client", "uvloop"}
+    assert not [d for d in proxy["dependencies"] if "==" in d], "pins live in constraints.txt"
+    for name in names:
+        assert constraints[name] == kit_pins[name], name
+
+
+def test_proxy_builds_as_its_own_wheel(tmp_path):
+    """`pip install ./proxy` (what the image does) packages pd_proxy alone, with its script."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT / "proxy"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    import zipfile
+
+    (wheel,) = tmp_path.glob("pd_proxy-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.startswith("pd_proxy-")} == {"pd_proxy"}
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "pd-proxy = pd_proxy.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_package_copied_alone_runs(tmp_path):
-    """What the Dockerfile does: copy proxy/pd_proxy somewhere and run it from PYTHONPATH."""
+    """The package needs nothing of the repository around it."""
     shutil.copytree(
         ROOT / "proxy" / "pd_proxy",
         tmp_path / "pd_proxy",

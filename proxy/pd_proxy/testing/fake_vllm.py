@@ -4,7 +4,9 @@ Used by the proxy tests and the benchmark. A ``prefill`` fake rejects requests t
 remote decode (or that stream, or generate more than one token) and returns signed
 ``kv_transfer_params``; a ``decode`` fake rejects requests whose params were not signed by a prefill
 fake for the same ``X-Request-Id``. Knobs (mutable at run time through ``fake.knobs``) add delay,
-per-token delay, failures and a stream that dies mid-way. Run standalone with
+per-token delay, failures and a stream that dies mid-way. With ``api_key`` set it guards ``/v1/*``
+like ``vllm serve --api-key`` (401 ``{"error": "Unauthorized"}``); with ``record`` every ``/v1``
+request, rejected ones included, lands in ``received``. Run standalone with
 ``python -m pd_proxy.testing.fake_vllm --role decode --port 0``.
 """
 
@@ -65,6 +67,9 @@ class FakeVLLM:
     sent: dict[str, bytes] = field(default_factory=dict)  # rid -> response body bytes (record)
     completed: int = 0
     engine_id: str = ""
+    api_key: str | None = None  # like vLLM's --api-key: /v1/* needs "Authorization: Bearer" it
+    # Every /v1 request as it arrived, before the key check: (method, path, headers).
+    received: list[tuple[str, str, CIMultiDict[str]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.role not in (PREFILL, DECODE, PLAIN):
@@ -78,7 +83,8 @@ class FakeVLLM:
 
     # ------------------------------------------------------------------ lifecycle
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = [self._guard] if self.record or self.api_key is not None else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
@@ -164,6 +170,26 @@ class FakeVLLM:
         return params
 
     # ------------------------------------------------------------------ handlers
+    @web.middleware
+    async def _guard(self, request: web.Request, handler) -> web.StreamResponse:
+        if not request.path.startswith("/v1"):
+            return await handler(request)
+        if self.record:
+            self.received.append((request.method, request.path, CIMultiDict(request.headers)))
+            self._notify()
+        if self.api_key is not None and not self._authorized(request.headers):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    def _authorized(self, headers) -> bool:
+        """vLLM's check: a bearer token whose SHA-256 matches the key's."""
+        assert self.api_key is not None
+        scheme, _, token = (headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        want = hashlib.sha256(self.api_key.encode()).digest()
+        return hmac.compare_digest(hashlib.sha256(token.encode()).digest(), want)
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.knobs.healthy else 503)
 
@@ -295,10 +321,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument(
+        "--api-key-file", help="require the first line of this file as a bearer key on /v1/*"
+    )
     args = parser.parse_args(argv)
+    api_key = None
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            api_key = f.readline().strip()
     fake = FakeVLLM(
         role=args.role,
         record=False,
+        api_key=api_key,
         knobs=Knobs(delay=args.delay, token_delay=args.token_delay, tokens=args.tokens),
     )
 

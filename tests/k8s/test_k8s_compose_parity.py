@@ -1,0 +1,89 @@
+"""The pods run what compose runs: the same vLLM argv (entrypoint + flags, parsed from the real
+`docker compose config` of compose.yaml with .env.example), the same environment, mounts, images
+and sizes. Skipped, with the reason, where no Compose binary is installed."""
+
+from __future__ import annotations
+
+import copy
+
+import k8s_checks as ck
+import pytest
+from conftest import needs_kubectl, rendered
+from k8s_support import compose_command, compose_file, compose_model, find
+
+pytestmark = [
+    needs_kubectl,
+    pytest.mark.skipif(
+        compose_command() is None or compose_file() is None,
+        reason="no Compose binary (docker compose / docker-compose) or no compose file: the "
+        "flags cannot be compared with compose's",
+    ),
+]
+
+ARGV_RENDERS = ["base", "overlay:1p1d", "overlay:xpyd", "tcp", "rdma", "monitoring"]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return compose_model()
+
+
+@pytest.mark.parametrize("name", ARGV_RENDERS)
+def test_vllm_argv_equals_compose(name: str, compose: dict) -> None:
+    assert ck.check_vllm_argv_parity(rendered(name), compose) == []
+
+
+def test_vllm_environment_equals_compose(compose: dict) -> None:
+    """Only the base keeps compose's UCX settings (transport components change them)."""
+    assert ck.check_vllm_env_parity(rendered("base"), compose) == []
+
+
+@pytest.mark.parametrize("name", ["base", "overlay:1p1d", "lws"])
+def test_mounts_cover_compose_mounts(name: str, compose: dict) -> None:
+    assert ck.check_mount_parity(rendered(name), compose) == []
+
+
+@pytest.mark.parametrize("name", ["base", "overlay:1p1d", "overlay:xpyd"])
+def test_proxy_environment_equals_compose(name: str, compose: dict) -> None:
+    assert ck.check_proxy_env_parity(rendered(name), compose) == []
+
+
+@pytest.mark.parametrize("name", ["overlay:1p1d", "overlay:xpyd", "lws"])
+def test_images_equal_compose(name: str, compose: dict) -> None:
+    assert ck.check_image_parity(rendered(name), compose) == []
+
+
+def test_shm_and_start_period_equal_compose(compose: dict) -> None:
+    assert ck.check_resource_parity(rendered("overlay:1p1d"), compose) == []
+
+
+# ------------------------------------------------------------------ the comparisons can fail
+
+
+def test_argv_comparison_fails_on_a_changed_flag(compose: dict) -> None:
+    objs = rendered("base")
+    args = find(objs, "Deployment", "pcp-pd-decode")[0]["spec"]["template"]["spec"]["containers"][
+        0
+    ]["args"]
+    args[args.index("--block-size") + 1] = "64"
+    assert any("--block-size" in p for p in ck.check_vllm_argv_parity(objs, compose))
+
+
+def test_argv_comparison_fails_on_a_missing_flag(compose: dict) -> None:
+    changed = copy.deepcopy(compose)
+    changed["services"]["prefill"]["command"].append("--enforce-eager")
+    assert ck.check_vllm_argv_parity(rendered("base"), changed)
+
+
+def test_env_and_mount_comparisons_fail(compose: dict) -> None:
+    changed = copy.deepcopy(compose)
+    changed["services"]["decode"]["environment"]["UCX_LOG_LEVEL"] = "info"
+    changed["services"]["proxy"]["volumes"].append({"target": "/etc/pd-proxy"})
+    assert ck.check_vllm_env_parity(rendered("base"), changed)
+    assert ck.check_mount_parity(rendered("base"), changed)
+
+
+def test_image_comparison_fails(compose: dict) -> None:
+    changed = copy.deepcopy(compose)
+    changed["services"]["prefill"]["image"] = "vllm/vllm-openai:v0.33.0"
+    assert ck.check_image_parity(rendered("overlay:1p1d"), changed)

@@ -1,0 +1,50 @@
+"""GPU hosts run preflight with their system python3, without the kit's venv: the package may
+import only the standard library, and must work on Python 3.8 (Ubuntu 20.04's)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from preflight_fakes import REPO, FakeHost, python_for
+
+PACKAGE = REPO / "scripts" / "kit_preflight"
+SOURCES = sorted(PACKAGE.glob("*.py"))
+
+
+def test_package_files_exist() -> None:
+    names = {p.name for p in SOURCES}
+    assert {"__init__.py", "__main__.py", "cli.py", "memory.py", "settings.py"} <= names
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_imports_only_the_standard_library(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots = [node.module.split(".")[0]]
+        else:
+            continue
+        for root in roots:
+            assert root == "kit_preflight" or root in sys.stdlib_module_names, (path.name, root)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_syntax_is_python_3_8(path: Path) -> None:
+    ast.parse(path.read_text(), feature_version=(3, 8))
+
+
+def test_runs_on_the_oldest_python(host: FakeHost) -> None:
+    python = python_for("3.8")
+    if python is None:
+        pytest.skip("no Python 3.8 interpreter here (python3.8 or pyenv 3.8.x)")
+    out = host.run(python=python)
+    assert out.returncode == 0, out.dump()
+    assert {r["status"] for r in out.results} == {"ok"}
+    host.settings.update(decode_gpu_memory_utilization="0.3", moe_backend="bogus")
+    out = host.run(python=python)
+    assert out.returncode == 2 and {r["check"] for r in out.fails} == {"memory", "moe-backend"}
