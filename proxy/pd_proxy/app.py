@@ -111,6 +111,8 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if discovery is not None:
+                discovery.close()
             await session.close()
 
     async def on_shutdown(app: web.Application) -> None:

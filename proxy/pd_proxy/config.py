@@ -189,7 +189,7 @@ def check_endpoints_file(path: str) -> tuple[str, ...]:
     try:
         found = read_endpoints_file(path)
     except EndpointsFileError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where} {path}: {exc}") from None
     return tuple(role for role in ROLES if found[role])
 
 

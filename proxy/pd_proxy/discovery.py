@@ -9,8 +9,8 @@ ones drain (pd_proxy.pool).
 Discovery never empties a pool. A name that stops resolving (NXDOMAIN, SERVFAIL, timeout) or
 resolves to nothing, and a file that goes missing, malformed or drops every endpoint of a role,
 keep the last known backends: during a DNS outage the backends are most likely still there, and
-health checks still take dead ones out. Each such outage logs one warning (and one line when it
-ends) and counts ``pd_proxy_discovery_errors_total`` on every poll.
+health checks still take dead ones out. Each such outage logs one warning (the file: one per bad
+edit) and a line when it ends, and counts ``pd_proxy_discovery_errors_total`` on every poll.
 
 The resolver is injectable: production uses the event loop's ``getaddrinfo`` (the system
 resolver, so ``/etc/hosts``, search domains and ndots apply as for any process), tests a UDP
@@ -70,14 +70,23 @@ class DnsWatch:
         self.resolver = resolver
         self.timeout = timeout
         self.roles: tuple[str, ...] = (role,)
+        self._pending: asyncio.Future[Sequence[str]] | None = None
 
     @property
     def label(self) -> str:
         return f"{self.role} DNS name {self.target}"
 
     async def poll(self) -> dict[str, list[str]] | None:
+        lookup = self._pending
+        if lookup is None or lookup.done():
+            if lookup is not None and not lookup.cancelled():
+                lookup.exception()  # consumed: a late failure is not "never retrieved"
+            lookup = self._pending = asyncio.ensure_future(self.resolver(self.host))
         try:
-            addresses = await asyncio.wait_for(self.resolver(self.host), self.timeout)
+            # A lookup that outlives the timeout keeps running (getaddrinfo cannot be stopped:
+            # it holds an executor thread) and the next poll waits on it, so hung lookups never
+            # pile up.
+            addresses = await asyncio.wait_for(asyncio.shield(lookup), self.timeout)
         except asyncio.TimeoutError:
             raise DiscoveryError(f"no answer within {self.timeout:g}s") from None
         except asyncio.CancelledError:
@@ -89,6 +98,10 @@ class DnsWatch:
             raise DiscoveryError("resolves to no addresses")
         return {self.role: list(dict.fromkeys(urls))}
 
+    def close(self) -> None:
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
+
 
 class FileWatch:
     """The endpoints file; ``poll`` is None while the file is unchanged since its last good read."""
@@ -99,6 +112,9 @@ class FileWatch:
         self.path = path
         self.roles: tuple[str, ...] = ROLES
         self._signature: tuple[int, int, int, int] | None = None
+
+    def close(self) -> None:
+        pass
 
     @property
     def label(self) -> str:
@@ -141,7 +157,8 @@ class Discovery:
         self.check = check  # health-checks joined backends; set by the app once it has a session
         self.polls = 0  # completed refresh rounds, for tests and debugging
         self._last: dict[tuple[str, str], list[str]] = {}  # (role, source) -> last good URLs
-        self._failing: set[tuple[str, str | None]] = set()  # (watch label, role or None)
+        # (watch label, role or None) -> the reason of the outage it is in
+        self._failing: dict[tuple[str, str | None], str] = {}
         metrics.track_discovery((role, w.source) for w in watches for role in w.roles)
 
     @classmethod
@@ -165,14 +182,18 @@ class Discovery:
         return cls(pools, watches, config.discovery_interval, metrics)
 
     async def refresh(self) -> list[Backend]:
-        """Poll every watch once, update the pools and drop drained backends; returns joiners."""
+        """Poll every watch once, update the pools and drop drained backends; returns joiners.
+
+        Watches are polled together, so one slow name delays a round by its timeout, not more.
+        """
+        results = await asyncio.gather(*(w.poll() for w in self.watches), return_exceptions=True)
         added: list[Backend] = []
-        for watch in self.watches:
-            try:
-                found = await watch.poll()
-            except DiscoveryError as exc:
-                self._fail(watch, None, str(exc))
+        for watch, found in zip(self.watches, results, strict=True):
+            if isinstance(found, DiscoveryError):
+                self._fail(watch, None, str(found))
                 continue
+            if isinstance(found, BaseException):
+                raise found  # a bug, or cancellation: not a discovery outage
             self._recover(watch, None)
             if found is not None:
                 for role, urls in found.items():
@@ -201,10 +222,12 @@ class Discovery:
         for r in roles:
             self.metrics.discovery_error(r, watch.source)
         key = (watch.label, role)
-        if key in self._failing:
+        previous = self._failing.get(key)
+        # Once per outage; for the file also once per new mistake, since each edit is news.
+        if previous is not None and (watch.source != "file" or previous == reason):
             log.debug("%s: %s", watch.label, reason)
             return
-        self._failing.add(key)
+        self._failing[key] = reason
         kept = {r: len(self._last.get((r, watch.source), [])) for r in roles}
         log.warning(
             "%s: %s; keeping the last known backends (%s) until it recovers",
@@ -215,14 +238,18 @@ class Discovery:
 
     def _recover(self, watch: Watch, role: str | None) -> None:
         key = (watch.label, role)
-        if key in self._failing:
-            self._failing.discard(key)
+        if self._failing.pop(key, None) is not None:
             log.info("%s%s: discovery works again", watch.label, f" ({role})" if role else "")
 
     def _covered(self, watch: Watch) -> tuple[str, ...]:
         """The roles a failing watch feeds: those it found backends for, else all it could."""
         have = tuple(r for r in watch.roles if self._last.get((r, watch.source)))
         return have or watch.roles
+
+    def close(self) -> None:
+        """Stop lookups still running (the app is stopping)."""
+        for watch in self.watches:
+            watch.close()
 
     async def run(self) -> None:
         """After the start-up ``refresh``: poll every interval and health-check the joiners."""

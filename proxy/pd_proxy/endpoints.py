@@ -23,8 +23,6 @@ import json
 import os
 from urllib.parse import urlsplit
 
-import yaml
-
 ROLES = ("prefill", "decode")
 _KEYS = frozenset(("name", "role", "url", "address", "port"))
 
@@ -40,25 +38,33 @@ def stat_signature(path: str) -> tuple[int, int, int, int]:
 
 
 def read_endpoints_file(path: str) -> dict[str, tuple[str, ...]]:
-    """The URLs per role listed in ``path`` (each role present, maybe empty)."""
+    """The URLs per role listed in ``path`` (each role present, maybe empty).
+
+    Error messages leave the path out: the caller's context names it.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise EndpointsFileError(f"cannot read endpoints file {path}: {reason}") from None
-    try:
-        return parse_endpoints(text, json_format=path.endswith(".json"))
-    except EndpointsFileError as exc:
-        raise EndpointsFileError(f"endpoints file {path}: {exc}") from None
+        raise EndpointsFileError(f"cannot read it: {reason}") from None
+    return parse_endpoints(text, json_format=path.endswith(".json"))
 
 
 def parse_endpoints(text: str, json_format: bool = False) -> dict[str, tuple[str, ...]]:
     """Parse and check an endpoints document; duplicates are dropped, order is kept."""
-    try:
-        data = json.loads(text) if json_format else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise EndpointsFileError(f"not valid {'JSON' if json_format else 'YAML'}: {exc}") from None
+    if json_format:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise EndpointsFileError(f"not valid JSON: {exc}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise EndpointsFileError(f"not valid YAML: {_one_line(exc)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("endpoints"), list):
         # An empty file lands here too: usually a write caught half-way.
         raise EndpointsFileError("must be a mapping with an 'endpoints' list")
@@ -70,6 +76,15 @@ def parse_endpoints(text: str, json_format: bool = False) -> dict[str, tuple[str
         role, url = _entry(entry, f"endpoints[{i}]")
         found[role][url] = None
     return {role: tuple(urls) for role, urls in found.items()}
+
+
+def _one_line(exc: Exception) -> str:
+    """A parse error for a log line: YAML's own message spans several lines."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
 
 
 def _entry(entry: object, where: str) -> tuple[str, str]:

@@ -25,9 +25,7 @@ NO_AMX_REASON = (
 
 def _fresh_process(code: str) -> dict:
     """Run ``code`` in a new interpreter (permissions are per process) and parse its JSON."""
-    prog = "import json, sys\nsys.path.insert(0, %r)\n" % str(CONNECTOR_DIR) + textwrap.dedent(
-        code
-    )
+    prog = f"import json, sys\nsys.path.insert(0, {str(CONNECTOR_DIR)!r})\n" + textwrap.dedent(code)
     out = subprocess.run(
         [sys.executable, "-c", prog], capture_output=True, text=True, timeout=60, check=True
     )

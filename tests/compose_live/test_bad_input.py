@@ -1,0 +1,109 @@
+"""Bad input to the compose deployment is a clear error, bounded in time, with nothing left running.
+
+`scripts/compose_up.sh` is `docker compose up -d --wait` plus the diagnosis: each service that did
+not get healthy with its last log lines, then `down`. Each case runs under its own project name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, free_port
+
+pytestmark = pytest.mark.compose
+UP = REPO / "scripts" / "compose_up.sh"
+
+
+def project_containers(project: str) -> list[str]:
+    proc = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return proc.stdout.split()
+
+
+@pytest.fixture
+def bad_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    project = f"pcp-pd-kit-bad-{request.node.name.split('[')[0][-20:].replace('_', '-')}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "KIT_"))}
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    env.update(
+        COMPOSE_PROJECT_NAME=project,
+        COMPOSE_BAKE="false",
+        PROXY_BIND_ADDRESS="127.0.0.1",
+        PROXY_PORT=str(free_port()),
+        PROMETHEUS_PORT=str(free_port()),
+        KIT_SECRETS_DIR=str(secrets_dir),
+        PD_SUBNET="172.29.252.0/24",
+        VLLM_START_PERIOD="0s",
+    )
+    yield env
+    subprocess.run(
+        [
+            "docker",
+            "compose",
+            "--env-file",
+            str(REPO / ".env.example"),
+            "--profile",
+            "cpu",
+            "down",
+            "-v",
+            "--remove-orphans",
+            "--timeout",
+            "10",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=180,
+    )
+
+
+def run_up(env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(UP), "--env-file", str(REPO / ".env.example"), "--profile", "cpu"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_no_engine_is_named_at_once(bad_env) -> None:
+    bad_env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
+    proc = run_up(bad_env, timeout=60)
+    assert proc.returncode == 2
+    assert "no Docker engine answers (DOCKER_HOST=unix:///nonexistent/docker.sock)" in proc.stderr
+
+
+def test_a_taken_port_names_the_port_and_leaves_nothing_running(bad_env) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(bad_env["PROMETHEUS_PORT"])))
+        taken.listen()
+        proc = run_up(bad_env, timeout=300)
+    assert proc.returncode != 0
+    assert bad_env["PROMETHEUS_PORT"] in proc.stderr
+    assert "address already in use" in proc.stderr or "already allocated" in proc.stderr
+    assert "removing what was started" in proc.stderr
+    assert project_containers(bad_env["COMPOSE_PROJECT_NAME"]) == []
+
+
+def test_a_server_that_never_gets_healthy_shows_its_last_log_lines(bad_env) -> None:
+    bad_env["CPU_MODEL"] = "/models/no-such-model"
+    bad_env["UP_TIMEOUT_S"] = "150"
+    proc = run_up(bad_env, timeout=400)
+    assert proc.returncode != 0
+    assert "--- prefill-cpu" in proc.stderr, proc.stderr[-3000:]
+    assert "no-such-model" in proc.stderr, proc.stderr[-3000:]
+    assert project_containers(bad_env["COMPOSE_PROJECT_NAME"]) == []
