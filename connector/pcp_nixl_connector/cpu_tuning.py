@@ -67,7 +67,7 @@ class CpuKnobs:
         return self.progress_delay_us is None and not self.skip_kv_core_pinning
 
 
-def delayed_agent_config_cls(base: type, delay_us: int) -> type:
+def delayed_agent_config_cls(base: Any, delay_us: int) -> type:
     """Subclass of nixl's bound ``nixlAgentConfig`` whose ``pthrDelay`` is pinned.
 
     ``nixl_agent.__init__`` writes ``pthrDelay = 0`` after constructing the
@@ -75,7 +75,7 @@ def delayed_agent_config_cls(base: type, delay_us: int) -> type:
     """
     prop = base.pthrDelay
 
-    class DelayedProgressAgentConfig(base):  # type: ignore[misc, valid-type]
+    class DelayedProgressAgentConfig(base):
         @property
         def pthrDelay(self) -> int:  # noqa: N802 - nixl's attribute name
             return prop.__get__(self)

@@ -105,20 +105,25 @@ class PcpNixlPromMetrics(NixlPromMetrics):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self.pcp_counters: dict[str, dict[int, PromMetric]] = {}
+        # vLLM types these as the union of its metric classes; they are Counter and Gauge here.
+        counter_cls: Any = self._counter_cls
+        gauge_cls: Any = self._gauge_cls
+        self.pcp_counters: dict[str, dict[int, Any]] = {}
         for key, name in zip(STATS_KEYS, COUNTER_BASE_NAMES, strict=True):
-            counter = self._counter_cls(name=name, documentation=_DOCS[name], labelnames=labelnames)
+            counter = counter_cls(name=name, documentation=_DOCS[name], labelnames=labelnames)
             self.pcp_counters[key] = create_metric_per_engine(counter, self.per_engine_labelvalues)
         self.expected_suppressed_per_completion = layout_from_config(
             vllm_config
         ).expected_suppressed_per_completion()
-        gauge = self._gauge_cls(
+        gauge = gauge_cls(
             name=EXPECTED_SUPPRESSED_PER_COMPLETION,
             documentation=_DOCS[EXPECTED_SUPPRESSED_PER_COMPLETION],
             labelnames=labelnames,
             multiprocess_mode="mostrecent",
         )
-        self.pcp_expected_gauge = create_metric_per_engine(gauge, self.per_engine_labelvalues)
+        self.pcp_expected_gauge: dict[int, Any] = dict(
+            create_metric_per_engine(gauge, self.per_engine_labelvalues)
+        )
         for child in self.pcp_expected_gauge.values():
             child.set(self.expected_suppressed_per_completion)
 

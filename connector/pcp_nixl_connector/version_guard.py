@@ -78,11 +78,12 @@ def check_vllm(version: str | None = None, *, allow_override: bool | None = None
     """Return the vLLM version, or raise ``UnsupportedVllmError`` saying what is supported."""
     if version is None:
         try:
-            from vllm.version import __version__ as version
+            from vllm.version import __version__ as installed
         except ImportError as e:
             raise UnsupportedVllmError(
                 f"pcp_nixl_connector needs vLLM ({SUPPORTED_TEXT}); vLLM is not importable: {e}"
             ) from e
+        version = str(installed)
     if allow_override is None:
         allow_override = os.environ.get(OVERRIDE_ENV, "") == "1"
     minor = parse_version(version)

@@ -63,7 +63,8 @@ def secret_files(ctx: Context) -> list[Result]:
     secrets = ctx.view.secrets if ctx.view else {}
     s = ctx.need_settings()
     folder = s.path("secrets_dir") if s.has("secrets_dir") else None
-    missing, present = [], []
+    missing: list[tuple[str, Path]] = []
+    present: list[tuple[str, Path]] = []
     for name, spec in sorted(secrets.items()):
         if not isinstance(spec, dict) or not spec.get("file"):
             continue

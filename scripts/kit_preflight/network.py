@@ -94,7 +94,7 @@ def free_alternative(subnet: Net, taken: list[Taken], own_devs: set[str]) -> Net
         return None
     pools = ("172.16.0.0/12", "192.168.0.0/16", "10.0.0.0/8")
     for pool in pools:
-        network = ipaddress.ip_network(pool)
+        network = ipaddress.IPv4Network(pool)
         if subnet.prefixlen < network.prefixlen:
             continue
         for count, candidate in enumerate(network.subnets(new_prefix=subnet.prefixlen)):

@@ -45,7 +45,6 @@ def bad_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str
         PROMETHEUS_PORT=str(free_port()),
         KIT_SECRETS_DIR=str(secrets_dir),
         PD_SUBNET="172.29.252.0/24",
-        VLLM_START_PERIOD="0s",
     )
     yield env
     subprocess.run(
@@ -91,7 +90,8 @@ def test_a_taken_port_names_the_port_and_leaves_nothing_running(bad_env) -> None
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", int(bad_env["PROMETHEUS_PORT"])))
         taken.listen()
-        proc = run_up(bad_env, timeout=300)
+        bad_env["VLLM_START_PERIOD"] = "0s"  # Prometheus fails at once; no need to wait for vLLM
+    proc = run_up(bad_env, timeout=300)
     assert proc.returncode != 0
     assert bad_env["PROMETHEUS_PORT"] in proc.stderr
     assert "address already in use" in proc.stderr or "already allocated" in proc.stderr
@@ -101,7 +101,9 @@ def test_a_taken_port_names_the_port_and_leaves_nothing_running(bad_env) -> None
 
 def test_a_server_that_never_gets_healthy_shows_its_last_log_lines(bad_env) -> None:
     bad_env["CPU_MODEL"] = "/models/no-such-model"
-    bad_env["UP_TIMEOUT_S"] = "150"
+    # Long enough for vLLM to print why it cannot start, short enough to keep the test quick.
+    bad_env["VLLM_START_PERIOD"] = "45s"
+    bad_env["UP_TIMEOUT_S"] = "180"
     proc = run_up(bad_env, timeout=400)
     assert proc.returncode != 0
     assert "--- prefill-cpu" in proc.stderr, proc.stderr[-3000:]

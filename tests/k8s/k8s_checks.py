@@ -119,22 +119,31 @@ def volume(template: PodTemplate, name: str) -> Obj:
 
 
 def files_provided(template: PodTemplate, container: Obj) -> dict[str, tuple[str, str, str]]:
-    """Files the container sees from ConfigMap/Secret volumes: path -> (kind, name, key).
-    Without `items`, every key is a file; with them, only the listed ones (at their `path`)."""
+    """Files the container sees from ConfigMap/Secret volumes, projected ones included:
+    path -> (kind, name, key). Without `items`, every key is a file; with them, only the listed
+    ones (at their `path`)."""
     out: dict[str, tuple[str, str, str]] = {}
     for mount_path, vol_name in mounts(container).items():
         vol = volume(template, vol_name)
-        for kind, name_field in (("configMap", "name"), ("secret", "secretName")):
-            if kind not in vol:
-                continue
-            source = vol[kind]
-            items = source.get("items")
-            if items:
-                for item in items:
-                    out[f"{mount_path}/{item['path']}"] = (kind, source[name_field], item["key"])
-            else:
-                out[f"{mount_path}/*"] = (kind, source[name_field], "*")
+        sources = [(vol, "secretName")]
+        sources += [(src, "name") for src in vol.get("projected", {}).get("sources", [])]
+        for holder, secret_field in sources:
+            for kind, name_field in (("configMap", "name"), ("secret", secret_field)):
+                if kind not in holder:
+                    continue
+                _add_files(out, mount_path, kind, holder[kind], name_field)
     return out
+
+
+def _add_files(
+    out: dict[str, tuple[str, str, str]], mount_path: str, kind: str, source: Obj, name_field: str
+) -> None:
+    items = source.get("items")
+    if not items:
+        out[f"{mount_path}/*"] = (kind, source[name_field], "*")
+        return
+    for item in items:
+        out[f"{mount_path}/{item['path']}"] = (kind, source[name_field], item["key"])
 
 
 def provides(files: Mapping[str, tuple[str, str, str]], path: str) -> tuple[str, str, str] | None:
