@@ -77,11 +77,11 @@ def delayed_agent_config_cls(base: Any, delay_us: int) -> type:
 
     class DelayedProgressAgentConfig(base):
         @property
-        def pthrDelay(self) -> int:  # noqa: N802 - nixl's attribute name
+        def pthrDelay(self) -> int:
             return prop.__get__(self)
 
         @pthrDelay.setter
-        def pthrDelay(self, _value: int) -> None:  # noqa: N802
+        def pthrDelay(self, _value: int) -> None:
             prop.__set__(self, delay_us)
 
     return DelayedProgressAgentConfig

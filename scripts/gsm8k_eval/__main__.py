@@ -31,7 +31,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     key = os.environ.get("OPENAI_API_KEY", "")
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=args.timeout) as resp:
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         if exc.code == 401:

@@ -8,6 +8,6 @@ if sys.version_info < (3, 8):  # noqa: UP036 - GPU hosts run this with their sys
     sys.stderr.write("preflight: needs Python 3.8 or newer as python3\n")
     sys.exit(100)
 
-from kit_preflight.cli import main  # noqa: E402
+from kit_preflight.cli import main
 
 sys.exit(main())

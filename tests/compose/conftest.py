@@ -12,7 +12,7 @@ for _path in (REPO / "scripts", REPO / "proxy", REPO / "connector", Path(__file_
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from compose_env.dotenv import parse_dotenv  # noqa: E402
+from pd_localstack.envfile import read_env_file  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -23,4 +23,4 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def env_example() -> dict[str, str]:
     """The knobs and their documented defaults, as Compose reads .env.example."""
-    return parse_dotenv(ENV_EXAMPLE.read_text(encoding="utf-8"))
+    return read_env_file(ENV_EXAMPLE)

@@ -11,8 +11,8 @@ from pathlib import Path
 import compose_checks as cc
 import compose_cli as cli
 import pytest
-from compose_env.dotenv import parse_dotenv
 from compose_paths import COMPOSE_FILE, DEBUG_PORTS_FILE, ENV_EXAMPLE, REPO
+from pd_localstack.envfile import read_env_file
 
 ALL_PROFILES = ("gpu", "cpu", "grafana")
 
@@ -27,7 +27,7 @@ def vllm_version() -> str:
 def render(tmp_path: Path, overrides: dict[str, str], **kwargs) -> tuple[dict, dict[str, str]]:
     """The model and the settings it was rendered with, for .env.example plus ``overrides``."""
     env_path = cli.env_file(tmp_path, overrides)
-    return cli.config(env_file=env_path, **kwargs), parse_dotenv(env_path.read_text())
+    return cli.config(env_file=env_path, **kwargs), read_env_file(env_path)
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +261,7 @@ def test_gpu_check_catches_a_broken_copy(tmp_path, edits, needle) -> None:
     broken = cli.edited_copy(tmp_path, edits, COMPOSE_FILE)
     env_path = cli.env_file(tmp_path, {"PREFILL_GPU_MEMORY_UTILIZATION": "0.7"})
     model = cli.config(files=[broken], env_file=env_path)
-    problems = cc.check_gpu_topology(model, parse_dotenv(env_path.read_text()))
+    problems = cc.check_gpu_topology(model, read_env_file(env_path))
     assert any(needle in p for p in problems), problems
 
 

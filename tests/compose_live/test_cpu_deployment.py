@@ -43,7 +43,7 @@ def http(
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         raw = exc.read()
@@ -216,6 +216,10 @@ def test_worker_logs_show_amx_permission_and_cpu_knobs(compose_stack) -> None:
         assert want_amx in logs, service
         assert "NIXL progress thread delay set to 1000 us" in logs, service
         assert "instead of NIXL's KV core pinning" in logs, service
+    # UCX_PROTO_INFO: the transport the decode's KV pull really used (docs/gpu.md points here).
+    decode = compose_stack.logs("decode-cpu", tail=100000)
+    pull = decode[decode.index("remote memory read") :][:1200]
+    assert "tcp/" in pull, pull
 
 
 def test_gsm8k_eval_through_the_compose_proxy(compose_stack, tmp_path) -> None:

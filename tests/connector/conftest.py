@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from connector_paths import CONNECTOR_DIR, REPO_ROOT  # noqa: F401
+from connector_paths import CONNECTOR_DIR, REPO_ROOT
+from pd_localstack.envfile import read_env_file
 
 if str(CONNECTOR_DIR) not in sys.path:
     sys.path.insert(0, str(CONNECTOR_DIR))
@@ -31,21 +32,9 @@ TINY_LLAMA_CONFIG = {
 }
 
 
-def read_env_example(path: Path = REPO_ROOT / ".env.example") -> dict[str, str]:
-    """KEY=VALUE lines of .env.example (comments and blanks skipped)."""
-    values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, _, value = line.partition("=")
-        values[key.strip()] = value.strip().strip("'\"")
-    return values
-
-
 @pytest.fixture(scope="session")
 def env_connector_names() -> tuple[str, str]:
-    env = read_env_example()
+    env = read_env_file(REPO_ROOT / ".env.example")
     return env["KV_CONNECTOR"], env["KV_CONNECTOR_MODULE_PATH"]
 
 

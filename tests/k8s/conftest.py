@@ -7,17 +7,9 @@ tool skips with the reason. All tests carry the `k8s` marker (`pytest -m k8s`).
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
-from k8s_support import Obj, kubectl, overlays, render, render_with
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "k8s: renders deploy/k8s with kubectl kustomize and checks the manifests"
-    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,34 +17,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.k8s)
-
-
-needs_kubectl = pytest.mark.skipif(
-    kubectl() is None,
-    reason="kubectl not found: these tests render deploy/k8s with `kubectl kustomize` "
-    "(kubectl >= 1.27, kustomize v5; no cluster needed)",
-)
-
-# Component sets rendered on top of the base, besides the overlays; together they use every
-# component (test_k8s_render checks), in the order docs/kubernetes.md prescribes.
-COMBOS: dict[str, tuple[str, ...]] = {
-    "base": (),
-    "tcp": ("transport-tcp",),
-    "rdma": ("transport-rdma",),
-    "monitoring": ("monitoring",),
-    "standalone-prometheus": ("monitoring-standalone",),
-    "lws": ("transport-rdma", "lws-prefill"),
-    "router": ("transport-tcp", "llm-d-router"),
-    "router-lws-monitoring": ("transport-rdma", "monitoring", "llm-d-router", "lws-prefill"),
-}
-
-
-def rendered(name: str) -> list[Obj]:
-    """An overlay (overlay:<name>) or a component set of COMBOS, freshly copied."""
-    if name.startswith("overlay:"):
-        return render(Path(__file__).resolve().parents[2] / "deploy/k8s/overlays" / name[8:])
-    return copy.deepcopy(render_with(*COMBOS[name]))
-
-
-OVERLAY_NAMES = [f"overlay:{p.name}" for p in overlays()]
-ALL_RENDERS = OVERLAY_NAMES + list(COMBOS)

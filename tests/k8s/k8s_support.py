@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pd_localstack.envfile import read_env_file
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "k8s"
@@ -362,33 +363,9 @@ def compose_model() -> Obj:
     return json.loads(proc.stdout)
 
 
-def parse_dotenv(text: str) -> dict[str, str]:
-    """KEY=VALUE lines as Compose reads a .env file: "double" quotes (with backslash escapes) and
-    'single' quotes are removed, an unquoted value ends at ` #`, `export ` is allowed."""
-    out = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        line = line.removeprefix("export ").lstrip()
-        key, eq, value = line.partition("=")
-        if not eq:
-            raise ValueError(f"not KEY=VALUE: {raw!r}")
-        key, value = key.strip(), value.strip()
-        if value[:1] == '"' and value.rfind('"') > 0:
-            inner = value[1 : value.rfind('"')]
-            value = re.sub(r'\\(["\\$`])', r"\1", inner).replace("\\n", "\n")
-        elif value[:1] == "'" and value.rfind("'") > 0:
-            value = value[1 : value.rfind("'")]
-        else:
-            value = re.split(r"\s+#", value, maxsplit=1)[0].strip()
-        out[key] = value
-    return out
-
-
 def env_example() -> dict[str, str]:
-    """.env.example as Compose reads it."""
-    return parse_dotenv(ENV_EXAMPLE.read_text())
+    """.env.example through the kit's one env-file reader."""
+    return read_env_file(ENV_EXAMPLE)
 
 
 def params_file(path: Path) -> dict[str, str]:

@@ -8,7 +8,7 @@ import copy
 
 import k8s_checks as ck
 import pytest
-from conftest import needs_kubectl, rendered
+from k8s_renders import needs_kubectl, rendered
 from k8s_support import compose_command, compose_file, compose_model, find
 
 pytestmark = [

@@ -10,7 +10,7 @@ from pathlib import Path
 import k8s_checks as ck
 import pytest
 import yaml
-from conftest import needs_kubectl, rendered
+from k8s_renders import needs_kubectl, rendered
 from k8s_support import DASHBOARDS, find, generated
 
 pytestmark = needs_kubectl

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import k8s_checks as ck
 import pytest
-from conftest import needs_kubectl, rendered
+from k8s_renders import needs_kubectl, rendered
 from k8s_support import BASE, env_example, find, params_file, role_templates
 
 PARAMS = BASE / "params.env"

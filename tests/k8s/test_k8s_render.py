@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import ALL_RENDERS, COMBOS, needs_kubectl, rendered
+from k8s_renders import ALL_RENDERS, COMBOS, needs_kubectl, rendered
 from k8s_support import (
     BASE,
     KUBERNETES_VERSION,

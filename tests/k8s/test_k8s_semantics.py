@@ -10,7 +10,7 @@ from pathlib import Path
 import k8s_checks as ck
 import pytest
 import yaml
-from conftest import ALL_RENDERS, OVERLAY_NAMES, needs_kubectl, rendered
+from k8s_renders import ALL_RENDERS, OVERLAY_NAMES, needs_kubectl, rendered
 from k8s_support import COMPONENTS_DIR, REPO, find, generated, role_templates
 
 pytestmark = needs_kubectl
