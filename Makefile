@@ -28,7 +28,8 @@ images: install engine  ## build the cpu profile's images (official bases, or KI
 test: install  ## the whole suite: lint, unit, real-vLLM connector, compose for real, proxy, end-to-end
 	@status=0; \
 	{ bash scripts/docker_engine.sh ensure && bash scripts/images.sh && \
-	  $(PY) -m ruff check . && $(PY) -m pytest -ra --durations=15; } || status=$$?; \
+	  $(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy && \
+	  $(PY) -m pytest -ra --durations=15; } || status=$$?; \
 	bash scripts/docker_engine.sh stop; exit $$status
 
 test-compose: images  ## only the live compose tests (docker compose --profile cpu up for real)
@@ -46,9 +47,10 @@ test-unit: install  ## everything except the live stacks (no Docker needed)
 test-e2e: install  ## only the end-to-end tests on the real CPU stack
 	$(PY) -m pytest -ra -m e2e
 
-lint: install  ## ruff + shellcheck
+lint: install  ## ruff, ruff format --check, mypy, shellcheck (also run by make test and pre-commit)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(VENV)/bin/shellcheck scripts/*.sh .ci/run
 
 format: install

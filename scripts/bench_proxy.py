@@ -2,17 +2,23 @@
 """Benchmark pd-proxy against its floor: a client that does both P/D legs itself.
 
 A fake vLLM prefill and a fake vLLM decode run as their own processes on loopback, the proxy runs
-as its own process, and this process is the load generator. Rounds alternate floor and proxy (the
-order flips every round) so machine noise hits both alike; the summary gives medians over rounds and
-the proxy/floor ratios. Every response is checked (status, all tokens, ``[DONE]``); errors must
-be 0. Each round also reads every process's CPU time from /proc: the proxy's CPU microseconds per
-request is the figure to compare changes by, since it barely moves when the machine is busy.
+as its own process (one per ``--workers`` count), and this process is the load generator. Each
+round runs every mode once: the floor and each proxy, for each endpoint (``--endpoint``). The order
+flips every round so machine noise hits all modes alike; the summary gives medians over rounds and
+each proxy's ratios to the floor of the same endpoint. Every response is checked (status, all
+tokens, ``[DONE]``); errors must be 0. Each round also reads every process's CPU time from /proc
+(a proxy's worker processes included): the proxy's CPU microseconds per request is the figure to
+compare changes by, since it barely moves when the machine is busy.
 
-    python scripts/bench_proxy.py                     # 32 streams x 16 tokens, 5 rounds
+    python scripts/bench_proxy.py                     # 32 streams x 16 tokens, 5 rounds, both
+    python scripts/bench_proxy.py --endpoint chat     # /v1/chat/completions only
+    python scripts/bench_proxy.py --workers 1 2       # one proxy and a 2-worker proxy, side by side
     python scripts/bench_proxy.py --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
-    python scripts/bench_proxy.py --port-base 16000   # fixed ports 16000-16002, not ephemeral
+    python scripts/bench_proxy.py --port-base 16000   # fixed ports from 16000, not ephemeral
 
-``--proxy-cmd`` is a template with ``{port}``, ``{prefill}`` and ``{decode}`` (base URLs).
+``--proxy-cmd`` is a template with ``{port}``, ``{prefill}``, ``{decode}`` (base URLs) and
+``{workers}``; ``--also NAME=CMD`` adds another proxy (same placeholders but ``{workers}``) to the
+same rounds, e.g. the code before a change, for a before/after from one run.
 """
 
 from __future__ import annotations
@@ -42,13 +48,14 @@ from pd_proxy.rewrite import decode_body, dumps, prefill_body  # noqa: E402
 
 DEFAULT_PROXY_CMD = (
     f"{shlex.quote(sys.executable)} -m pd_proxy --host 127.0.0.1 --port {{port}} "
-    "--prefill {prefill} --decode {decode}"
+    "--prefill {prefill} --decode {decode} --workers {workers}"
 )
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclass
 class Round:
-    mode: str
+    mode: str  # "side:endpoint", e.g. "floor:chat", "proxy:completions", "proxy-w2:chat"
     latencies: list[float]
     wall: float
     errors: int
@@ -63,13 +70,43 @@ class Round:
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process (Linux /proc; 0 elsewhere)."""
+def _own_cpu(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tasks:
+        try:
+            kids.extend(
+                int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+            )
+        except OSError:
+            pass
+    return kids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU of a process and its live descendants (Linux /proc; 0 elsewhere).
+
+    A negative ``pid`` counts that process alone.
+    """
+    if pid < 0:
+        return _own_cpu(-pid)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += _own_cpu(p)
+        todo.extend(_children(p))
+    return total
 
 
 def free_port() -> int:
@@ -117,15 +154,21 @@ def check_stream(raw: bytes, tokens: int) -> bool:
     return raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: ") == tokens + 1
 
 
+def client_body(endpoint: str, tokens: int) -> dict:
+    body: dict = {"model": "fake-model", "max_tokens": tokens, "stream": True}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": "hello " * 8}]
+    else:
+        body["prompt"] = "hello " * 8
+    return body
+
+
 async def run_round(
     mode: str, session: aiohttp.ClientSession, urls: dict[str, str], args: argparse.Namespace
 ) -> Round:
-    body = {
-        "model": "fake-model",
-        "prompt": "hello " * 8,
-        "max_tokens": args.tokens,
-        "stream": True,
-    }
+    side, endpoint = mode.split(":")
+    path = ENDPOINTS[endpoint]
+    body = client_body(endpoint, args.tokens)
     latencies: list[float] = []
     errors = 0
     remaining = args.requests
@@ -135,22 +178,18 @@ async def run_round(
 
     async def floor_one() -> bytes:
         headers = {**hdr, "X-Request-Id": uuid.uuid4().hex}
-        async with session.post(
-            urls["prefill"] + "/v1/completions", data=prefill_payload, headers=headers
-        ) as r:
+        async with session.post(urls["prefill"] + path, data=prefill_payload, headers=headers) as r:
             kv = json.loads(await r.read())["kv_transfer_params"]
         async with session.post(
-            urls["decode"] + "/v1/completions", data=dumps(decode_body(body, kv)), headers=headers
+            urls["decode"] + path, data=dumps(decode_body(body, kv)), headers=headers
         ) as r:
             return await r.read() if r.status == 200 else b""
 
     async def proxy_one() -> bytes:
-        async with session.post(
-            urls["proxy"] + "/v1/completions", data=proxy_payload, headers=hdr
-        ) as r:
+        async with session.post(urls[side] + path, data=proxy_payload, headers=hdr) as r:
             return await r.read() if r.status == 200 else b""
 
-    one = floor_one if mode == "floor" else proxy_one
+    one = floor_one if side == "floor" else proxy_one
 
     async def worker() -> None:
         nonlocal remaining, errors
@@ -166,7 +205,8 @@ async def run_round(
             else:
                 errors += 1
 
-    pids = {**args.pids, "generator": os.getpid()}
+    # The generator's own CPU only: the fakes and proxies are its children.
+    pids = {**args.pids, "generator": -os.getpid()}
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -174,6 +214,10 @@ async def run_round(
     n = max(1, args.requests)
     cpu = {name: (cpu_seconds(pid) - cpu0[name]) * 1e6 / n for name, pid in pids.items()}
     return Round(mode, latencies, wall, errors, cpu)
+
+
+def round_order(modes: list[str], i: int) -> list[str]:
+    return modes if i % 2 == 0 else modes[::-1]
 
 
 async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
@@ -184,20 +228,18 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
                 **vars(args), "requests": args.warmup}))  # fmt: skip
         rounds: list[Round] = []
         for i in range(args.rounds):
-            order = args.modes if i % 2 == 0 else args.modes[::-1]
-            for mode in order:
+            for mode in round_order(args.modes, i):
                 r = await run_round(mode, session, urls, args)
                 rounds.append(r)
                 cpu = " ".join(f"{k}={v:.0f}" for k, v in (r.cpu_us or {}).items())
                 print(
-                    f"round {i + 1} {mode:5s}: p50 {r.pct(0.5):7.2f} ms  p99 {r.pct(0.99):7.2f} ms"
-                    f"  {r.rps:8.1f} req/s  errors {r.errors}  cpu us/req: {cpu}",
+                    f"round {i + 1} {mode:22s}: p50 {r.pct(0.5):7.2f} ms  p99 {r.pct(0.99):7.2f}"
+                    f" ms  {r.rps:8.1f} req/s  errors {r.errors}  cpu us/req: {cpu}",
                     flush=True,
                 )
-    if len(args.modes) < 2:  # profiling runs: no ratios
-        return 1 if any(r.errors for r in rounds) else 0
+    errors = sum(r.errors for r in rounds)
     summary = {}
-    for mode in ("floor", "proxy"):
+    for mode in args.modes:
         rs = [r for r in rounds if r.mode == mode]
         summary[mode] = {
             "p50_ms": statistics.median(r.pct(0.5) for r in rs),
@@ -210,36 +252,47 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
                 for name in (rs[0].cpu_us or {})
             },
         }
-    f, p = summary["floor"], summary["proxy"]
-    ratios = {
-        "p50": p["p50_ms"] / f["p50_ms"],
-        "p99": p["p99_ms"] / f["p99_ms"],
-        "throughput": p["req_s"] / f["req_s"],
-    }
+    ratios: dict[str, dict[str, float]] = {}
+    for mode, s in summary.items():
+        side, endpoint = mode.split(":")
+        floor = summary.get(f"floor:{endpoint}")
+        if side == "floor" or floor is None:
+            continue
+        ratios[mode] = {
+            "p50": s["p50_ms"] / floor["p50_ms"],
+            "p99": s["p99_ms"] / floor["p99_ms"],
+            "throughput": s["req_s"] / floor["req_s"],
+        }
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(
         f"\n{args.concurrency} concurrent streams x {args.tokens} tokens, {args.requests} requests"
-        f" per round, medians of {args.rounds} rounds"
+        f" per round, medians of {args.rounds} rounds; load average at the end"
+        f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs"
     )
     print(
-        f"{'':6s} {'p50 ms':>8s} {'p99 ms':>8s} {'req/s':>8s} {'errors':>6s}"
-        f"  {'cpu us/req: proxy':>17s} prefill decode generator"
+        f"{'':24s} {'p50 ms':>8s} {'p99 ms':>8s} {'req/s':>8s} {'errors':>6s}"
+        f"  {'p50 x':>6s} {'p99 x':>6s} {'thru x':>6s}  cpu us/req: proxy prefill decode generator"
     )
-    for mode in ("floor", "proxy"):
-        s = summary[mode]
+    for mode, s in summary.items():
+        side = mode.split(":")[0]
         cpu = s["cpu_us_per_req"]
+        proxy_cpu = cpu.get(side, 0.0) if side != "floor" else 0.0
+        r = ratios.get(mode)
+        rtext = (
+            f"{r['p50']:6.2f} {r['p99']:6.2f} {r['throughput']:6.2f}" if r else f"{'':6s} " * 3
+        ).rstrip()
         print(
-            f"{mode:6s} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {s['req_s']:8.1f} {s['errors']:6d}"
-            f"  {cpu.get('proxy', 0):17.0f} {cpu.get('prefill', 0):7.0f}"
+            f"{mode:24s} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {s['req_s']:8.1f} {s['errors']:6d}"
+            f"  {rtext:20s}  {proxy_cpu:16.0f} {cpu.get('prefill', 0):7.0f}"
             f" {cpu.get('decode', 0):6.0f} {cpu.get('generator', 0):9.0f}"
         )
-    print(
-        f"ratio  p50 {ratios['p50']:.2f}x (goal <= 1.5)  p99 {ratios['p99']:.2f}x  "
-        f"throughput {ratios['throughput']:.2f}x (goal >= 0.6)"
-    )
-    print(f"proxy CPU per request: {p['cpu_us_per_req'].get('proxy', 0):.0f} us (median of rounds)")
+    if ratios:
+        print("goals: p50 <= 1.15x, throughput >= 0.9x the floor of the same endpoint")
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
-    return 1 if f["errors"] or p["errors"] else 0
+        Path(args.json).write_text(
+            json.dumps({"summary": summary, "ratios": ratios, "load": load}, indent=2)
+        )
+    return 1 if errors else 0
 
 
 def main() -> int:
@@ -250,10 +303,24 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--token-delay", type=float, default=0.0, help="fake decode, seconds")
+    parser.add_argument(
+        "--endpoint", choices=("completions", "chat", "both"), default="both",
+        help="which OpenAI endpoint to drive (both: side by side, each with its own floor)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], metavar="N",
+        help="proxy worker counts (pd-proxy --workers); several start one proxy each, compared "
+        "side by side in the same rounds (default 1)",
+    )  # fmt: skip
     parser.add_argument("--proxy-cmd", default=DEFAULT_PROXY_CMD)
     parser.add_argument(
+        "--also", action="append", default=[], metavar="NAME=CMD",
+        help="one more proxy to compare in the same rounds, e.g. 'old=env PYTHONPATH=/tmp/old "
+        "python -m pd_proxy --port {port} --prefill {prefill} --decode {decode}' (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
         "--port-base", type=int, default=0,
-        help="listen on this port and the next two (prefill, decode, proxy); 0: ephemeral ports",
+        help="listen on this port and the next ones (prefill, decode, proxies); 0: ephemeral",
     )  # fmt: skip
     parser.add_argument("--json", help="also write the summary here")
     parser.add_argument("--keep-log", action="store_true", help="keep the proxy's log file")
@@ -261,7 +328,29 @@ def main() -> int:
         "--only", choices=("floor", "proxy"), help="run one side only (for profiling; no ratios)"
     )
     args = parser.parse_args()
-    args.modes = (args.only,) if args.only else ("floor", "proxy")
+    if len(set(args.workers)) != len(args.workers) or min(args.workers) < 1:
+        parser.error("--workers takes distinct counts >= 1")
+    if len(args.workers) > 1 and "{workers}" not in args.proxy_cmd:
+        parser.error("several --workers counts need {workers} in --proxy-cmd")
+    # name -> command template
+    proxies = {
+        (f"proxy-w{n}" if len(args.workers) > 1 else "proxy"): args.proxy_cmd.replace(
+            "{workers}", str(n)
+        )
+        for n in args.workers
+    }
+    for item in args.also:
+        name, sep, cmd = item.partition("=")
+        if not sep or not name or ":" in name or name in ("floor", "prefill", "decode", *proxies):
+            parser.error(f"--also {item!r}: expected a new NAME=CMD (NAME without ':')")
+        proxies[name] = cmd
+    sides = ["floor", *proxies]
+    if args.only == "floor":
+        sides = ["floor"]
+    elif args.only == "proxy":
+        sides = list(proxies)
+    endpoints = ["completions", "chat"] if args.endpoint == "both" else [args.endpoint]
+    args.modes = [f"{side}:{endpoint}" for endpoint in endpoints for side in sides]
 
     procs: list[subprocess.Popen] = []
     keep_log = True  # unless the run succeeds
@@ -272,17 +361,17 @@ def main() -> int:
         procs.append(prefill_proc)
         decode_proc, decode = start_fake("decode", args.token_delay, base + 1 if base else 0)
         procs.append(decode_proc)
-        port = base + 2 if base else free_port()
-        cmd = args.proxy_cmd.format(port=port, prefill=prefill, decode=decode)
-        proxy_proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=env_with_path())
-        procs.append(proxy_proc)
-        args.pids = {
-            "prefill": prefill_proc.pid,
-            "decode": decode_proc.pid,
-            "proxy": proxy_proc.pid,
-        }
-        urls = {"prefill": prefill, "decode": decode, "proxy": f"http://127.0.0.1:{port}"}
-        print(f"proxy: {cmd}\nproxy log: {log.name}", flush=True)
+        args.pids = {"prefill": prefill_proc.pid, "decode": decode_proc.pid}
+        urls = {"prefill": prefill, "decode": decode}
+        for i, (name, template) in enumerate(proxies.items()):
+            port = base + 2 + i if base else free_port()
+            cmd = template.format(port=port, prefill=prefill, decode=decode)
+            proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=env_with_path())
+            procs.append(proc)
+            args.pids[name] = proc.pid
+            urls[name] = f"http://127.0.0.1:{port}"
+            print(f"{name}: {cmd}", flush=True)
+        print(f"proxy log: {log.name}", flush=True)
         try:
             import uvloop
         except ImportError:
@@ -290,7 +379,8 @@ def main() -> int:
         runner = uvloop.run if uvloop else asyncio.run
 
         async def go() -> int:
-            await wait_ready(urls["proxy"])
+            for name in proxies:
+                await wait_ready(urls[name])
             return await bench(args, urls)
 
         rc = runner(go())

@@ -1,4 +1,5 @@
-"""App factory and runner: wires config, pools, metrics, handlers and the shared client session.
+"""App factory and runner: wires config, pools, metrics, handlers and the shared client session
+(health checks, ``/v1/models``) and upstream client (the two legs, pd_proxy.upstream).
 
 ``build_app`` is what in-process tests use; ``make_runner`` adds the server settings the proxy
 relies on (client disconnects cancel the handler, no access log, drain timeout), so use it (or pass
@@ -23,8 +24,9 @@ from pd_proxy.config import ConfigError, ProxyConfig
 from pd_proxy.discovery import Discovery, Resolver
 from pd_proxy.errors import error_response, unauthorized_response
 from pd_proxy.handlers import ProxyHandlers
-from pd_proxy.metrics import ProxyMetrics
+from pd_proxy.metrics import SYNC_INTERVAL_S, ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool, HealthChecker
+from pd_proxy.upstream import Upstream
 
 request_log = logging.getLogger("pd_proxy.request")
 
@@ -45,7 +47,7 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
     """
     prefill = BackendPool("prefill", config.prefill)
     decode = BackendPool("decode", config.decode)
-    metrics = ProxyMetrics(config.prefill, config.decode)
+    metrics = ProxyMetrics(config.prefill, config.decode, created=config.metrics_created)
     metrics.track_pools((prefill, decode))
     discovery = Discovery.from_config(
         config, {"prefill": prefill, "decode": decode}, metrics, resolver
@@ -84,6 +86,7 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         handlers.session = session
+        handlers.upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
 
         def on_result(backend: Backend, ok: bool) -> None:
             metrics.set_health(backend.role, backend.url, ok)
@@ -104,6 +107,8 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
             await _first_round(checker, config.health_timeout)
             if discovery is not None:
                 tasks.append(asyncio.create_task(discovery.run(), name="pd-proxy-discovery"))
+            if metrics.multiprocess_dir is not None:  # --workers: other workers read our gauges
+                tasks.append(asyncio.create_task(_sync_metrics(metrics), name="pd-proxy-metrics"))
             yield
         finally:
             for task in tasks:
@@ -113,6 +118,7 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
                     await task
             if discovery is not None:
                 discovery.close()
+            handlers.upstream.close()
             await session.close()
 
     async def on_shutdown(app: web.Application) -> None:
@@ -171,6 +177,12 @@ def _require_key(
         return unauthorized_response(problem)
 
     return guarded
+
+
+async def _sync_metrics(metrics: ProxyMetrics) -> None:
+    while True:
+        metrics.sync()
+        await asyncio.sleep(SYNC_INTERVAL_S)
 
 
 async def _first_round(checker: HealthChecker, check_timeout: float) -> None:

@@ -2,6 +2,7 @@
 
 On a signal the listening socket closes at once, ``/health`` turns 503, and in-flight requests
 (streams included) get up to ``--drain-timeout`` seconds to finish before the process exits 0.
+With ``--workers N`` (N > 1) this process supervises N serving processes (pd_proxy.workers).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -33,7 +34,19 @@ class ListenError(Exception):
     """The listening socket could not be opened (port in use, bad address): a one-line error."""
 
 
-async def serve(config: ProxyConfig, log_handler: logging.Handler | None = None) -> None:
+async def serve(
+    config: ProxyConfig,
+    log_handler: logging.Handler | None = None,
+    *,
+    reuse_port: bool = False,
+    announce: bool = True,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain.
+
+    ``reuse_port`` binds with SO_REUSEPORT (workers share the port); ``announce`` logs the
+    listening address, the backends and the open-proxy warning; ``on_ready`` runs once listening.
+    """
     app = build_app(config)
     runner = make_runner(app, config)
     metrics_app = build_metrics_app(app)
@@ -43,15 +56,17 @@ async def serve(config: ProxyConfig, log_handler: logging.Handler | None = None)
     listening = False
     flusher = None
     try:  # from here on, any failure (a busy port included) still closes the session and task
-        await _listen(runner, config)
+        await _listen(runner, config, reuse_port, announce)
         if metrics_runner is not None:
             await metrics_runner.setup()
-            await _listen_metrics(metrics_runner, config)
+            await _listen_metrics(metrics_runner, config, reuse_port, announce)
         listening = True
         _settle_gc()
         if log_handler is not None:
             log_handler.flush()  # the "listening on" line must not wait for the first flush
             flusher = asyncio.create_task(flush_periodically(log_handler))
+        if on_ready is not None:
+            on_ready()
         await _wait_for_signal()
         log.info("shutting down: draining in-flight requests (up to %gs)", config.drain_timeout)
     finally:
@@ -66,13 +81,24 @@ async def serve(config: ProxyConfig, log_handler: logging.Handler | None = None)
                 await flusher
 
 
-async def _listen(runner: web.AppRunner, config: ProxyConfig) -> None:
+async def _listen(
+    runner: web.AppRunner, config: ProxyConfig, reuse_port: bool = False, announce: bool = True
+) -> None:
     """Open the listening socket; an OSError becomes a ``ListenError`` naming the address."""
-    site = web.TCPSite(runner, config.host, config.port, backlog=2048, reuse_address=True)
+    site = web.TCPSite(
+        runner,
+        config.host,
+        config.port,
+        backlog=2048,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+    )
     try:
         await site.start()
     except OSError as exc:
         raise ListenError(f"cannot listen on {config.host}:{config.port}: {exc}") from None
+    if not announce:
+        return
     for addr in runner.addresses:
         host, port = addr[0], addr[1]
         log.info("listening on http://%s:%d", host, port)
@@ -90,16 +116,22 @@ async def _listen(runner: web.AppRunner, config: ProxyConfig) -> None:
         )
 
 
-async def _listen_metrics(runner: web.AppRunner, config: ProxyConfig) -> None:
+async def _listen_metrics(
+    runner: web.AppRunner, config: ProxyConfig, reuse_port: bool = False, announce: bool = True
+) -> None:
     """The second listener, for ``GET /metrics`` only (``--metrics-port``)."""
     assert config.metrics_port is not None
-    site = web.TCPSite(runner, config.host, config.metrics_port, reuse_address=True)
+    site = web.TCPSite(
+        runner, config.host, config.metrics_port, reuse_address=True, reuse_port=reuse_port or None
+    )
     try:
         await site.start()
     except OSError as exc:
         raise ListenError(
             f"cannot listen on {config.host}:{config.metrics_port} (metrics port): {exc}"
         ) from None
+    if not announce:
+        return
     for addr in runner.addresses:
         log.info("metrics on http://%s:%d/metrics", addr[0], addr[1])
 
@@ -140,9 +172,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"pd-proxy: error: {exc}", file=sys.stderr)
         return 2
-    handler = setup_logging(config.logging_level)
+    if config.workers > 1:
+        from pd_proxy.workers import supervise
+
+        return supervise(config)
+    return run(config, setup_logging(config.logging_level))
+
+
+def run(config: ProxyConfig, handler: logging.Handler, **serve_options) -> int:
+    """Serve ``config`` in this process; the exit code (2: cannot listen, bad key file)."""
     try:
-        _run(lambda: serve(config, handler))
+        _run(lambda: serve(config, handler, **serve_options))
     # ListenError, e.g. port in use; ConfigError, e.g. a key file deleted since load_config
     # read it: one line like a bad flag, no traceback.
     except (ListenError, ConfigError) as exc:

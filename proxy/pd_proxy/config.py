@@ -12,7 +12,7 @@ import ipaddress
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -22,6 +22,7 @@ from pd_proxy.endpoints import EndpointsFileError, read_endpoints_file
 ENV_PREFIX = "PD_PROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 ROLES = ("prefill", "decode")
+MAX_WORKERS = 256
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 
@@ -59,6 +60,10 @@ class ProxyConfig:
     decode_dns: str | None = None
     endpoints_file: str | None = None
     discovery_interval: float = 5.0
+    # Serving processes on the one port (SO_REUSEPORT); 1 runs the proxy in this process.
+    workers: int = 1
+    # Export a ``_created`` series beside each counter and histogram (prometheus_client's default).
+    metrics_created: bool = False
 
     def __post_init__(self) -> None:
         for role in ROLES:
@@ -69,7 +74,7 @@ class ProxyConfig:
             if value is not None:
                 flag = f"--{role}-dns ({ENV_PREFIX}{name.upper()})"
                 object.__setattr__(self, name, check_host_port(value, flag))
-        file_roles = ()
+        file_roles: tuple[str, ...] = ()
         if self.endpoints_file is not None:
             file_roles = check_endpoints_file(self.endpoints_file)
         for role in ROLES:
@@ -93,6 +98,8 @@ class ProxyConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
         if self.max_body_bytes <= 0:
             raise ConfigError(f"max_body_bytes must be > 0, got {self.max_body_bytes}")
         if self.log_level.lower() not in LOG_LEVELS:
@@ -232,7 +239,7 @@ def _positive_size(value: str) -> int:
 
 
 # (dest, flag, env suffix, converter, help)
-_OPTIONS: tuple[tuple[str, str, str, object, str], ...] = (
+_OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
     ("host", "--host", "HOST", str, "address to listen on (default 0.0.0.0)"),
     ("port", "--port", "PORT", int, "port to listen on (default 8000)"),
     (
@@ -347,6 +354,15 @@ _OPTIONS: tuple[tuple[str, str, str, object, str], ...] = (
         float,
         "seconds between DNS re-resolutions and endpoints-file checks (default 5)",
     ),
+    (
+        "workers",
+        "--workers",
+        "WORKERS",
+        int,
+        "proxy processes serving the one port (SO_REUSEPORT), each with its own backend pools and "
+        "health checks, under a supervising parent; for hosts with many cores (default 1: one "
+        "process)",
+    ),
 )
 
 
@@ -387,6 +403,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not serve GET /metrics",
     )
+    parser.add_argument(
+        "--metrics-created",
+        dest="metrics_created",
+        action="store_true",
+        default=None,
+        help="also export a _created series beside each counter and histogram (default: off) "
+        "[PD_PROXY_METRICS_CREATED=true|false]",
+    )
     return parser
 
 
@@ -396,13 +420,16 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, object]:
         raw = environ.get(f"{ENV_PREFIX}{role.upper()}")
         if raw is not None and raw.strip():
             values[role] = split_urls(raw)
-    converters = [(d, e, c) for d, _f, e, c, _t in _OPTIONS] + [("metrics", "METRICS", _bool)]
+    converters = [(d, e, c) for d, _f, e, c, _t in _OPTIONS] + [
+        ("metrics", "METRICS", _bool),
+        ("metrics_created", "METRICS_CREATED", _bool),
+    ]
     for dest, env, conv in converters:
         raw = environ.get(f"{ENV_PREFIX}{env}")
         if raw is None or raw.strip() == "":
             continue
         try:
-            values[dest] = conv(raw.strip())  # type: ignore[operator]
+            values[dest] = conv(raw.strip())
         except ValueError as exc:
             raise ConfigError(f"{ENV_PREFIX}{env}={raw!r} is invalid: {exc}") from None
     return values
@@ -420,7 +447,9 @@ def load_config(
             values[key] = value
     for role in ROLES:
         urls: list[str] = []
-        for item in values.get(role) or []:
+        given = values.get(role) or []
+        assert isinstance(given, (list, tuple))  # from split_urls or argparse's nargs
+        for item in given:
             urls.extend(split_urls(str(item)))
         values[role] = tuple(urls)
     return ProxyConfig(**values)  # type: ignore[arg-type]

@@ -1,7 +1,9 @@
 """HTTP handlers: the two-leg P/D flow, health, models and metrics.
 
-The decode path relays upstream bytes as they arrive (no per-chunk parsing); only the last chunk is
-kept, to know whether a broken stream needs an event separator before its error event.
+Both legs go through pd_proxy.upstream (a lean keep-alive HTTP/1.1 client); health checks and
+``/v1/models`` use the aiohttp session. The decode path relays upstream bytes as they arrive (no
+per-chunk parsing); only the last chunk is kept, to know whether a broken stream needs an event
+separator before its error event.
 """
 
 from __future__ import annotations
@@ -32,13 +34,21 @@ from pd_proxy.rewrite import (
     parse_request,
     prefill_body,
 )
+from pd_proxy.upstream import (
+    LARGE_BODY,
+    ConnectFailed,
+    Connection,
+    Upstream,
+    UpstreamBroken,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger("pd_proxy.request")
 
 CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
 # Errors that mean the request never reached the backend, so another one may take it.
 CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 T = TypeVar("T")
 
 
@@ -74,12 +84,10 @@ def _snippet(data: bytes, limit: int = 200) -> str:
     return data[:limit].decode("utf-8", "replace")
 
 
-async def _read_whole(
-    backend: Backend, resp: aiohttp.ClientResponse
-) -> tuple[Backend, int, bytes, str]:
+async def _read_whole(backend: Backend, resp: Connection) -> tuple[Backend, int, bytes, str]:
     """Prefill answers are small JSON: read them whole while the backend still counts them."""
     data = await resp.read()
-    return backend, resp.status, data, resp.headers.get("Content-Type", "application/json")
+    return backend, resp.status, data, resp.headers.get("content-type", "application/json")
 
 
 class ProxyHandlers:
@@ -100,16 +108,14 @@ class ProxyHandlers:
         self.metrics = metrics
         self.prefill_pool = prefill
         self.decode_pool = decode
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # health checks, /v1/models
+        self.upstream: Upstream | None = None  # the two legs
         self.checker: HealthChecker | None = None
         self.discovery: Discovery | None = None  # set by build_app when backends are discovered
         self.draining = False
+        # /v1/models (aiohttp); the legs' limits are passed to the upstream client as numbers.
         self.prefill_timeout = aiohttp.ClientTimeout(
             total=config.prefill_timeout, sock_connect=config.connect_timeout
-        )
-        # sock_read bounds both the wait for headers and each silence between stream chunks.
-        self.decode_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=config.connect_timeout, sock_read=config.decode_timeout
         )
         # The tail of each stage's 504 message (decode's timeout bounds silence, not the total).
         self._timeout_text = {
@@ -180,10 +186,14 @@ class ProxyHandlers:
             client_body = parse_request(body, endpoint)
         except BadRequest as exc:
             raise ProxyError(400, str(exc)) from None
-        # The client's Authorization is never forwarded: its key is for the proxy only.
-        headers = {"Content-Type": "application/json", "X-Request-Id": trace.rid}
+        # The client's Authorization is never forwarded: its key is for the proxy only. These
+        # header lines follow each backend's fixed ones (Backend.post_head).
+        rid = trace.rid.encode("utf-8", "surrogateescape")
+        if b"\r" in rid or b"\n" in rid:  # aiohttp's parser lets none through; never split a head
+            raise ProxyError(400, "X-Request-Id must not contain line breaks")
+        headers = b"X-Request-Id: " + rid + b"\r\n"
         if self.backend_key is not None:
-            headers["Authorization"] = self.backend_key.header()
+            headers += b"Authorization: " + self.backend_key.header().encode() + b"\r\n"
         kv_params = await self._prefill(endpoint, client_body, headers, trace)
         payload = decode_payload(body, client_body, kv_params)
         return await self._decode(request, endpoint, payload, headers, trace)
@@ -217,31 +227,36 @@ class ProxyHandlers:
         pool: BackendPool,
         path: str,
         payload: bytes,
-        headers: dict[str, str],
-        timeout: aiohttp.ClientTimeout,
+        headers: bytes,
+        total: float | None,
+        silence: float | None,
         trace: Trace,
-        consume: Callable[[Backend, aiohttp.ClientResponse], Awaitable[T]],
+        consume: Callable[[Backend, Connection], Awaitable[T]],
     ) -> T:
         """POST to the least-busy backend of ``pool`` and hand its response to ``consume``.
 
         One leg's whole life (connect, headers, body) sits inside one ``outstanding`` increment,
         so a cancelled client cannot leak it. A refused connection marks the backend down and
         retries once on another; upstream errors while posting or consuming become ``ProxyError``.
+        ``total`` bounds each attempt (connect included), ``silence`` each wait for the backend.
         """
-        assert self.session is not None
+        upstream = self.upstream
+        assert upstream is not None
         stage = pool.role
         backend = self._pick(pool)
+        length = b"Content-Length: %d\r\n\r\n" % len(payload)
         for attempt in (0, 1):
             backend.outstanding += 1
             try:
-                resp = await self.session.post(
-                    backend.endpoint(path), data=payload, headers=headers, timeout=timeout
-                )
+                head = backend.post_head(path) + headers + length
+                data = head + payload if len(payload) < LARGE_BODY else [head, payload]
+                deadline = None if total is None else upstream.loop.time() + total
+                resp = await upstream.request(backend.address, data, deadline, silence)
                 try:
                     return await consume(backend, resp)
                 finally:
                     resp.release()  # closes the connection if the body was not read to the end
-            except CONNECT_ERRORS as exc:
+            except ConnectFailed as exc:
                 self._mark_down(backend, stage)
                 retry = pool.pick(exclude=backend)
                 if attempt == 0 and retry is not None:
@@ -255,20 +270,20 @@ class ProxyHandlers:
                     backend = retry
                     continue
                 raise ProxyError(502, f"{stage} backend {backend.url} unreachable: {exc}") from None
-            except asyncio.TimeoutError:
+            except UpstreamTimeout:
                 self.metrics.backend_error(stage, backend.url)
                 raise ProxyError(
                     504, f"{stage} backend {backend.url} {self._timeout_text[stage]}"
                 ) from None
-            except aiohttp.ClientError as exc:
+            except UpstreamBroken as exc:
                 self.metrics.backend_error(stage, backend.url)
-                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc!r}") from None
+                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
             finally:
                 backend.outstanding -= 1
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _prefill(
-        self, endpoint: str, client_body: dict[str, Any], headers: dict[str, str], trace: Trace
+        self, endpoint: str, client_body: dict[str, Any], headers: bytes, trace: Trace
     ) -> Any:
         payload = dumps(prefill_body(client_body))
         start = time.perf_counter()
@@ -277,7 +292,8 @@ class ProxyHandlers:
             endpoint,
             payload,
             headers,
-            self.prefill_timeout,
+            self.config.prefill_timeout,
+            None,
             trace,
             _read_whole,
         )
@@ -306,28 +322,36 @@ class ProxyHandlers:
         request: web.Request,
         endpoint: str,
         payload: bytes,
-        headers: dict[str, str],
+        headers: bytes,
         trace: Trace,
     ) -> web.StreamResponse:
         start = time.perf_counter()
 
-        async def relay(backend: Backend, resp: aiohttp.ClientResponse) -> web.StreamResponse:
+        async def relay(backend: Backend, resp: Connection) -> web.StreamResponse:
             trace.decode = backend.url
             return await self._relay(request, resp, backend, start, trace)
 
+        # decode_timeout bounds the silence: before the headers and between stream chunks.
         return await self._exchange(
-            self.decode_pool, endpoint, payload, headers, self.decode_timeout, trace, relay
+            self.decode_pool,
+            endpoint,
+            payload,
+            headers,
+            None,
+            self.config.decode_timeout,
+            trace,
+            relay,
         )
 
     async def _relay(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: Connection,
         backend: Backend,
         start: float,
         trace: Trace,
     ) -> web.StreamResponse:
-        content_type = resp.headers.get("Content-Type", "application/json")
+        content_type = resp.headers.get("content-type", "application/json")
         if resp.status != 200 or not content_type.startswith("text/event-stream"):
             # Read failures (timeout, broken connection) are mapped by _exchange, as for prefill.
             data = await resp.read()
@@ -353,15 +377,14 @@ class ProxyHandlers:
             }
         )
         await out.prepare(request)
-        content = resp.content
         last = b"\n\n"
         failure: BaseException | None = None
-        chunk = await self._read_chunk(content)
+        chunk = await self._read_chunk(resp)
         if isinstance(chunk, bytes):
             self._first_byte(start, trace)
         while isinstance(chunk, bytes) and chunk:
             try:
-                if content.at_eof():
+                if resp.at_eof():
                     # Last chunk: send it with the chunked terminator in one write.
                     await out.write_eof(chunk)
                     return out
@@ -370,11 +393,11 @@ class ProxyHandlers:
                 trace.status = CLIENT_GONE
                 return out
             last = chunk
-            chunk = await self._read_chunk(content)
+            chunk = await self._read_chunk(resp)
         if not isinstance(chunk, bytes):
             failure = chunk
             self.metrics.backend_error("decode", backend.url)
-            if isinstance(failure, asyncio.TimeoutError):
+            if isinstance(failure, UpstreamTimeout):
                 status, message = (
                     504,
                     (
@@ -383,7 +406,7 @@ class ProxyHandlers:
                     ),
                 )
             else:
-                status, message = 502, f"decode backend {backend.url} broke the stream: {failure!r}"
+                status, message = 502, f"decode backend {backend.url} broke the stream: {failure}"
             log.warning("rid=%s %s", trace.rid, message)
             try:
                 await out.write(sse_error_event(status, message, not last.endswith(b"\n\n")))
@@ -408,11 +431,11 @@ class ProxyHandlers:
         return ProxyError(502, message)
 
     @staticmethod
-    async def _read_chunk(content: aiohttp.StreamReader) -> bytes | BaseException:
+    async def _read_chunk(resp: Connection) -> bytes | UpstreamError:
         """Next upstream chunk, b"" at a clean end, or the exception that broke the stream."""
         try:
-            return await content.readany()
-        except UPSTREAM_ERRORS as exc:
+            return await resp.readany()
+        except UpstreamError as exc:
             return exc
 
     def _first_byte(self, start: float, trace: Trace) -> None:

@@ -3,15 +3,38 @@
 A per-app ``CollectorRegistry`` (not the process-global one) lets several proxies live in one test
 process and keeps the exposition free of unrelated collectors. Label children that are known up
 front are created once so the request path does no label lookups for them.
+
+``_created`` series (one per counter and histogram child) are left out of the exposition unless
+``created=True`` (``--metrics-created``); the filter is per registry, not prometheus_client's
+process-wide switch, so proxies with either setting can share a process.
+
+With ``--workers N`` each worker process runs with ``PROMETHEUS_MULTIPROC_DIR`` set by the parent
+(pd_proxy.workers), so prometheus_client keeps every value in a per-process file there, and
+``render()`` merges the files of all workers: counters and histograms are summed (a worker that
+died keeps its counts), in-flight requests are summed over live workers, and the per-backend and
+per-role gauges show the most recent worker's value. Values a function computes at scrape time in
+one process (in-flight requests, backends per state) are written to the files by ``sync()``, once
+a second and before each scrape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import os
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # Family names exactly as they appear in the text exposition (``# TYPE`` lines).
 METRIC_NAMES: tuple[str, ...] = (
@@ -49,6 +72,36 @@ LATENCY_BUCKETS = (
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# How often a worker writes its scrape-time gauges to the shared files (multiprocess mode).
+SYNC_INTERVAL_S = 1.0
+# Metric types whose children carry a ``_created`` sample.
+_WITH_CREATED = ("counter", "histogram", "summary", "gaugehistogram")
+
+
+def multiprocess_dir() -> str | None:
+    """The shared metrics directory when prometheus_client runs in multiprocess mode, else None.
+
+    The mode is fixed when prometheus_client is imported (from ``PROMETHEUS_MULTIPROC_DIR``), so
+    both the import-time choice and the directory must agree.
+    """
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path and values.ValueClass is not values.MutexValue:
+        return path
+    return None
+
+
+class _WithoutCreated:
+    """A view of a registry whose exposition drops the ``_created`` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            if metric.type in _WITH_CREATED:
+                created = metric.name + "_created"
+                metric.samples = [s for s in metric.samples if s.name != created]
+            yield metric
 
 
 class CountedPool(Protocol):
@@ -62,9 +115,14 @@ class CountedPool(Protocol):
 class ProxyMetrics:
     """The proxy's metric families; ``render()`` gives the exposition for ``GET /metrics``."""
 
-    def __init__(self, prefill: Iterable[str], decode: Iterable[str]) -> None:
+    def __init__(
+        self, prefill: Iterable[str], decode: Iterable[str], created: bool = False
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
+        self.created = created
+        self.multiprocess_dir = multiprocess_dir()
+        self._pools: list[CountedPool] = []
         self.requests = Counter(
             "pd_proxy_requests",
             "Client requests by endpoint and HTTP status (499: client left).",
@@ -72,7 +130,10 @@ class ProxyMetrics:
             registry=reg,
         )
         self.in_flight = Gauge(
-            "pd_proxy_in_flight_requests", "Client requests being served now.", registry=reg
+            "pd_proxy_in_flight_requests",
+            "Client requests being served now.",
+            registry=reg,
+            multiprocess_mode="livesum",
         )
         # A plain int the handlers bump, read only at scrape time: no lock or call per request.
         self.in_flight_count = 0
@@ -106,6 +167,7 @@ class ProxyMetrics:
             "1 when the backend's last health check passed.",
             ("role", "backend"),
             registry=reg,
+            multiprocess_mode="livemostrecent",
         )
         self.backends = Gauge(
             "pd_proxy_backends",
@@ -113,6 +175,7 @@ class ProxyMetrics:
             "their in-flight requests.",
             ("role", "state"),
             registry=reg,
+            multiprocess_mode="livemostrecent",
         )
         self.discovery_errors = Counter(
             "pd_proxy_discovery_errors",
@@ -135,10 +198,12 @@ class ProxyMetrics:
 
     def track_pools(self, pools: Iterable[CountedPool]) -> None:
         """Read the backends gauge from ``pools`` at scrape time: nothing to keep in step."""
+        pools = list(pools)
+        self._pools.extend(pools)
         for pool in pools:
             for state in BACKEND_STATES:
                 self.backends.labels(pool.role, state).set_function(
-                    lambda pool=pool, state=state: pool.count(state)
+                    functools.partial(pool.count, state)
                 )
 
     def track_discovery(self, sources: Iterable[tuple[str, str]]) -> None:
@@ -159,5 +224,21 @@ class ProxyMetrics:
     def set_health(self, role: str, backend: str, healthy: bool) -> None:
         self.backend_healthy.labels(role, backend).set(1 if healthy else 0)
 
+    def sync(self) -> None:
+        """Write the scrape-time gauges' values to the shared files (multiprocess mode only)."""
+        if self.multiprocess_dir is None:
+            return
+        self.in_flight.set(self.in_flight_count)
+        for pool in self._pools:
+            for state in BACKEND_STATES:
+                self.backends.labels(pool.role, state).set(pool.count(state))
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is not None:
+            self.sync()
+            merged = CollectorRegistry()
+            MultiProcessCollector(merged, self.multiprocess_dir)  # no _created series there
+            return generate_latest(merged)
+        if self.created:
+            return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))

@@ -23,18 +23,31 @@ log = logging.getLogger("pd_proxy.pool")
 class Backend:
     """One vLLM instance; ``outstanding`` counts requests on it now."""
 
-    __slots__ = ("role", "url", "base", "healthy", "outstanding", "draining", "_urls")
+    __slots__ = (
+        "role",
+        "url",
+        "base",
+        "address",
+        "healthy",
+        "outstanding",
+        "draining",
+        "_urls",
+        "_heads",
+    )
 
     def __init__(self, role: str, url: str, healthy: bool = True) -> None:
         self.role = role
         self.url = url
         self.base = URL(url)
+        # (host, port, TLS) for pd_proxy.upstream; the host as the resolver wants it (IDNA).
+        self.address = (self.base.raw_host or "", self.base.port or 80, self.base.scheme == "https")
         # Configured backends start optimistic (the first round runs before the proxy listens);
         # discovered ones start down, so none gets a request before its first check passes.
         self.healthy = healthy
         self.outstanding = 0
         self.draining = False  # left every source: no new requests, dropped once idle
         self._urls: dict[str, URL] = {}
+        self._heads: dict[str, bytes] = {}
 
     def endpoint(self, path: str) -> URL:
         """Absolute URL of ``path`` on this backend (keeps any base path prefix); cached."""
@@ -42,6 +55,19 @@ class Backend:
         if url is None:
             url = self._urls[path] = self.base.with_path(self.base.path.rstrip("/") + path)
         return url
+
+    def post_head(self, path: str) -> bytes:
+        """The fixed start of a JSON ``POST`` of ``path`` to this backend (pd_proxy.upstream):
+        request line, Host, Accept and Content-Type; the caller adds the rest and the blank line.
+        """
+        head = self._heads.get(path)
+        if head is None:
+            url = self.endpoint(path)
+            head = self._heads[path] = (
+                f"POST {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"
+                "Accept: */*\r\nContent-Type: application/json\r\n"
+            ).encode("ascii")
+        return head
 
     def __repr__(self) -> str:
         return f"Backend({self.role}, {self.url}, healthy={self.healthy})"

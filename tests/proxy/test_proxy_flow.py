@@ -79,6 +79,30 @@ async def test_chat_completion_streaming_and_json():
         assert json.loads(raw)["choices"][0]["message"]["content"] == " t0 t1 t2"
 
 
+async def test_chat_with_odd_bodies_reaches_decode_as_the_semantic_rewrite():
+    """Unicode, escaped quotes, nested objects and a client-sent kv_transfer_params: the decode
+    leg (spliced from the client's bytes, or re-encoded) parses to the client body plus the
+    prefill's params."""
+    bodies = [
+        '{"messages": [{"role": "user", "content": "h\u00e9 \\"}\\" ☃ 😀"}], "max_tokens": 2, '
+        '"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": '
+        '"object", "properties": {"a": {"type": ["string", "null"]}}}}}], "stream": true}',
+        '{"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}], '
+        '"max_tokens": 2, "kv_transfer_params": {"do_remote_prefill": false}}',
+    ]
+    async with pd_stack() as s:
+        for i, text in enumerate(bodies):
+            raw = text.encode()
+            status, headers, out = await s.post(
+                "/v1/chat/completions", raw, {"Content-Type": "application/json"}
+            )
+            assert status == 200, out
+            rid = headers["X-Request-Id"]
+            client = json.loads(raw)
+            assert s.decode.seen[i].body == {**client, "kv_transfer_params": s.prefill.issued[rid]}
+            assert out == s.decode.sent[rid]
+
+
 async def test_generated_request_ids_are_shared_by_both_legs_and_unique():
     async with pd_stack() as s:
         ids = []

@@ -155,3 +155,72 @@ def test_json_the_fast_parser_refuses_still_parses():
     body = parse_request(b'{"prompt": "a", "temperature": NaN}', COMPLETIONS)
     assert body["temperature"] != body["temperature"]  # NaN, read by the stdlib fallback
     assert json.loads(dumps(body))["prompt"] == "a"
+
+
+def _no_duplicate_keys(pairs):
+    keys = [k for k, _ in pairs]
+    assert len(keys) == len(set(keys)), f"duplicate keys: {keys}"
+    return dict(pairs)
+
+
+ODD_CHAT_BODIES = [
+    # Raw UTF-8 in every script, and the same characters escaped.
+    '{"messages": [{"role": "user", "content": "héllo ☃ 日本語 😀"}], "model": "m"}'.encode(),
+    b'{"messages":[{"role":"user","content":"h\\u00e9llo \\u2603 \\ud83d\\ude00"}]}',
+    # Escaped quotes, backslashes, a closing brace and the key's name inside strings.
+    b'{"messages":[{"role":"user","content":"say \\"}\\" \\\\ \\"kv_transfer_params\\": 1"}]}',
+    # Nested objects and arrays: tools, response_format, multi-part content, nulls.
+    b'{"messages": [{"role": "system", "content": null}, {"role": "user", "content": '
+    b'[{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": '
+    b'"data:image/png;base64,AAAA"}}]}], "tools": [{"type": "function", "function": {"name": '
+    b'"f", "parameters": {"type": "object", "properties": {"a": {"type": ["string", "null"]}}}}}],'
+    b' "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}, "n": 1}',
+    # The key nested below the top level is the client's own business.
+    b'{"messages": [{"role": "user", "content": "x"}], "metadata": {"kv_transfer_params": {}}}',
+    # Whitespace everywhere JSON allows it.
+    b'\r\n\t {\n  "messages" :\n  [ { "role" : "user" , "content" : "x" } ] ,\n'
+    b'  "stream" : true\n}\n\t ',
+    # Numbers as the client wrote them (exponents, trailing zeros) stay as written.
+    b'{"messages":[{"role":"user","content":"x"}],"temperature":1.50,"top_p":1e-1,"seed":-0}',
+]
+CLIENT_KV_CHAT_BODIES = [
+    b'{"messages":[{"role":"user","content":"x"}],"kv_transfer_params":{"do_remote_prefill":1}}',
+    b'{"kv_transfer_params": null, "messages": [{"role": "user", "content": "\\u00e9"}]}',
+    # An escaped spelling of the key is the same key once parsed.
+    b'{"messages":[{"role":"user","content":"x"}],"kv_transfer_param\\u0073":{"old":true}}',
+]
+KV_VALUES = [
+    None,
+    {"do_remote_prefill": True, "remote_block_ids": [1, 2, [3]], "remote_host": "h\u00e9",
+     "remote_engine_id": "e\"\\}", "nested": {"a": {"b": None}}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kv", KV_VALUES)
+@pytest.mark.parametrize("raw", ODD_CHAT_BODIES)
+def test_chat_decode_leg_splices_odd_bodies(raw, kv):
+    """The chat decode leg is the client's bytes plus the key: it parses, with one such key, to
+    exactly the semantic rewrite."""
+    request = parse_request(raw, CHAT_COMPLETIONS)
+    out = decode_payload(raw, request, kv)
+    assert out.startswith(raw.strip(b" \t\r\n")[:-1])  # spliced, not re-encoded
+    assert json.loads(out, object_pairs_hook=_no_duplicate_keys) == decode_body(json.loads(raw), kv)
+
+
+@pytest.mark.parametrize("kv", KV_VALUES)
+@pytest.mark.parametrize("raw", CLIENT_KV_CHAT_BODIES)
+def test_chat_decode_leg_replaces_client_kv_params(raw, kv):
+    request = parse_request(raw, CHAT_COMPLETIONS)
+    out = decode_payload(raw, request, kv)
+    parsed = json.loads(out, object_pairs_hook=_no_duplicate_keys)
+    assert parsed == decode_body(json.loads(raw), kv)
+    assert parsed["kv_transfer_params"] == kv
+
+
+@pytest.mark.parametrize("raw", ODD_CHAT_BODIES + CLIENT_KV_CHAT_BODIES)
+def test_completion_bodies_take_the_same_path(raw):
+    """Completions and chat share the decode-leg builder: the same bytes give the same leg."""
+    chat = parse_request(raw, CHAT_COMPLETIONS)
+    completion = raw.replace(b'"messages"', b'"prompt"', 1)
+    out = decode_payload(completion, parse_request(completion, COMPLETIONS), KV_VALUES[1])
+    assert out == decode_payload(raw, chat, KV_VALUES[1]).replace(b'"messages"', b'"prompt"', 1)
