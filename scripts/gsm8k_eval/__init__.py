@@ -1,5 +1,10 @@
-"""Helpers behind scripts/eval_gsm8k.sh: expected scores, the offline task, scoring, manifest.
+"""GSM8K through the P/D proxy in one process: ``python -m gsm8k_eval`` (scripts/eval_gsm8k.sh).
 
-The shell script runs lm-eval; everything that decides something (which score to expect, whether
-a run passed, what the manifest says) lives here as small functions that tests can call directly.
+cli (flags, env defaults) -> probe (the proxy serves a model) -> expected (the score to reach) ->
+offline_task (lm-eval's gsm8k on local files) -> harness (lm-eval in process) -> finish (score,
+topology, manifest, verdict). Everything that decides something is a small function tests can call.
 """
+
+
+class EvalError(Exception):
+    """A clear, expected failure: printed as one ``eval_gsm8k: error: ...`` line, exit 2."""

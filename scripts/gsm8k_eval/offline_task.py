@@ -1,20 +1,36 @@
-"""An lm-eval task identical to the stock ``gsm8k`` but reading local JSONL files.
+"""lm-eval's own ``gsm8k`` task, reading local JSONL files instead of the Hugging Face hub.
 
-Why: lm-eval's gsm8k loads ``openai/gsm8k`` from the Hugging Face hub. With GSM8K_DATA_DIR the kit
-reads the same rows (test for scoring, train for the 5-shot examples) from disk, so CI and
-air-gapped GPU hosts can run the eval. Prompt, stop sequences, filters and metric are the stock
-task's, so scores are comparable.
+Why: the stock task loads ``openai/gsm8k`` from the hub. With GSM8K_DATA_DIR the kit reads the same
+rows (test for scoring, train for the few-shot examples) from disk, so CI and air-gapped GPU hosts
+can run the eval. The task file *includes* lm-eval's gsm8k.yaml and overrides only the task name
+and the dataset fields, so the prompt, stop sequences, filters, few-shot split and metric are the
+installed lm-eval's, whatever its version, and scores stay comparable with the stock task.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 TASK_NAME = "gsm8k_offline"
 SPLITS = ("train", "test")
+# The only stock fields the offline task replaces (besides its name).
+DATASET_FIELDS = ("dataset_path", "dataset_name", "dataset_kwargs")
+
+
+def stock_task_yaml() -> Path:
+    """The installed lm-eval's gsm8k.yaml (its task index finds the same file, only slower)."""
+    spec = importlib.util.find_spec("lm_eval.tasks")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for root in roots:
+        path = Path(root) / "gsm8k" / "gsm8k.yaml"
+        if path.is_file():
+            return path.resolve()
+    raise FileNotFoundError(
+        f"the installed lm-eval has no tasks/gsm8k/gsm8k.yaml (looked in {roots})"
+    )
 
 
 def check_data_dir(data_dir: Path) -> dict[str, Path]:
@@ -37,62 +53,23 @@ def check_data_dir(data_dir: Path) -> dict[str, Path]:
     return files
 
 
-def task_config(files: dict[str, Path]) -> dict:
-    """The task definition (stock gsm8k, version 3.0, with a local json dataset)."""
+def task_config(files: dict[str, Path]) -> dict[str, Any]:
+    """The task file's content: include the stock gsm8k, replace its name and dataset only."""
     return {
+        "include": str(stock_task_yaml()),
         "task": TASK_NAME,
         "dataset_path": "json",
+        "dataset_name": None,  # the stock "main" is a hub config name; local json has none
         "dataset_kwargs": {"data_files": {s: str(p.resolve()) for s, p in files.items()}},
-        "output_type": "generate_until",
-        "training_split": "train",
-        "fewshot_split": "train",
-        "test_split": "test",
-        "doc_to_text": "Question: {{question}}\nAnswer:",
-        "doc_to_target": "{{answer}}",
-        "metric_list": [
-            {
-                "metric": "exact_match",
-                "aggregation": "mean",
-                "higher_is_better": True,
-                "ignore_case": True,
-                "ignore_punctuation": False,
-                "regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"],
-            }
-        ],
-        "generation_kwargs": {
-            "until": ["Question:", "</s>", "<|im_end|>"],
-            "do_sample": False,
-            "temperature": 0.0,
-        },
-        "repeats": 1,
-        "num_fewshot": 5,
-        "filter_list": [
-            {
-                "name": "strict-match",
-                "filter": [
-                    {"function": "regex", "regex_pattern": "#### (\\-?[0-9\\.\\,]+)"},
-                    {"function": "take_first"},
-                ],
-            },
-            {
-                "name": "flexible-extract",
-                "filter": [
-                    {
-                        "function": "regex",
-                        "group_select": -1,
-                        "regex_pattern": "(-?[$0-9.,]{2,})|(-?[0-9]+)",
-                    },
-                    {"function": "take_first"},
-                ],
-            },
-        ],
-        "metadata": {"version": 3.0},
     }
 
 
 def write_task(data_dir: Path, out_dir: Path) -> Path:
-    """Write ``<out_dir>/gsm8k_offline.yaml`` for ``lm_eval --include_path out_dir``."""
+    """Write ``<out_dir>/gsm8k_offline.yaml``, for ``TaskManager(include_path=out_dir)``."""
+    import yaml  # lm-eval's dependency; imported late so --help and arg errors work without it
+
+    config = task_config(check_data_dir(data_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{TASK_NAME}.yaml"
-    path.write_text(yaml.safe_dump(task_config(check_data_dir(data_dir)), sort_keys=False))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

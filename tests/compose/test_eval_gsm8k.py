@@ -1,5 +1,6 @@
-"""scripts/eval_gsm8k.sh end to end, through the real pd-proxy, with fake GSM8K-answering backends
-that speak the kv_transfer_params protocol, on the offline data slice. Both verdicts, and errors."""
+"""scripts/eval_gsm8k.sh (python -m gsm8k_eval) end to end, through the real pd-proxy, with fake
+GSM8K-answering backends that speak the kv_transfer_params protocol, on the offline data slice.
+Both verdicts, and errors."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import procs
 import pytest
 from compose_paths import REPO
+from gsm8k_eval import finish
 
 SCRIPT = REPO / "scripts" / "eval_gsm8k.sh"
 SLICE = REPO / "scripts" / "data" / "gsm8k_slice"
@@ -123,15 +125,16 @@ def test_pass_branch_with_builtin_expectation(stack, tmp_path) -> None:
     assert _metric(proxy_metrics, done) >= LIMIT
 
     # Two-sided: the same run judged against 0.5 +- 0.05 is too *good* and must fail.
-    finish = subprocess.run(
-        [sys.executable, "-m", "gsm8k_eval", "finish", "--output-dir", str(tmp_path)]
-        + ["--task", "gsm8k_offline", "--model", MODEL, "--base-url", stack["proxy"]],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO / "scripts"), "EXPECTED_SCORE": "0.5"},
-        timeout=60,
+    returncode = finish.judge(
+        tmp_path,
+        task="gsm8k_offline",
+        model=MODEL,
+        base_url=stack["proxy"],
+        servers={},
+        run=manifest["run"],
+        env={**os.environ, "EXPECTED_SCORE": "0.5"},
     )
-    assert finish.returncode == 1, finish.stderr
+    assert returncode == 1
     assert json.loads((tmp_path / "manifest.json").read_text())["verdict"]["passed"] is False
 
 

@@ -1,4 +1,5 @@
-"""The decisions inside eval_gsm8k.sh: offline task == lm-eval's gsm8k, expectations, parsing."""
+"""The decisions inside python -m gsm8k_eval: offline task == lm-eval's gsm8k, expectations,
+parsing."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ def stock_gsm8k() -> dict:
 
 
 def test_offline_task_matches_stock_gsm8k_except_the_dataset(tmp_path) -> None:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
     for split in ("train", "test"):
         (tmp_path / f"{split}.jsonl").write_text('{"question": "q", "answer": "a #### 1"}\n')
-    ours = offline_task.task_config(offline_task.check_data_dir(tmp_path))
+    # The task file as lm-eval reads it: its include of the stock gsm8k.yaml resolved.
+    ours = load_yaml(offline_task.write_task(tmp_path, tmp_path / "tasks"), resolve_func=False)
     stock = stock_gsm8k()
     assert {k: v for k, v in ours.items() if k not in DATASET_KEYS} == {
         k: v for k, v in stock.items() if k not in DATASET_KEYS
