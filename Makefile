@@ -56,9 +56,12 @@ lint: install  ## ruff, ruff format --check, mypy, shellcheck (also run by make 
 format: install
 	$(PY) -m ruff format .
 
-bench: install  ## proxy and connector microbenchmarks (figures, not pass/fail)
-	$(PY) scripts/bench_proxy.py
-	$(PY) scripts/bench_connector.py
+bench: install  ## vllm bench serve: single vs P/D (results/bench-*), then proxy + connector microbenchmarks
+	@status=0; \
+	$(PY) -m pd_localstack bench $(BENCH_ARGS) || status=$$?; \
+	$(PY) scripts/bench_proxy.py || status=$$?; \
+	$(PY) scripts/bench_connector.py || status=$$?; \
+	exit $$status
 
 compose-up:  ## GPU host: preflight, then docker compose up -d
 	bash scripts/preflight.sh

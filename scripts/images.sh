@@ -124,44 +124,61 @@ build_all() {  # BASE
     "$WHEELS/vllm"
 }
 
-images_present() {
-  local image
-  for image in $(docker compose --profile cpu config --images 2>/dev/null | sort -u); do
-    docker image inspect "$image" >/dev/null 2>&1 || return 1
+kit_images() { docker compose --profile cpu config --images 2>/dev/null | sort -u; }
+
+# Each built image also gets the tag inputs-<hash of everything its build reads>, so a fresh clone
+# (CI) whose inputs match finds the images current without rebuilding or re-sending 1 GB of wheels.
+images_current() {  # TAG
+  local image id
+  for image in $(kit_images); do
+    id="$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null)" || return 1
+    [ "$(docker image inspect -f '{{.Id}}' "${image%:*}:$1" 2>/dev/null)" = "$id" ] || return 1
   done
+}
+
+mark_current() {  # TAG
+  local image
+  for image in $(kit_images); do docker tag "$image" "${image%:*}:$1"; done
+}
+
+build_inputs_tag() {  # BASE
+  # Everything the builds read (the wheels follow constraints.txt); a change to any of it rebuilds.
+  local hash
+  hash="$( { echo "$1"; find compose.yaml constraints.txt compose/images proxy/pyproject.toml proxy/pd_proxy \
+    -type f \( -name '*.py' -o -name '*.toml' -o -name '*.txt' -o -name '*Dockerfile' -o -name '*.crt' \
+    -o -name '*.yaml' \) -not -path '*/wheels/*' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
+  echo "inputs-$hash"
 }
 
 main() {
   mkdir -p "$ROOT/run"
-  local base t0
+  local base t0 tag
   base="$(choose_base)"
   stage_ca
-  if [ "$base" = local ]; then build_local_base; fill_wheels; fi
-  if [ "$base" = local ]; then
-    # The compose file's build args name the official bases; point them at the local one and
-    # install from the wheelhouse instead of an index.
-    export KIT_PROXY_BASE_IMAGE="$BASE_IMAGE_LOCAL" KIT_VLLM_CPU_BASE_IMAGE="$BASE_IMAGE_LOCAL" \
-      KIT_PROMETHEUS_BASE_IMAGE="$BASE_IMAGE_LOCAL" KIT_PIP_INSTALL_ARGS="--no-index --find-links /kit/wheels"
-  fi
-  t0=$(date +%s)
-  local want stamp="$ROOT/run/images.stamp"
-  # Everything the builds read: a change to any of it rebuilds (Docker's layer cache keeps it quick).
-  want="$base $(find compose.yaml constraints.txt compose/images proxy/pyproject.toml proxy/pd_proxy \
-    -type f \( -name '*.py' -o -name '*.toml' -o -name '*.txt' -o -name '*Dockerfile' -o -name '*.crt' \
-    -o -name '*.yaml' \) -not -path '*/wheels/*' -print0 | sort -z | xargs -0 cat | sha256sum | cut -d' ' -f1)"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && images_present; then
-    log "images up to date (KIT_IMAGE_BASE=$base)"
+  tag="$(build_inputs_tag "$base")"
+  if images_current "$tag"; then
+    log "images up to date (KIT_IMAGE_BASE=$base, $tag)"
   else
+    if [ "$base" = local ]; then
+      build_local_base
+      fill_wheels
+      # The compose file's build args name the official bases; point them at the local one and
+      # install from the wheelhouse instead of an index.
+      export KIT_PROXY_BASE_IMAGE="$BASE_IMAGE_LOCAL" KIT_VLLM_CPU_BASE_IMAGE="$BASE_IMAGE_LOCAL" \
+        KIT_PROMETHEUS_BASE_IMAGE="$BASE_IMAGE_LOCAL" KIT_PIP_INSTALL_ARGS="--no-index --find-links /kit/wheels"
+    fi
+    t0=$(date +%s)
     log "building the cpu profile's images (KIT_IMAGE_BASE=$base; log: run/images-build.log)"
     build_all "$base" >"$ROOT/run/images-build.log" 2>&1 \
       || { grep -v 'Sending build context' "$ROOT/run/images-build.log" | tail -n 30 >&2
            die "an image build failed (last lines above, full log run/images-build.log); for TLS errors set KIT_EXTRA_CA_CERTS, for registry errors KIT_IMAGE_BASE=local"; }
-    echo "$want" >"$stamp"
+    mark_current "$tag"
     log "images built ($(elapsed "$t0"))"
   fi
   # The CPU deployment serves the kit's tiny random-weights model from CPU_MODEL_DIR (./.models).
-  "$PY" -m pd_localstack.tiny_model --out "$ROOT/.models/tiny-llama" >/dev/null \
-    || die "could not build the tiny model in .models/tiny-llama (run scripts/bootstrap.sh first)"
+  "$PY" -m pd_localstack.tiny_model --out "$ROOT/.models/tiny-llama" >"$ROOT/run/tiny-model.log" 2>&1 \
+    || { tail -n 15 "$ROOT/run/tiny-model.log" >&2
+         die "could not build the tiny model in .models/tiny-llama (log: run/tiny-model.log; run scripts/bootstrap.sh first)"; }
   # Containers run as root, but a model written with a 0077 umask must stay readable for any user.
   chmod -R a+rX "$ROOT/.models"
 }

@@ -11,7 +11,7 @@ layouts and roles behave as stock vLLM.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -132,7 +132,8 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
     # ---- worker side ------------------------------------------------------
     def _stats(self) -> PcpNixlKVConnectorStats:
         assert self.connector_worker is not None
-        return self.connector_worker.xfer_stats  # type: ignore[return-value]
+        # Set to ours in __init__; vLLM never replaces it (clone_and_reset copies, keeps self).
+        return cast(PcpNixlKVConnectorStats, self.connector_worker.xfer_stats)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         assert self.connector_worker is not None

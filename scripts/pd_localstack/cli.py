@@ -1,4 +1,4 @@
-"""`python -m pd_localstack up|demo`: the local CPU P/D stack from the command line."""
+"""`python -m pd_localstack up|demo|bench`: the local CPU P/D stack from the command line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 
+from pd_localstack.bench.runner import BenchError, add_arguments, cmd_bench
 from pd_localstack.demo import demo_checks
 from pd_localstack.envfile import EnvFileError, layered_env
 from pd_localstack.model_source import ModelNotAvailableError
@@ -26,6 +27,7 @@ USER_ERRORS = (
     ModelNotAvailableError,
     PortInUseError,
     StackProcessError,
+    BenchError,
 )
 
 
@@ -79,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="start prefill, decode, proxy and Prometheus until Ctrl-C")
     demo = sub.add_parser("demo", help="start the stack, run a GSM8K slice, report, stop")
     demo.add_argument("--limit", type=int, default=None, help="GSM8K questions (DEMO_LIMIT)")
+    bench = sub.add_parser(
+        "bench",
+        help="vllm bench serve: single vLLM vs P/D via pd-proxy (local stack, or --base-url)",
+        description="vLLM's serving benchmark against a single instance and the P/D stack "
+        "(see docs/bench.md)",
+    )
+    add_arguments(bench)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s pd_localstack %(message)s", datefmt="%H:%M:%S"
@@ -92,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings()
         if args.command == "up":
             return cmd_up(settings)
+        if args.command == "bench":
+            return cmd_bench(settings, args)
         return cmd_demo(settings, args.limit or settings.demo_limit)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -87,11 +87,11 @@ def test_no_engine_is_named_at_once(bad_env) -> None:
 
 
 def test_a_taken_port_names_the_port_and_leaves_nothing_running(bad_env) -> None:
+    bad_env["VLLM_START_PERIOD"] = "0s"  # Prometheus fails at once; no need to wait for vLLM
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", int(bad_env["PROMETHEUS_PORT"])))
         taken.listen()
-        bad_env["VLLM_START_PERIOD"] = "0s"  # Prometheus fails at once; no need to wait for vLLM
-    proc = run_up(bad_env, timeout=300)
+        proc = run_up(bad_env, timeout=300)
     assert proc.returncode != 0
     assert bad_env["PROMETHEUS_PORT"] in proc.stderr
     assert "address already in use" in proc.stderr or "already allocated" in proc.stderr
