@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kit_preflight.settings import ENV_NAMES, OPTIONAL_ENV_NAMES, REQUIRED
+
 Compose = Mapping[str, Any]
 Service = Mapping[str, Any]
 
@@ -605,34 +607,9 @@ def check_variable_defaults(
     return sorted(set(problems))
 
 
-KIT_SETTINGS = {
-    "model_name": "MODEL_NAME",
-    "vllm_image": "VLLM_IMAGE",
-    "prefill_tp_size": "PREFILLER_TP_SIZE",
-    "prefill_pcp_size": "PREFILLER_PCP_SIZE",
-    "decode_tp_size": "DECODER_TP_SIZE",
-    "prefill_gpus": "PREFILL_GPUS",
-    "decode_gpus": "DECODE_GPUS",
-    "prefill_gpu_memory_utilization": "PREFILL_GPU_MEMORY_UTILIZATION",
-    "decode_gpu_memory_utilization": "DECODE_GPU_MEMORY_UTILIZATION",
-    "moe_backend": "MOE_BACKEND",
-    "max_model_len": "MAX_MODEL_LEN",
-    "hf_cache_dir": "HF_CACHE_DIR",
-    "pd_subnet": "PD_SUBNET",
-    "proxy_bind_address": "PROXY_BIND_ADDRESS",
-    "proxy_port": "PROXY_PORT",
-    "bind_address": "BIND_ADDRESS",
-    "prometheus_port": "PROMETHEUS_PORT",
-    "grafana_port": "GRAFANA_PORT",
-}
-# What scripts/preflight.sh needs from x-kit-settings at the least.
-REQUIRED_KIT_SETTINGS = {
-    "prefill_tp_size",
-    "prefill_pcp_size",
-    "decode_tp_size",
-    "prefill_gpus",
-    "decode_gpus",
-}
+# The keys preflight reads from x-kit-settings and the knob behind each: one table, preflight's.
+KIT_SETTINGS = {**ENV_NAMES, **OPTIONAL_ENV_NAMES}
+REQUIRED_KIT_SETTINGS = set(REQUIRED)
 
 
 def check_kit_settings(compose: Compose, settings: Mapping[str, str]) -> list[str]:

@@ -74,6 +74,30 @@ class ComposeStack:
         return out
 
 
+def compose_down(env: dict[str, str], grace_s: int = 30) -> None:
+    """`down -v` of the cpu profile for the project ``env`` names; never raises (a teardown)."""
+    subprocess.run(
+        [
+            "docker",
+            "compose",
+            "--env-file",
+            str(REPO / ".env.example"),
+            "--profile",
+            "cpu",
+            "down",
+            "-v",
+            "--remove-orphans",
+            "--timeout",
+            str(grace_s),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def _docker_ready() -> str | None:
     if shutil.which("docker") is None:
         return "no docker CLI on PATH"
@@ -131,7 +155,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeS
         proxy_url=f"http://127.0.0.1:{proxy_port}",
         prometheus_url=f"http://127.0.0.1:{prom_port}",
     )
-    stack.compose("--profile", "cpu", "down", "-v", "--remove-orphans", check=False)
+    compose_down(env)  # leftovers of an interrupted earlier run
     start = time.monotonic()
     try:
         out = stack.compose(*UP, timeout=UP_TIMEOUT_S + 120, check=False)
@@ -146,17 +170,7 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeS
             )
         yield stack
     finally:
-        stack.compose(
-            "--profile",
-            "cpu",
-            "down",
-            "-v",
-            "--remove-orphans",
-            "--timeout",
-            "30",
-            timeout=300,
-            check=False,
-        )
+        compose_down(env)
 
 
 def _unhealthy(stack: ComposeStack) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, free_port
+from .conftest import REPO, compose_down, free_port
 
 pytestmark = pytest.mark.compose
 UP = REPO / "scripts" / "compose_up.sh"
@@ -47,25 +47,7 @@ def bad_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str
         PD_SUBNET="172.29.252.0/24",
     )
     yield env
-    subprocess.run(
-        [
-            "docker",
-            "compose",
-            "--env-file",
-            str(REPO / ".env.example"),
-            "--profile",
-            "cpu",
-            "down",
-            "-v",
-            "--remove-orphans",
-            "--timeout",
-            "10",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        timeout=180,
-    )
+    compose_down(env, grace_s=10)
 
 
 def run_up(env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
