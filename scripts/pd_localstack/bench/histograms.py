@@ -31,25 +31,24 @@ class Histogram:
 
         A rank in the +Inf bucket returns the highest finite bound; None with no observation.
         """
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"quantile {q} outside [0, 1]")
-        if self.count <= 0 or not self.buckets:
+        found = self._bucket_holding(q)
+        if found is None:
             return None
-        rank = q * self.count
-        lower_bound, lower_count = 0.0, 0.0
-        for bound, cumulative in self.buckets:
-            if cumulative >= rank and cumulative > lower_count:
-                if math.isinf(bound):
-                    return lower_bound
-                if bound <= 0:
-                    return bound
-                fraction = (rank - lower_count) / (cumulative - lower_count)
-                return lower_bound + (bound - lower_bound) * fraction
-            lower_bound, lower_count = bound, cumulative
-        return lower_bound
+        lower_bound, lower_count, bound, cumulative = found
+        if math.isinf(bound):
+            return lower_bound
+        if bound <= 0:
+            return bound
+        fraction = (q * self.count - lower_count) / (cumulative - lower_count)
+        return lower_bound + (bound - lower_bound) * fraction
 
     def bucket_of(self, q: float) -> tuple[float, float] | None:
         """(lower, upper] bounds of the bucket holding rank q: all a histogram really knows."""
+        found = self._bucket_holding(q)
+        return None if found is None else (found[0], found[2])
+
+    def _bucket_holding(self, q: float) -> tuple[float, float, float, float] | None:
+        """(lower bound, count below it, upper bound, cumulative count) of rank q's bucket."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile {q} outside [0, 1]")
         if self.count <= 0 or not self.buckets:
@@ -58,9 +57,9 @@ class Histogram:
         lower_bound, lower_count = 0.0, 0.0
         for bound, cumulative in self.buckets:
             if cumulative >= rank and cumulative > lower_count:
-                return lower_bound, bound
+                return lower_bound, lower_count, bound, cumulative
             lower_bound, lower_count = bound, cumulative
-        return lower_bound, math.inf
+        return lower_bound, lower_count, math.inf, lower_count
 
 
 def _le(raw: str) -> float:
