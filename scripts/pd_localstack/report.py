@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pcp_nixl_connector.metric_names import CANONICAL_COMPLETIONS as CANONICAL_COMPLETIONS_BASE
+
 from pd_localstack.metrics import Sample, total
 
 EXTERNAL_KV = "external_kv_transfer"
@@ -17,7 +19,8 @@ PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 NIXL_XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 PROXY_REQUESTS = "pd_proxy_requests_total"
-CANONICAL_COMPLETIONS = "vllm:nixl_pcp_canonical_completions_total"
+# The connector's own name (one spelling); prometheus_client adds _total to a counter.
+CANONICAL_COMPLETIONS = f"{CANONICAL_COMPLETIONS_BASE}_total"
 
 
 @dataclass(frozen=True)
