@@ -20,6 +20,8 @@ import os
 import time
 from collections.abc import Callable
 
+from pd_proxy.textfile import TextFileError, read_text
+
 log = logging.getLogger("pd_proxy.auth")
 
 RELOAD_INTERVAL_S = 1.0
@@ -47,11 +49,9 @@ def parse_keys(text: str) -> tuple[str, ...]:
 def read_key_file(path: str) -> tuple[str, ...]:
     """The keys of ``path``; ``KeyFileError`` (with the reason, never a key) when there are none."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise KeyFileError(f"cannot read key file {path}: {reason}") from None
+        text = read_text(path)
+    except TextFileError as exc:
+        raise KeyFileError(f"cannot read key file {path}: {exc}") from None
     try:
         keys = parse_keys(text)
     except KeyFileError as exc:

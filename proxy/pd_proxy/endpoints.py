@@ -23,6 +23,8 @@ import json
 import os
 from urllib.parse import urlsplit
 
+from pd_proxy.textfile import TextFileError, read_text
+
 ROLES = ("prefill", "decode")
 _KEYS = frozenset(("name", "role", "url", "address", "port"))
 
@@ -43,11 +45,9 @@ def read_endpoints_file(path: str) -> dict[str, tuple[str, ...]]:
     Error messages leave the path out: the caller's context names it.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise EndpointsFileError(f"cannot read it: {reason}") from None
+        text = read_text(path)
+    except TextFileError as exc:
+        raise EndpointsFileError(f"cannot read it: {exc}") from None
     return parse_endpoints(text, json_format=path.endswith(".json"))
 
 
