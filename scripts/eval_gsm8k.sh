@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GSM8K accuracy through the P/D proxy, pass/fail against the expected score: a thin wrapper around
-# `python -m gsm8k_eval` (scripts/gsm8k_eval/), which runs lm-eval in process and writes
+# `pcp-pd-kit eval` (scripts/pcp_pd_kit/gsm8k/), which runs lm-eval in process and writes
 # results.json + manifest.json. Exit 0 = pass, 1 = score outside the band, 2 = any error.
 #
 # Usage: scripts/eval_gsm8k.sh [--base-url URL] [--model NAME] [--limit N] [--num-concurrent N]
@@ -20,4 +20,4 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
   exit 2
 fi
 export PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m gsm8k_eval "$@"
+exec "$PYTHON" -m pcp_pd_kit eval "$@"

@@ -176,7 +176,7 @@ main() {
     log "images built ($(elapsed "$t0"))"
   fi
   # The CPU deployment serves the kit's tiny random-weights model from CPU_MODEL_DIR (./.models).
-  "$PY" -m pd_localstack.tiny_model --out "$ROOT/.models/tiny-llama" >"$ROOT/run/tiny-model.log" 2>&1 \
+  "$PY" -m pcp_pd_kit.localstack.tiny_model --out "$ROOT/.models/tiny-llama" >"$ROOT/run/tiny-model.log" 2>&1 \
     || { tail -n 15 "$ROOT/run/tiny-model.log" >&2
          die "could not build the tiny model in .models/tiny-llama (log: run/tiny-model.log; run scripts/bootstrap.sh first)"; }
   # Containers run as root, but a model written with a 0077 umask must stay readable for any user.

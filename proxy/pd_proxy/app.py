@@ -1,5 +1,6 @@
-"""App factory and runner: wires config, pools, metrics, handlers and the shared client session
-(health checks, ``/v1/models``) and upstream client (the two legs, pd_proxy.upstream).
+"""App factory and runner: wires config, pools, metrics, the routes (pd_proxy.pd_flow for the two
+completions endpoints, pd_proxy.side_endpoints for the rest) and the shared client session (health
+checks, ``/v1/models``) and upstream client (the two legs, pd_proxy.upstream).
 
 ``build_app`` is what in-process tests use; ``make_runner`` adds the server settings the proxy
 relies on (client disconnects cancel the handler, no access log, drain timeout), so use it (or pass
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -23,14 +25,32 @@ from pd_proxy.auth import BackendKey, ClientKeys, KeyFileError
 from pd_proxy.config import ConfigError, ProxyConfig
 from pd_proxy.discovery import Discovery, Resolver
 from pd_proxy.errors import error_response, unauthorized_response
-from pd_proxy.handlers import ProxyHandlers
 from pd_proxy.metrics import SYNC_INTERVAL_S, ProxyMetrics
+from pd_proxy.pd_flow import PdFlow
 from pd_proxy.pool import Backend, BackendPool, HealthChecker
+from pd_proxy.side_endpoints import SideEndpoints
 from pd_proxy.upstream import Upstream
 
 request_log = logging.getLogger("pd_proxy.request")
 
-HANDLERS_KEY = web.AppKey("pd_proxy_handlers", ProxyHandlers)
+
+@dataclass(eq=False)
+class Proxy:
+    """One app's parts, at ``app[PROXY_KEY]``: for the metrics listener and in-process tests."""
+
+    config: ProxyConfig
+    metrics: ProxyMetrics
+    prefill_pool: BackendPool
+    decode_pool: BackendPool
+    client_keys: ClientKeys | None  # checked in front of the routes (_require_key)
+    discovery: Discovery | None  # when backends are discovered
+    flow: PdFlow
+    side: SideEndpoints
+    checker: HealthChecker | None = None  # set when the app starts
+
+
+PROXY_KEY = web.AppKey("pd_proxy", Proxy)
+
 # Below uvicorn's 5 s keep-alive (vLLM's server), so we drop idle upstream connections before the
 # backend does and never send a request onto a socket it is closing.
 UPSTREAM_KEEPALIVE_S = 4.0
@@ -41,7 +61,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Application:
-    """A ready-to-run proxy application; its metrics live in ``app[HANDLERS_KEY].metrics``.
+    """A ready-to-run proxy application; its metrics live in ``app[PROXY_KEY].metrics``.
 
     ``resolver`` resolves the ``*_dns`` names (default: the event loop's ``getaddrinfo``).
     """
@@ -54,8 +74,9 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
     )
     client_keys = _key_file(ClientKeys, config.api_key_file, "--api-key-file")
     backend_key = _key_file(BackendKey, config.backend_api_key_file, "--backend-api-key-file")
-    handlers = ProxyHandlers(config, metrics, prefill, decode, client_keys, backend_key)
-    handlers.discovery = discovery
+    flow = PdFlow(config, metrics, prefill, decode, backend_key)
+    side = SideEndpoints(config, metrics, prefill, decode, backend_key)
+    proxy = Proxy(config, metrics, prefill, decode, client_keys, discovery, flow, side)
 
     def guard(handler: Handler, endpoint: str | None = None) -> Handler:
         if client_keys is None:
@@ -63,16 +84,16 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
         return _require_key(client_keys, handler, metrics, endpoint)
 
     app = web.Application(client_max_size=config.max_body_bytes)
-    app[HANDLERS_KEY] = handlers
-    app.router.add_post("/v1/completions", guard(handlers.completions, "/v1/completions"))
+    app[PROXY_KEY] = proxy
+    app.router.add_post("/v1/completions", guard(flow.completions, "/v1/completions"))
     app.router.add_post(
-        "/v1/chat/completions", guard(handlers.chat_completions, "/v1/chat/completions")
+        "/v1/chat/completions", guard(flow.chat_completions, "/v1/chat/completions")
     )
-    app.router.add_get("/v1/models", guard(handlers.models, "/v1/models"))
-    app.router.add_get("/health", handlers.health)  # always open: orchestrators probe it
+    app.router.add_get("/v1/models", guard(side.models, "/v1/models"))
+    app.router.add_get("/health", side.health)  # always open: orchestrators probe it
     if config.metrics and config.metrics_port is None:
-        app.router.add_get("/metrics", guard(handlers.metrics_page))
-    app.router.add_route("*", "/{tail:.*}", guard(handlers.not_found))
+        app.router.add_get("/metrics", guard(side.metrics_page))
+    app.router.add_route("*", "/{tail:.*}", guard(side.not_found))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(
@@ -85,8 +106,8 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        handlers.session = session
-        handlers.upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
+        side.session = session
+        upstream = flow.upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
 
         def on_result(backend: Backend, ok: bool) -> None:
             metrics.set_health(backend.role, backend.url, ok)
@@ -96,7 +117,7 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
         checker = HealthChecker(
             [prefill, decode], session, config.health_interval, config.health_timeout, on_result
         )
-        handlers.checker = checker
+        proxy.checker = checker
         tasks: list[asyncio.Task[None]] = []
         try:
             if discovery is not None:
@@ -118,11 +139,11 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
                     await task
             if discovery is not None:
                 discovery.close()
-            handlers.upstream.close()
+            upstream.close()
             await session.close()
 
     async def on_shutdown(app: web.Application) -> None:
-        handlers.draining = True  # /health turns 503 so load balancers stop sending
+        side.draining = True  # /health turns 503 so load balancers stop sending
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(on_shutdown)
@@ -131,11 +152,11 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
 
 def build_metrics_app(app: web.Application) -> web.Application | None:
     """The second listener's app (``GET /metrics``, no key) when ``metrics_port`` is set."""
-    handlers = app[HANDLERS_KEY]
-    if handlers.config.metrics_port is None:
+    proxy = app[PROXY_KEY]
+    if proxy.config.metrics_port is None:
         return None
     metrics_app = web.Application()
-    metrics_app.router.add_get("/metrics", handlers.metrics_page)
+    metrics_app.router.add_get("/metrics", proxy.side.metrics_page)
 
     async def not_found(request: web.Request) -> web.Response:
         return error_response(404, f"no route for {request.method} {request.path}")

@@ -36,14 +36,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+# Names other tools read (the kit's demo report and eval manifest) import these, not a copy.
+REQUESTS_TOTAL = "pd_proxy_requests_total"
+BACKEND_ERRORS_TOTAL = "pd_proxy_backend_errors_total"
 # Family names exactly as they appear in the text exposition (``# TYPE`` lines).
 METRIC_NAMES: tuple[str, ...] = (
-    "pd_proxy_requests_total",
+    REQUESTS_TOTAL,
     "pd_proxy_in_flight_requests",
     "pd_proxy_prefill_duration_seconds",
     "pd_proxy_decode_ttfb_seconds",
     "pd_proxy_request_duration_seconds",
-    "pd_proxy_backend_errors_total",
+    BACKEND_ERRORS_TOTAL,
     "pd_proxy_backend_healthy",
     "pd_proxy_backends",
     "pd_proxy_discovery_errors_total",
@@ -135,7 +138,7 @@ class ProxyMetrics:
             registry=reg,
             multiprocess_mode="livesum",
         )
-        # A plain int the handlers bump, read only at scrape time: no lock or call per request.
+        # A plain int that pd_flow bumps, read only at scrape time: no lock or call per request.
         self.in_flight_count = 0
         self.in_flight.set_function(lambda: self.in_flight_count)
         self.prefill_duration = Histogram(

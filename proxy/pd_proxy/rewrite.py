@@ -1,16 +1,26 @@
-"""The P/D protocol as pure functions: validate the client body, build the two legs.
+"""The P/D protocol as pure functions: decode the client body, build and encode the two legs.
 
 vLLM's NIXL connector expects the prefill instance to see the client's request with
 ``do_remote_decode`` set and generation cut to one token (so it only fills the KV cache and hands
 back ``kv_transfer_params``); the decode instance then gets the client's original request plus those
 params and pulls the KV blocks instead of recomputing them.
+
+JSON goes through orjson when installed, the stdlib otherwise. orjson parses and encodes the two
+legs' bodies several times faster than ``json``. It is stricter (no NaN or Infinity, no lone
+surrogates), so whatever it refuses is retried with the stdlib and the proxy accepts what it
+accepted before. One difference remains: orjson reads integers beyond 64 bits as floats, which no
+vLLM field can take anyway.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from pd_proxy.jsonio import dumps, loads
+try:
+    import orjson
+except ImportError:  # pragma: no cover - the kit pins orjson; this keeps a bare checkout working
+    orjson = None  # type: ignore[assignment]
 
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
@@ -21,6 +31,35 @@ REQUIRED_FIELD = {COMPLETIONS: "prompt", CHAT_COMPLETIONS: "messages"}
 # Fields that must not reach the one-token prefill: streaming options and lower length bounds
 # (a min_tokens above 1 would contradict max_tokens=1).
 PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+
+
+def _std_dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+if orjson is not None:
+    _orjson_loads = orjson.loads
+    _orjson_dumps = orjson.dumps
+    _OrjsonError = orjson.JSONDecodeError
+    _OrjsonEncodeError = orjson.JSONEncodeError
+
+    def loads(data: bytes) -> Any:
+        """Parse JSON bytes; ``ValueError`` (or ``UnicodeDecodeError``) when they are not JSON."""
+        try:
+            return _orjson_loads(data)
+        except _OrjsonError:
+            return json.loads(data)
+
+    def dumps(obj: Any) -> bytes:
+        """Compact UTF-8 JSON bytes."""
+        try:
+            return _orjson_dumps(obj)
+        except _OrjsonEncodeError:
+            return _std_dumps(obj)
+
+else:  # pragma: no cover
+    loads = json.loads
+    dumps = _std_dumps
 
 
 class BadRequest(ValueError):

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compose_paths import COMPOSE_FILE, DEBUG_PORTS_FILE, ENV_EXAMPLE, REPO
+
+from tests.support.paths import COMPOSE_FILE, DEBUG_PORTS_FILE, ENV_EXAMPLE, REPO
 
 BARE = Path(os.devnull)  # --env-file for "no .env at all": every ${VAR:-default} applies
 TIMEOUT_S = 60

@@ -1,18 +1,13 @@
-"""Shared paths and fixtures for the compose/monitoring/eval/preflight tests."""
+"""Fixtures for the compose tests: the checkout and its documented defaults."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from compose_paths import ENV_EXAMPLE, REPO
 
-for _path in (REPO / "scripts", REPO / "proxy", REPO / "connector", Path(__file__).parent):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from pd_localstack.envfile import read_env_file  # noqa: E402
+from tests.support.env import example_env
+from tests.support.paths import REPO
 
 
 @pytest.fixture(scope="session")
@@ -23,4 +18,4 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def env_example() -> dict[str, str]:
     """The knobs and their documented defaults, as Compose reads .env.example."""
-    return read_env_file(ENV_EXAMPLE)
+    return example_env()

@@ -8,11 +8,13 @@ import copy
 import re
 from pathlib import Path
 
-import compose_checks as cc
-import compose_cli as cli
 import pytest
-from compose_paths import COMPOSE_FILE, DEBUG_PORTS_FILE, ENV_EXAMPLE, REPO
-from pd_localstack.envfile import read_env_file
+
+from pcp_pd_kit.settings import read_env_file
+from tests.compose import checks as cc
+from tests.compose import compose_cli as cli
+from tests.entrypoint.loader import entrypoint
+from tests.support.paths import COMPOSE_FILE, DEBUG_PORTS_FILE, ENV_EXAMPLE, REPO
 
 ALL_PROFILES = ("gpu", "cpu", "grafana")
 
@@ -169,14 +171,57 @@ def test_kv_roles_and_connector(request, model, env_example) -> None:
     assert cc.check_kv_roles(request.getfixturevalue(model), env_example) == []
 
 
+def test_kv_config_is_the_entrypoints(gpu, cpu) -> None:
+    """The compose file writes no JSON: each vLLM service's config is what the entrypoint builds
+    from its environment, appended to its command."""
+    for model in (gpu, cpu):
+        services = cc.vllm_services(model)
+        assert set(services) in ({"prefill", "decode"}, {"prefill-cpu", "decode-cpu"})
+        for name, service in services.items():
+            assert cc.flag_value(cc.command_args(service), "--kv-transfer-config") is None, name
+            argv = cc.exec_argv(service)
+            assert argv[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"], name
+            assert argv[3:-2] == cc.command_args(service), name
+            assert argv[-2] == "--kv-transfer-config", name
+
+
 def test_kv_roles_check_catches_swapped_role_and_bad_json(tmp_path, env_example) -> None:
     broken = cli.edited_copy(
-        tmp_path, [('"kv_role":"kv_consumer"}', '"kv_role":"kv_producer"}')], COMPOSE_FILE
+        tmp_path, [("KIT_KV_ROLE: kv_consumer", "KIT_KV_ROLE: kv_producer")], COMPOSE_FILE
     )
     problems = cc.check_kv_roles(cli.config(files=[broken]), env_example)
     assert any(p.startswith("decode: kv_role") for p in problems), problems
+    problems = cc.check_kv_roles(cli.config(files=[broken], profiles=["cpu"]), env_example)
+    assert any(p.startswith("decode-cpu: kv_role") for p in problems), problems
     model, settings = render(tmp_path, {"NIXL_PROGRESS_DELAY_US": "1000,"}, profiles=["cpu"])
-    assert any("not JSON" in p for p in cc.check_kv_roles(model, settings))
+    problems = cc.check_kv_roles(model, settings)
+    assert any("refuses to start" in p and "NIXL_PROGRESS_DELAY_US" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "edits", "profiles", "needle"),
+    [
+        ({}, [("KIT_KV_ROLE: kv_producer", "KIT_KV_ROLE: producer")], (), "prefill: "),
+        ({}, [("      KIT_KV_ROLE: kv_consumer\n", "")], (), "decode: "),
+        (
+            {},
+            [("  KIT_KV_CONNECTOR: ${KV_CONNECTOR:-PcpCanonicalNixlConnector}\n", "")],
+            ("cpu",),
+            "KIT_KV_CONNECTOR is not set",
+        ),
+        ({"NIXL_PROGRESS_DELAY_US": "1ms"}, [], ("cpu",), "decode-cpu: "),
+        ({"VLLM_EXTRA_ARGS": "--kv-transfer-config {}"}, [], (), "is in the arguments"),
+    ],
+    ids=["unknown-role", "no-role", "no-connector", "bad-delay", "flag-in-extra-args"],
+)
+def test_kv_roles_check_reports_what_the_entrypoint_refuses(
+    tmp_path, overrides, edits, profiles, needle
+) -> None:
+    """Compose renders all of these; the container would exit at once: the check says so."""
+    files = [cli.edited_copy(tmp_path, edits, COMPOSE_FILE)] if edits else [COMPOSE_FILE]
+    model, settings = render(tmp_path, overrides, profiles=profiles, files=files)
+    problems = cc.check_kv_roles(model, settings)
+    assert any(needle in p and "refuses to start" in p for p in problems), problems
 
 
 # ------------------------------------------------------------------------------ GPU topology
@@ -286,22 +331,54 @@ def test_cpu_services_follow_core_lists(tmp_path) -> None:
         ({}, [("  shm_size: 1g\n", "  shm_size: 256m\n")], "under 1g"),
         (
             {},
-            [('"cpu_skip_kv_core_pinning":true', '"cpu_skip_kv_core_pinning":false')],
+            [("      KIT_KV_BUFFER_DEVICE: cpu\n", "")],
             "decode-cpu: cpu_skip_kv_core_pinning",
+        ),
+        ({}, [("      KIT_KV_BUFFER_DEVICE: cpu\n", "")], "prefill-cpu: kv_buffer_device"),
+        (
+            {},
+            [("KIT_KV_BUFFER_DEVICE: cpu", "KIT_KV_BUFFER_DEVICE: cuda")],
+            "prefill-cpu: kv_buffer_device 'cuda'",
         ),
         (
             {},
-            [('"kv_role":"kv_producer","kv_buffer_device":"cpu"', '"kv_role":"kv_producer"')],
-            "prefill-cpu: kv_buffer_device",
+            [("${NIXL_PROGRESS_DELAY_US:-1000}", '"500"')],
+            "cpu_nixl_progress_delay_us 500 != NIXL_PROGRESS_DELAY_US",
         ),
     ],
-    ids=["overlap", "bad-list", "cpuset-vs-bind", "no-sys-nice", "small-shm", "pinning", "buffer"],
+    ids=[
+        "overlap",
+        "bad-list",
+        "cpuset-vs-bind",
+        "no-sys-nice",
+        "small-shm",
+        "pinning",
+        "buffer",
+        "cuda-buffer",
+        "fixed-delay",
+    ],
 )
 def test_cpu_check_catches_breakage(tmp_path, overrides, edits, needle) -> None:
     files = [cli.edited_copy(tmp_path, edits, COMPOSE_FILE)] if edits else [COMPOSE_FILE]
     model, settings = render(tmp_path, overrides, profiles=["cpu"], files=files)
     problems = cc.check_cpu_services(model, settings)
     assert any(needle in p for p in problems), problems
+
+
+def test_cpu_check_catches_an_entrypoint_that_pins_cores(monkeypatch, cpu, env_example) -> None:
+    """The CPU options live in the entrypoint now: a regression there is caught on the model."""
+    serve = entrypoint()
+    built = serve.kv_transfer_config
+
+    def pinning(env):
+        cfg = built(env)
+        if env.get("KIT_KV_ROLE") == "kv_consumer":
+            cfg["kv_connector_extra_config"]["cpu_skip_kv_core_pinning"] = False
+        return cfg
+
+    monkeypatch.setattr(serve, "kv_transfer_config", pinning)
+    problems = cc.check_cpu_services(cpu, env_example)
+    assert problems == ["decode-cpu: cpu_skip_kv_core_pinning is not true"], problems
 
 
 # ------------------------------------------------------------------------------ P/D runtime

@@ -8,12 +8,13 @@ import json
 import shutil
 import subprocess
 
-import compose_checks as cc
-import compose_cli as cli
-import metric_names as mn
 import pytest
 import yaml
-from compose_paths import COMPOSE_DIR
+
+from tests.compose import checks as cc
+from tests.compose import compose_cli as cli
+from tests.compose import promql_names as mn
+from tests.support.paths import COMPOSE_DIR
 
 PROM_DIR = COMPOSE_DIR / "prometheus"
 GRAFANA_DIR = COMPOSE_DIR / "grafana"

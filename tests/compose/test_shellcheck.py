@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from compose_paths import REPO
+
+from tests.support.paths import REPO
 
 
 def shell_scripts() -> list[Path]:

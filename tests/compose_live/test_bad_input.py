@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, compose_down, free_port
+from tests.support.net import free_port
+from tests.support.paths import REPO
+
+from .stack import compose_down
 
 pytestmark = pytest.mark.compose
 UP = REPO / "scripts" / "compose_up.sh"

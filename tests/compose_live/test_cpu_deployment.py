@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
 from pcp_nixl_connector.metric_names import DEDUP_METRIC_NAMES
+from tests.support.paths import REPO
 
-from .conftest import REPO, ComposeStack
+from .stack import ComposeStack
 
 pytestmark = pytest.mark.compose
 MODEL = "tiny-llama"

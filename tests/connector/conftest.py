@@ -1,17 +1,13 @@
-"""Shared fixtures for the connector tests: import path, .env.example names, a tiny model dir."""
+"""Shared fixtures for the connector tests: .env.example names, a tiny model dir."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from connector_paths import CONNECTOR_DIR, REPO_ROOT
-from pd_localstack.envfile import read_env_file
 
-if str(CONNECTOR_DIR) not in sys.path:
-    sys.path.insert(0, str(CONNECTOR_DIR))
+from tests.support.env import example_env
 
 # A 2-layer Llama: config only, no weights (the scheduler never runs a model).
 TINY_LLAMA_CONFIG = {
@@ -34,7 +30,7 @@ TINY_LLAMA_CONFIG = {
 
 @pytest.fixture(scope="session")
 def env_connector_names() -> tuple[str, str]:
-    env = read_env_file(REPO_ROOT / ".env.example")
+    env = example_env()
     return env["KV_CONNECTOR"], env["KV_CONNECTOR_MODULE_PATH"]
 
 

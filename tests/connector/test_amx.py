@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-from connector_paths import CONNECTOR_DIR
+
 from pcp_nixl_connector.amx import AmxStatus, cpu_flags, cpu_has_amx, ensure_amx_permission
 
 NO_AMX_REASON = (
@@ -25,7 +25,7 @@ NO_AMX_REASON = (
 
 def _fresh_process(code: str) -> dict:
     """Run ``code`` in a new interpreter (permissions are per process) and parse its JSON."""
-    prog = f"import json, sys\nsys.path.insert(0, {str(CONNECTOR_DIR)!r})\n" + textwrap.dedent(code)
+    prog = "import json\n" + textwrap.dedent(code)
     out = subprocess.run(
         [sys.executable, "-c", prog], capture_output=True, text=True, timeout=60, check=True
     )

@@ -6,6 +6,7 @@ import os
 import types
 
 import pytest
+
 from pcp_nixl_connector.cpu_tuning import (
     CpuKnobs,
     delayed_agent_config_cls,

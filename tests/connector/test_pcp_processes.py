@@ -9,13 +9,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import re
-import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_paths import CONNECTOR_DIR
+
 from pcp_nixl_connector import DEDUP_METRIC_NAMES
 from pcp_nixl_connector.metric_names import (
     CANONICAL_COMPLETIONS,
@@ -23,6 +21,8 @@ from pcp_nixl_connector.metric_names import (
     FINISHED_SENDING_SUPPRESSED,
     HANDSHAKE_PUBLICATIONS_SKIPPED,
 )
+from tests.connector import pcp_rank_proc
+from tests.support.net import free_ports
 
 pytestmark = pytest.mark.vllm
 
@@ -34,35 +34,12 @@ SKIPPED, SUPPRESSED, CANONICAL = (
 )
 
 
-def _free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports in the kit's test range (15600-15999 here)."""
-    held: list[socket.socket] = []
-    try:
-        for port in range(15600, 15999):
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            held.append(s)  # keep it taken while picking the next one
-            if len(held) == n:
-                return [h.getsockname()[1] for h in held]
-    finally:
-        for h in held:
-            h.close()
-    raise RuntimeError(f"no {n} free ports in 15600-15999")
-
-
 def _spawn_ranks(model_dir: Path, names: tuple[str, str]) -> dict[int, dict[str, Any]]:
     """{rank: {mode: what the rank saw}}."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import pcp_rank_proc
-
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     assert pcp_rank_proc.MODES == MODES
-    dist_port, *side = _free_ports(1 + len(MODES))
+    dist_port, *side = free_ports(1 + len(MODES))
     side_ports = dict(zip(MODES, side, strict=True))
     procs = [
         ctx.Process(
@@ -95,15 +72,9 @@ def _spawn_ranks(model_dir: Path, names: tuple[str, str]) -> dict[int, dict[str,
 
 
 @pytest.fixture(scope="module")
-def ranks(tiny_model_dir, env_connector_names, monkeypatch_module):
-    monkeypatch_module.setenv("PYTHONPATH", f"{CONNECTOR_DIR}:{Path(__file__).parent}")
+def ranks(tiny_model_dir, env_connector_names):
+    # spawn hands the children this interpreter's sys.path: they import tests.connector too.
     return _spawn_ranks(tiny_model_dir, env_connector_names)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp_:
-        yield mp_
 
 
 def _by_mode(ranks: dict, mode: str) -> dict[int, dict[str, Any]]:

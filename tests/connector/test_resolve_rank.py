@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 
 import pytest
+
 from pcp_nixl_connector.topology import PcpLayout
 
 pytestmark = pytest.mark.vllm
@@ -29,6 +30,7 @@ def test_pcp_group_rank_wins(ps, monkeypatch):
 
 def test_falls_back_to_global_rank_without_pcp_group(ps, monkeypatch):
     import torch.distributed as dist
+
     from pcp_nixl_connector.connector import resolve_pcp_rank
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
@@ -40,6 +42,7 @@ def test_falls_back_to_global_rank_without_pcp_group(ps, monkeypatch):
 
 def test_no_group_and_no_torch_distributed_is_a_clear_error(ps, monkeypatch):
     import torch.distributed as dist
+
     from pcp_nixl_connector.connector import resolve_pcp_rank
 
     monkeypatch.setattr(dist, "is_initialized", lambda: False)

@@ -13,12 +13,13 @@ REQ = "req-pcp2"
 
 def _facades(cls_name: str, cfg: Any, pcp: int) -> tuple[list[Any], list[Any]]:
     """Worker-side facades of ``cls_name`` for each PCP rank, over stand-in workers."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
     from pcp_nixl_connector import PcpCanonicalNixlConnector
     from pcp_nixl_connector.connector import layout_from_config
     from pcp_nixl_connector.stats import PcpNixlKVConnectorStats
-    from pcp_sim import StubPcpWorker
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+    from tests.connector.pcp_sim import StubPcpWorker
 
     facades, workers = [], []
     for rank in range(pcp):
@@ -40,7 +41,7 @@ def _facades(cls_name: str, cfg: Any, pcp: int) -> tuple[list[Any], list[Any]]:
 
 def _run_until_sent(sim: Any) -> None:
     """Prefill the request (1 token) and ship reqs_to_send to the ranks."""
-    from pcp_sim import make_remote_decode_request
+    from tests.connector.pcp_sim import make_remote_decode_request
 
     sim.scheduler.add_request(make_remote_decode_request(REQ))
     sim.step()  # prefill + sample -> request finishes, blocks held for decode
@@ -49,7 +50,7 @@ def _run_until_sent(sim: Any) -> None:
 
 
 def _sim(tiny_model_dir, connector: str, module: str | None, extra=None):
-    from pcp_sim import PdProducerSim, make_config
+    from tests.connector.pcp_sim import PdProducerSim, make_config
 
     cfg = make_config(tiny_model_dir, connector, module, pcp=2, extra=extra)
     facades, workers = _facades("stock" if module is None else "ours", cfg, pcp=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pcp_nixl_connector import DEDUP_METRIC_NAMES
 
 pytestmark = pytest.mark.vllm
@@ -31,8 +32,9 @@ def test_stats_only_dedup_events_are_not_empty_and_aggregate():
 def _build_prom(cfg):
     """``build_prom_metrics`` as vLLM's ``KVConnectorProm`` calls it, on a private registry."""
     import prometheus_client
-    from pcp_nixl_connector import PcpCanonicalNixlConnector
     from prometheus_client import Counter, Gauge, Histogram
+
+    from pcp_nixl_connector import PcpCanonicalNixlConnector
 
     registry = prometheus_client.CollectorRegistry()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pcp_nixl_connector.topology import (
     CompletionMode,
     PcpLayout,

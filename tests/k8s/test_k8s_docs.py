@@ -3,8 +3,8 @@ manifests expect, the render flag, and the router versions that are actually pin
 
 from __future__ import annotations
 
-import k8s_checks as ck
-from k8s_support import COMPONENTS_DIR, REPO, components, overlays, params_file
+from tests.k8s import checks as ck
+from tests.k8s.manifests import COMPONENTS_DIR, REPO, components, overlays, params_file
 
 DOC = REPO / "docs" / "kubernetes.md"
 

@@ -7,11 +7,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import k8s_checks as ck
 import pytest
 import yaml
-from k8s_renders import needs_kubectl, rendered
-from k8s_support import DASHBOARDS, find, generated
+
+from tests.k8s import checks as ck
+from tests.k8s.manifests import DASHBOARDS, find, generated
+from tests.k8s.renders import needs_kubectl, rendered
 
 pytestmark = needs_kubectl
 

@@ -3,10 +3,11 @@ defaults equal too), so the two deployments cannot drift apart silently."""
 
 from __future__ import annotations
 
-import k8s_checks as ck
 import pytest
-from k8s_renders import needs_kubectl, rendered
-from k8s_support import BASE, env_example, find, params_file, role_templates
+
+from tests.k8s import checks as ck
+from tests.k8s.manifests import BASE, env_example, find, params_file, role_templates
+from tests.k8s.renders import needs_kubectl, rendered
 
 PARAMS = BASE / "params.env"
 

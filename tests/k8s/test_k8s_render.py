@@ -8,8 +8,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from k8s_renders import ALL_RENDERS, COMBOS, needs_kubectl, rendered
-from k8s_support import (
+
+from tests.k8s.manifests import (
     BASE,
     KUBERNETES_VERSION,
     SCHEMAS,
@@ -19,6 +19,7 @@ from k8s_support import (
     kustomize,
     overlays,
 )
+from tests.k8s.renders import ALL_RENDERS, COMBOS, needs_kubectl, rendered
 
 pytestmark = needs_kubectl
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import k8s_checks as ck
 import pytest
 import yaml
-from k8s_renders import ALL_RENDERS, OVERLAY_NAMES, needs_kubectl, rendered
-from k8s_support import COMPONENTS_DIR, REPO, find, generated, role_templates
+
+from tests.k8s import checks as ck
+from tests.k8s.manifests import COMPONENTS_DIR, REPO, find, generated, role_templates
+from tests.k8s.renders import ALL_RENDERS, OVERLAY_NAMES, needs_kubectl, rendered
 
 pytestmark = needs_kubectl
 
@@ -210,6 +211,46 @@ def test_connector_check_fails_on_another_module_path() -> None:
     objs = base()
     generated(objs, "ConfigMap", "pcp-pd-params")["data"]["KV_CONNECTOR_MODULE_PATH"] = "nixl"
     assert ck.check_vllm_connector(objs)
+
+
+def env_item(container: dict, name: str) -> dict:
+    return next(e for e in container["env"] if e["name"] == name)
+
+
+def test_connector_check_fails_on_a_swapped_or_missing_role() -> None:
+    """The role is an environment value the entrypoint turns into kv_role: the check reads the
+    config the entrypoint builds, so a swapped or missing KIT_KV_ROLE is caught."""
+    objs = base()
+    env_item(vllm(objs, "pcp-pd-decode"), "KIT_KV_ROLE")["value"] = "kv_producer"
+    problems = ck.check_vllm_connector(objs)
+    assert problems == ["Deployment/pcp-pd-decode: kv_role 'kv_producer', want kv_consumer"]
+    objs = base()
+    container = vllm(objs, "pcp-pd-prefill")
+    container["env"].remove(env_item(container, "KIT_KV_ROLE"))
+    problems = ck.check_vllm_connector(objs)
+    assert len(problems) == 1 and "refuses to start: KIT_KV_ROLE=''" in problems[0], problems
+
+
+def test_connector_check_fails_on_an_unusable_connector_or_a_second_config() -> None:
+    objs = base()
+    generated(objs, "ConfigMap", "pcp-pd-params")["data"]["KV_CONNECTOR"] = ""
+    problems = ck.check_vllm_connector(objs)
+    assert len(problems) == 2 and all("KIT_KV_CONNECTOR is not set" in p for p in problems)
+    objs = base()
+    vllm(objs, "pcp-pd-decode")["args"] += ["--kv-transfer-config", '{"kv_role":"kv_both"}']
+    problems = ck.check_vllm_connector(objs)
+    assert len(problems) == 1 and "is in the arguments" in problems[0], problems
+
+
+def test_connector_check_covers_lws_workers() -> None:
+    objs = rendered("lws")
+    lws = find(objs, "LeaderWorkerSet")[0]
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    env_item(worker, "KIT_KV_ROLE")["value"] = "kv_consumer"
+    problems = ck.check_vllm_connector(objs)
+    assert problems == [
+        "LeaderWorkerSet/pcp-pd-prefill-lws/worker: kv_role 'kv_consumer', want kv_producer"
+    ]
 
 
 def test_side_channel_check_fails_on_a_fixed_host() -> None:

@@ -7,20 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from preflight_fakes import FakeHost, Outcome, cache_model
 
-
-def consistent(out: Outcome) -> Outcome:
-    """Every run: exit status = number of FAILs, each FAIL one sentence that names the fix."""
-    assert out.results, out.dump()
-    assert out.returncode == len(out.fails), out.dump()
-    for result in out.results:
-        assert set(result) == {"check", "status", "message"}
-        assert result["status"] in ("ok", "WARN", "FAIL")
-        assert "\n" not in result["message"]
-    for result in out.fails:
-        assert result["message"].endswith(".") and ": " in result["message"], result
-    return out
+from tests.preflight.fake_host import FakeHost, cache_model, consistent
 
 
 def test_healthy_host_passes_every_check(host: FakeHost) -> None:

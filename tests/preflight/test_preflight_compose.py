@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kit_preflight import settings
-from preflight_fakes import MODEL, REAL_COMPOSE, REPO, FakeHost
-from test_preflight_cli import consistent
+
+from pcp_pd_kit.preflight import settings
+from tests.preflight.fake_host import MODEL, REAL_COMPOSE, REPO, FakeHost, consistent
 
 needs_compose = pytest.mark.skipif(
     not REAL_COMPOSE.is_file(),

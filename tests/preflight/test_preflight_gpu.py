@@ -4,8 +4,19 @@ compute capability, memory fractions, and the driver vs the image's CUDA."""
 from __future__ import annotations
 
 import pytest
-from preflight_fakes import A100, H100, H200, L4, L40S, FakeHost, cache_model, gpu_rows, uuid_of
-from test_preflight_cli import consistent
+
+from tests.preflight.fake_host import (
+    A100,
+    H100,
+    H200,
+    L4,
+    L40S,
+    FakeHost,
+    cache_model,
+    consistent,
+    gpu_rows,
+    uuid_of,
+)
 
 
 # -- count and ids --------------------------------------------------------------------------------

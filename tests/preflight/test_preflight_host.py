@@ -7,8 +7,8 @@ import os
 import socket
 
 import pytest
-from preflight_fakes import MODEL, FakeHost, cache_model
-from test_preflight_cli import consistent
+
+from tests.preflight.fake_host import MODEL, FakeHost, cache_model, consistent
 
 GB = 1000**3
 

@@ -4,10 +4,11 @@ A100-80GB, H100-80GB, H200-141GB and L40S-48GB (MiB as nvidia-smi reports them).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from kit_preflight import memory, weights
+
+from pcp_pd_kit.preflight import memory, weights
+from tests.support.paths import DOCS_DIR
 
 A100_MIB, H100_MIB, H200_MIB, L40S_MIB, L4_MIB = 81920, 81559, 143771, 46068, 23034
 
@@ -103,7 +104,7 @@ def test_suggest_rounds_up_to_a_step(required: float, suggested: float | None) -
 
 def test_the_table_in_the_docs_matches_the_arithmetic(dsv2: weights.ModelSize) -> None:
     """docs/preflight.md's DeepSeek-V2-Lite-Chat table is what the code computes."""
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "preflight.md").read_text()
+    docs = (DOCS_DIR / "preflight.md").read_text()
     rows = re.findall(r"^\| \S+ \((\d+)\) \| ([^|]+) \| ([^|]+) \|$", docs, flags=re.M)
     assert len(rows) == 5
     for mib, decode_cell, prefill_cell in rows:

@@ -8,13 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from preflight_fakes import REPO, FakeHost, python_for
 
-PACKAGE = REPO / "scripts" / "kit_preflight"
-SOURCES = sorted(PACKAGE.glob("*.py"))
+from tests.preflight.fake_host import REPO, FakeHost, python_for
+
+KIT = REPO / "scripts" / "pcp_pd_kit"
+PACKAGE = KIT / "preflight"
+# What `python3 -m pcp_pd_kit.preflight` loads: the kit package's __init__ and preflight itself.
+SOURCES = [KIT / "__init__.py", *sorted(PACKAGE.glob("*.py"))]
 
 
-def test_package_files_exist() -> None:
+def test_the_portability_checks_see_the_package() -> None:
+    """Guards the parametrized checks below against passing vacuously on a moved package."""
     names = {p.name for p in SOURCES}
     assert {"__init__.py", "__main__.py", "cli.py", "memory.py", "settings.py"} <= names
 
@@ -26,11 +30,12 @@ def test_imports_only_the_standard_library(path: Path) -> None:
         if isinstance(node, ast.Import):
             roots = [alias.name.split(".")[0] for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots = [node.module.split(".")[0]]
+            roots = [node.module]
         else:
             continue
         for root in roots:
-            assert root == "kit_preflight" or root in sys.stdlib_module_names, (path.name, root)
+            own = root == "pcp_pd_kit" or root.startswith("pcp_pd_kit.preflight")
+            assert own or root.split(".")[0] in sys.stdlib_module_names, (path.name, root)
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)

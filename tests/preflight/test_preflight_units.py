@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from kit_preflight import cuda, gpus, hfcache, moe, network, proc, report, settings, weights
-from preflight_fakes import DSV2_LITE_CONFIG, cache_model
+
+from pcp_pd_kit.preflight import cuda, gpus, hfcache, moe, network, proc, report, settings, weights
+from tests.preflight.fake_host import DSV2_LITE_CONFIG, cache_model
 
 
 # -- weights --------------------------------------------------------------------------------------

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
-
-# Work from a plain checkout too (the package is normally installed with `pip install -e .`).
-if importlib.util.find_spec("pd_proxy") is None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "proxy"))
 
 # Safety net against hangs; the suite's own waits are far shorter.
 ASYNC_TEST_TIMEOUT_S = 60

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -11,9 +10,11 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from pd_proxy.app import HANDLERS_KEY, build_app, build_metrics_app, make_runner
+
+from pd_proxy.app import PROXY_KEY, build_app, build_metrics_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
+from tests.support.net import closed_port_url
 
 # The prefill leg's kv_transfer_params as the protocol spells it, written out independently of
 # pd_proxy.rewrite so the tests check the implementation against the spec.
@@ -25,14 +26,6 @@ EXPECTED_PREFILL_KV = {
     "remote_host": None,
     "remote_port": None,
 }
-
-
-def closed_port_url() -> str:
-    """A loopback URL nobody listens on (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 @dataclass
@@ -55,18 +48,18 @@ class Stack:
 
     def revive_dead(self) -> None:
         """Pretend the dead backends passed their last check (they died since)."""
-        for pool in (self.handlers.prefill_pool, self.handlers.decode_pool):
+        for pool in (self.proxy.prefill_pool, self.proxy.decode_pool):
             for backend in pool.backends:
                 if backend.url in self.dead:
                     backend.healthy = True
 
     @property
-    def handlers(self):
-        return self.app[HANDLERS_KEY]
+    def proxy(self):
+        return self.app[PROXY_KEY]
 
     @property
     def metrics(self):
-        return self.app[HANDLERS_KEY].metrics
+        return self.app[PROXY_KEY].metrics
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels or {})
@@ -130,7 +123,7 @@ async def pd_stack(
             m_host, m_port = metrics_runner.addresses[0][:2]
             metrics_url = f"http://{m_host}:{m_port}"
         # Start from a settled state: the first health round has run.
-        await app[HANDLERS_KEY].checker.first_round.wait()
+        await app[PROXY_KEY].checker.first_round.wait()
         session = aiohttp.ClientSession()
         yield Stack(
             f"http://{host}:{port}", fakes_p, fakes_d, app, session, dead_p + dead_d, metrics_url

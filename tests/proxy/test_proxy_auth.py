@@ -6,15 +6,16 @@ import asyncio
 import json
 import logging
 import os
-import socket
 
 import aiohttp
 import pytest
+
 from pd_proxy import cli
 from pd_proxy.auth import INVALID_KEY, MISSING_KEY, BackendKey, ClientKeys, parse_keys
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
 from pd_proxy.metrics import METRIC_NAMES
-from proxy_harness import closed_port_url, pd_stack
+from tests.proxy.proxy_harness import pd_stack
+from tests.support.net import closed_port_url, free_port
 
 P = "http://127.0.0.1:16801"
 D = "http://127.0.0.1:16802"
@@ -155,7 +156,7 @@ async def test_rotated_key_file_is_reloaded_without_restart(tmp_path, caplog):
 async def test_bad_new_key_file_keeps_the_last_good_keys_and_logs_an_error(tmp_path, caplog):
     path = write_keys(tmp_path, "sk-good")
     async with pd_stack(api_key_file=path) as s:
-        keys = s.handlers.client_keys
+        keys = s.proxy.client_keys
         keys.interval = 0.0  # check on every request: the throttle has its own test
 
         async def status_with(key: str) -> int:
@@ -387,12 +388,6 @@ def test_metrics_port_from_env_and_flag():
 
 
 # --------------------------------------------------------------------------- cli.serve
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def serve_once(monkeypatch, config: ProxyConfig, while_up=None) -> None:
     """Run ``cli.serve`` until ``while_up()`` returns, instead of until a signal."""
 

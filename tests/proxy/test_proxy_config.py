@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pd_proxy import cli
 from pd_proxy.config import ConfigError, build_parser, load_config
 

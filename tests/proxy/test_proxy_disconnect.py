@@ -6,7 +6,7 @@ import asyncio
 import json
 from urllib.parse import urlsplit
 
-from proxy_harness import Stack, pd_stack
+from tests.proxy.proxy_harness import Stack, pd_stack
 
 
 async def open_request(
@@ -64,7 +64,7 @@ async def test_disconnect_during_decode_stream_cancels_the_decode():
 
 async def wait_outstanding_zero(s: Stack) -> None:
     """Bounded poll: every backend's outstanding count settles back to 0."""
-    backends = s.handlers.prefill_pool.backends + s.handlers.decode_pool.backends
+    backends = s.proxy.prefill_pool.backends + s.proxy.decode_pool.backends
     for _ in range(1000):
         if all(b.outstanding == 0 for b in backends):
             return
@@ -81,7 +81,7 @@ async def test_disconnect_before_decode_headers_releases_the_decode_backend():
         s.decode.knobs.delay = 30  # decode holds its headers back: the proxy waits in post()
         _, writer = await open_request(s, "gone-3", {"prompt": "x", "stream": False})
         await s.decode.wait_for(lambda: len(s.decode.seen) == 1)
-        assert s.handlers.decode_pool.backends[0].outstanding == 1
+        assert s.proxy.decode_pool.backends[0].outstanding == 1
         writer.close()
         await s.decode.wait_for(lambda: "gone-3" in s.decode.cancelled)
         await wait_gauge_zero(s)

@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+
 from pd_proxy import cli
 from pd_proxy.app import build_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
@@ -40,7 +41,7 @@ from pd_proxy.testing.dns import (
     parse_response,
 )
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
-from proxy_harness import Stack, sse_events
+from tests.proxy.proxy_harness import Stack, sse_events
 
 P_NAME, D_NAME = "prefill.pd.test", "decode.pd.test"
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
@@ -61,7 +62,7 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_
 
 async def polls(s: Stack, n: int) -> None:
     """Wait for ``n`` more complete discovery rounds."""
-    discovery = s.handlers.discovery
+    discovery = s.proxy.discovery
     target = discovery.polls + n
     await until(lambda: discovery.polls >= target, f"{n} discovery rounds")
 
@@ -236,7 +237,7 @@ async def test_system_resolver_is_the_default_and_resolves_without_dns():
     assert "127.0.0.1" in await system_resolver("localhost")
     async with fleet(PREFILL, ("127.0.0.1",)) as (pp, _), fleet(DECODE, ("127.0.0.1",)) as (dp, _):
         async with proxy(prefill_dns=f"localhost:{pp}", decode_dns=f"localhost:{dp}") as s:
-            assert url("127.0.0.1", pp) in {b.url for b in s.handlers.prefill_pool.backends}
+            assert url("127.0.0.1", pp) in {b.url for b in s.proxy.prefill_pool.backends}
             assert await complete(s) is None
 
 
@@ -300,7 +301,7 @@ async def test_scale_up_new_address_gets_traffic_once_healthy():
     ):
         resolver = UdpResolver(server.address, timeout=0.5)
         async with proxy(resolver, prefill_dns=f"{P_NAME}:{pp}", decode_dns=f"{D_NAME}:{dp}") as s:
-            pool = s.handlers.decode_pool
+            pool = s.proxy.decode_pool
             for i in range(4):
                 assert await complete(s, i) is None
             assert len(decodes[HOSTS[0]].seen) == 4
@@ -310,7 +311,7 @@ async def test_scale_up_new_address_gets_traffic_once_healthy():
             server.records[D_NAME] = [HOSTS[0], HOSTS[1]]
             await until(lambda: find(pool, new) is not None, "the new address to join")
             await polls(s, 3)
-            await s.handlers.checker.check_all()  # a full round has certainly seen it
+            await s.proxy.checker.check_all()  # a full round has certainly seen it
             assert find(pool, new).healthy is False
             for i in range(6):
                 assert await complete(s, i) is None
@@ -327,7 +328,7 @@ async def test_scale_up_new_address_gets_traffic_once_healthy():
 
             server.records[P_NAME] = list(HOSTS[:2])  # a healthy joiner serves after one check
             await until(
-                lambda: getattr(find(s.handlers.prefill_pool, url(HOSTS[1], pp)), "healthy", 0),
+                lambda: getattr(find(s.proxy.prefill_pool, url(HOSTS[1], pp)), "healthy", 0),
                 "the new prefill backend to pass a check",
             )
             for i in range(4):
@@ -355,7 +356,7 @@ async def test_scale_down_mid_load_loses_no_request(caplog):
         decodes[leaving].knobs.token_delay = 0.03  # its streams are surely in flight at removal
         resolver = UdpResolver(server.address, timeout=0.5)
         async with proxy(resolver, prefill_dns=f"{P_NAME}:{pp}", decode_dns=f"{D_NAME}:{dp}") as s:
-            pools = (s.handlers.prefill_pool, s.handlers.decode_pool)
+            pools = (s.proxy.prefill_pool, s.proxy.decode_pool)
             gone_urls = (url(leaving, pp), url(leaving, dp))
             queue: asyncio.Queue[int] = asyncio.Queue()
             for i in range(total):
@@ -419,7 +420,7 @@ async def test_name_that_stops_resolving_keeps_the_pool(caplog):
     ):
         resolver = UdpResolver(server.address, timeout=0.1)
         async with proxy(resolver, prefill_dns=f"{P_NAME}:{pp}", decode_dns=f"{D_NAME}:{dp}") as s:
-            pool = s.handlers.decode_pool
+            pool = s.proxy.decode_pool
             before = sorted(b.url for b in pool.backends)
             errors = {"role": "decode", "source": "dns"}
             label = f"decode DNS name {D_NAME}:{dp}"
@@ -474,7 +475,7 @@ async def test_name_missing_at_start_is_not_fatal_and_joins_later(caplog):
             found = warnings_about(caplog, f"decode DNS name {D_NAME}:{dp}")
             assert len(found) == 1 and "NXDOMAIN" in found[0], found
             server.records[D_NAME] = [HOSTS[0]]
-            await until(lambda: s.handlers.decode_pool.healthy(), "the decode backend to join")
+            await until(lambda: s.proxy.decode_pool.healthy(), "the decode backend to join")
             assert await complete(s) is None
             status, _ = await s.get("/health")
             assert status == 200
@@ -509,7 +510,7 @@ async def test_endpoints_file_add_remove_and_bad_edits(tmp_path, caplog):
         path = tmp_path / "endpoints.yaml"
         path.write_text(endpoints_yaml([p0], [d0]))
         async with proxy(endpoints_file=str(path)) as s:
-            pool = s.handlers.decode_pool
+            pool = s.proxy.decode_pool
             assert [b.url for b in pool.backends] == [d0]
             for i in range(2):
                 assert await complete(s, i) is None
@@ -617,7 +618,7 @@ async def test_backends_gauge_counts_healthy_unhealthy_and_draining():
 
             busy.knobs.token_delay = 0.1
             request = asyncio.create_task(complete(s, stream=True, n=5))
-            pool = s.handlers.decode_pool
+            pool = s.proxy.decode_pool
             backend = find(pool, url(HOSTS[0], dp))
             await until(lambda: backend.outstanding == 1, "the stream to start")
             server.records[D_NAME] = [HOSTS[1]]

@@ -6,7 +6,8 @@ import json
 
 import aiohttp
 import pytest
-from proxy_harness import pd_stack, sse_events
+
+from tests.proxy.proxy_harness import pd_stack, sse_events
 
 
 def error_of(raw: bytes) -> dict:
@@ -205,7 +206,7 @@ async def test_an_internal_bug_still_answers_openai_json(monkeypatch):
         def broken(*args, **kwargs):
             raise RuntimeError("boom")
 
-        monkeypatch.setattr("pd_proxy.handlers.prefill_body", broken)
+        monkeypatch.setattr("pd_proxy.pd_flow.prefill_body", broken)
         status, headers, raw = await s.post("/v1/completions", {"prompt": "x"})
         assert status == 500
         assert error_of(raw)["message"] == "internal proxy error"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from pd_proxy.metrics import METRIC_NAMES
-from proxy_harness import EXPECTED_PREFILL_KV, pd_stack, sse_events
+from tests.proxy.proxy_harness import EXPECTED_PREFILL_KV, pd_stack, sse_events
 
 
 async def test_streaming_completion_legs_and_byte_exact_relay():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from proxy_harness import pd_stack, sse_events
+from tests.proxy.proxy_harness import pd_stack, sse_events
 
 TOTAL = 2000
 CONCURRENCY = 64

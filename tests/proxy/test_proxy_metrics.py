@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from pd_proxy.config import ConfigError, load_config
 from pd_proxy.metrics import ProxyMetrics
-from proxy_harness import pd_stack
+from tests.proxy.proxy_harness import pd_stack
 
 BASE = {"PD_PROXY_PREFILL": "http://127.0.0.1:16801", "PD_PROXY_DECODE": "http://127.0.0.1:16802"}
 

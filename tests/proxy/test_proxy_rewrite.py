@@ -6,6 +6,7 @@ import copy
 import json
 
 import pytest
+
 from pd_proxy.rewrite import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
@@ -17,7 +18,7 @@ from pd_proxy.rewrite import (
     parse_request,
     prefill_body,
 )
-from proxy_harness import EXPECTED_PREFILL_KV
+from tests.proxy.proxy_harness import EXPECTED_PREFILL_KV
 
 FULL_COMPLETION = {
     "model": "m",

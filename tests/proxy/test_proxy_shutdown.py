@@ -9,8 +9,9 @@ import signal
 import sys
 
 import aiohttp
+
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
-from proxy_harness import sse_events
+from tests.proxy.proxy_harness import sse_events
 
 TOKENS = 20
 

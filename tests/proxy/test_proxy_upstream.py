@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+
 from pd_proxy.upstream import (
     HIGH_WATER,
     ConnectFailed,
@@ -18,7 +19,7 @@ from pd_proxy.upstream import (
     UpstreamBroken,
     UpstreamTimeout,
 )
-from proxy_harness import closed_port_url
+from tests.support.net import free_port
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -240,7 +241,7 @@ async def test_broken_chunked_bodies_raise(body):
 
 
 async def test_refused_connection_is_connect_failed():
-    port = int(closed_port_url().rsplit(":", 1)[1])
+    port = free_port()
     upstream = Upstream(1.0, 30.0)
     with pytest.raises(ConnectFailed, match=f"127.0.0.1:{port}"):
         await upstream.request(("127.0.0.1", port, False), request_bytes(port))

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
-from proxy_harness import sse_events
+from tests.proxy.proxy_harness import sse_events
 
 pytestmark = pytest.mark.skipif(
     not hasattr(socket, "SO_REUSEPORT"), reason="needs SO_REUSEPORT (Linux, BSD)"

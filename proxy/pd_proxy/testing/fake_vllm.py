@@ -1,13 +1,20 @@
 """A fake vLLM OpenAI server that enforces the NIXL P/D ``kv_transfer_params`` protocol.
 
-Used by the proxy tests and the benchmark. A ``prefill`` fake rejects requests that do not ask for a
-remote decode (or that stream, or generate more than one token) and returns signed
-``kv_transfer_params``; a ``decode`` fake rejects requests whose params were not signed by a prefill
-fake for the same ``X-Request-Id``. Knobs (mutable at run time through ``fake.knobs``) add delay,
-per-token delay, failures and a stream that dies mid-way. With ``api_key`` set it guards ``/v1/*``
-like ``vllm serve --api-key`` (401 ``{"error": "Unauthorized"}``); with ``record`` every ``/v1``
-request, rejected ones included, lands in ``received``. Run standalone with
-``python -m pd_proxy.testing.fake_vllm --role decode --port 0``.
+Used by the proxy tests, the benchmark and the GSM8K eval tests. A ``prefill`` fake rejects
+requests that do not ask for a remote decode (or that stream, or generate more than one token) and
+returns signed ``kv_transfer_params``; a ``decode`` fake rejects requests whose params were not
+signed by a prefill fake for the same ``X-Request-Id`` (nor, with ``prefill_engine_id``, by that
+engine). Knobs (mutable at run time through ``fake.knobs``) add delay, per-token delay, failures
+and a stream that dies mid-way. With ``api_key`` set it guards ``/v1/*`` like ``vllm serve
+--api-key`` (401 ``{"error": "Unauthorized"}``); with ``record`` every ``/v1`` request, rejected
+ones included, lands in ``received``.
+
+With ``answers`` (``--gsm8k-data DIR``, DIR/test.jsonl) it plays the server an eval harness
+drives: it rejects a request for another model or with more than one prompt, and a decode (or
+plain) fake answers the prompt's last ``Question: ...`` with ``#### <number>``, right or wrong by
+``knobs.gsm8k_mode`` (``POST /fake/mode {"mode": ...}`` switches it). ``/version`` and a
+vLLM-looking ``/metrics`` give the eval's topology probe something real to read. Run standalone
+with ``python -m pd_proxy.testing.fake_vllm --role decode --port 0``.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ import hashlib
 import hmac
 import itertools
 import json
+import re
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -29,6 +38,93 @@ from multidict import CIMultiDict
 
 DEFAULT_SECRET = b"pd-proxy-fake-vllm"
 PREFILL, DECODE, PLAIN = "prefill", "decode", "plain"
+VERSION = "0.32.0-fake"
+PROMPT_TOKENS = 4  # usage.prompt_tokens of every answer
+GSM8K_MODES = ("correct", "wrong", "mixed")
+UNKNOWN_ANSWER = " I do not know."
+_QUESTION = re.compile(r"Question: (.*?)\nAnswer:", re.S)
+
+Answers = dict[str, tuple[str, int]]  # GSM8K question -> (final answer, row index)
+
+
+# ---------------------------------------------------------------------- GSM8K answers (pure)
+def load_answers(data_dir: Path) -> Answers:
+    """Every test question with the number after its answer's ``#### `` and its row index (the
+    index decides which rows ``mixed`` gets right)."""
+    answers = {}
+    lines = (data_dir / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    for index, line in enumerate(lines):
+        row = json.loads(line)
+        answers[row["question"].strip()] = (row["answer"].rsplit("#### ", 1)[-1].strip(), index)
+    return answers
+
+
+def is_right(mode: str, index: int) -> bool:
+    """correct: always; wrong: never; mixed: 13 of every 20 rows (0.65, the reference score)."""
+    return mode == "correct" or (mode == "mixed" and index % 20 < 13)
+
+
+def wrong(answer: str) -> str:
+    """A number strict-match cannot mistake for ``answer``."""
+    try:
+        return str(int(answer.replace(",", "")) + 7)
+    except ValueError:
+        return "-1"
+
+
+def gsm8k_reply(answers: Answers, mode: str, prompt: str) -> str | None:
+    """The completion for a few-shot prompt: its last question is the one asked (the others are
+    the shots). None when that question is not in the data."""
+    questions = _QUESTION.findall(prompt)
+    found = answers.get(questions[-1].strip()) if questions else None
+    if found is None:
+        return None
+    answer, index = found
+    final = answer if is_right(mode, index) else wrong(answer)
+    return f" Let me think step by step.\n#### {final}\n\n"
+
+
+def prompt_text(body: dict[str, Any]) -> str | None:
+    """The request's one text prompt (a chat's messages joined), or None for a batch or token ids:
+    one answer cannot serve several questions."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        contents = [m.get("content") for m in messages if isinstance(m, dict)]
+        return "\n".join(c for c in contents if isinstance(c, str))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
+
+
+def metrics_text(role: str, ok: int, rejected: int, unknown: int) -> str:
+    """The vLLM series the eval's topology probe reads (KV arrived over NIXL on a decode), plus
+    the fake's own request counts, which a test reads to prove no request was rejected."""
+    source = "local_compute" if role == PREFILL else "external_kv_transfer"
+    lines = [
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="128",engine="0",role="{role}"}} 1.0',
+        f'vllm:prompt_tokens_by_source_total{{engine="0",source="{source}"}} {ok * PROMPT_TOKENS}',
+        f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {ok}',
+        'vllm:nixl_num_failed_transfers_total{engine="0"} 0',
+        f'fake_requests_total{{result="ok"}} {ok}',
+        f'fake_requests_total{{result="rejected"}} {rejected}',
+        f'fake_requests_total{{result="unknown_question"}} {unknown}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def prefill_problem(body: dict[str, Any], kv: dict[str, Any]) -> str | None:
+    """Why a request is not a P/D prefill leg (vLLM would silently run it as a normal one)."""
+    if kv.get("do_remote_decode") is not True:
+        return "prefill needs kv_transfer_params.do_remote_decode=true"
+    if kv.get("do_remote_prefill") is not False:
+        return "prefill needs kv_transfer_params.do_remote_prefill=false"
+    if body.get("stream"):
+        return "prefill must not stream"
+    if body.get("max_tokens") != 1:
+        return "prefill needs max_tokens=1"
+    return None
 
 
 @dataclass
@@ -43,6 +139,7 @@ class Knobs:
     fail_body: bytes | None = None  # body for fail_status (default: an OpenAI error)
     die_after: int | None = None  # streaming decode: drop the connection after N tokens
     healthy: bool = True  # GET /health answers 200 or 503
+    gsm8k_mode: str = "mixed"  # with answers: correct | wrong | mixed (see is_right)
 
 
 @dataclass
@@ -66,7 +163,11 @@ class FakeVLLM:
     issued: dict[str, dict[str, Any]] = field(default_factory=dict)  # prefill: rid -> kv params
     sent: dict[str, bytes] = field(default_factory=dict)  # rid -> response body bytes (record)
     completed: int = 0
+    rejected: int = 0  # answered 400: bad JSON or a broken protocol
+    unknown_questions: int = 0  # completed, but the question was not in ``answers``
     engine_id: str = ""
+    prefill_engine_id: str | None = None  # decode: accept only this prefill's handles
+    answers: Answers | None = None  # answer GSM8K questions (see load_answers)
     api_key: str | None = None  # like vLLM's --api-key: /v1/* needs "Authorization: Bearer" it
     # Every /v1 request as it arrived, before the key check: (method, path, headers).
     received: list[tuple[str, str, CIMultiDict[str]]] = field(default_factory=list)
@@ -89,6 +190,9 @@ class FakeVLLM:
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/fake/mode", self._set_mode)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -134,24 +238,37 @@ class FakeVLLM:
         return hmac.new(self.secret, msg.encode(), hashlib.sha256).hexdigest()
 
     def _check(self, body: dict[str, Any], rid: str) -> str | None:
-        """Why the request breaks the P/D protocol for this role, or None."""
+        """Why the request breaks the P/D protocol for this role (or, answering, is not what an
+        eval harness sends), or None."""
         kv = body.get("kv_transfer_params")
+        kv = kv if isinstance(kv, dict) else {}
+        if self.answers is not None and (problem := self._eval_problem(body)):
+            return problem
         if self.role == PREFILL:
-            if not isinstance(kv, dict) or kv.get("do_remote_decode") is not True:
-                return "prefill needs kv_transfer_params.do_remote_decode=true"
-            if kv.get("do_remote_prefill") is not False:
-                return "prefill needs kv_transfer_params.do_remote_prefill=false"
-            if body.get("stream"):
-                return "prefill must not stream"
-            if body.get("max_tokens") != 1:
-                return "prefill needs max_tokens=1"
-        elif self.role == DECODE:
-            if not isinstance(kv, dict) or kv.get("do_remote_prefill") is not True:
-                return "decode needs the kv_transfer_params a prefill returned"
-            if kv.get("remote_request_id") != rid:
-                return "decode X-Request-Id differs from the prefill's"
-            if not hmac.compare_digest(str(kv.get("fake_signature")), self.sign(kv)):
-                return "decode kv_transfer_params were not issued by a prefill"
+            return prefill_problem(body, kv)
+        if self.role == DECODE:
+            return self._decode_problem(kv, rid)
+        return None
+
+    def _decode_problem(self, kv: dict[str, Any], rid: str) -> str | None:
+        """Why ``kv`` are not handles a prefill issued for this very request."""
+        if kv.get("do_remote_prefill") is not True:
+            return "decode needs the kv_transfer_params a prefill returned"
+        engine = kv.get("remote_engine_id")
+        if self.prefill_engine_id is not None and engine != self.prefill_engine_id:
+            return f"decode kv_transfer_params name engine {engine!r}, not the prefill's"
+        if kv.get("remote_request_id") != rid:
+            return "decode X-Request-Id differs from the prefill's"
+        if not hmac.compare_digest(str(kv.get("fake_signature")), self.sign(kv)):
+            return "decode kv_transfer_params were not issued by a prefill"
+        return None
+
+    def _eval_problem(self, body: dict[str, Any]) -> str | None:
+        """A harness asking for another model, or batching prompts, would score garbage."""
+        if body.get("model") != self.model:
+            return f"model {body.get('model')!r} is not served here"
+        if prompt_text(body) is None:
+            return "one text prompt per request expected"
         return None
 
     def _prefill_params(self, rid: str) -> dict[str, Any]:
@@ -168,6 +285,24 @@ class FakeVLLM:
         }
         params["fake_signature"] = self.sign(params)
         return params
+
+    def _reply(self, body: dict[str, Any]) -> tuple[list[str], str]:
+        """The generated pieces and finish reason: a GSM8K answer when answering (a prefill's one
+        token is thrown away, so it never answers), else numbered tokens up to the length limit."""
+        if self.answers is None or self.role == PREFILL:
+            return [f" t{i}" for i in range(self._token_count(body))], "length"
+        mode = self.knobs.gsm8k_mode
+        text = gsm8k_reply(self.answers, mode, prompt_text(body) or "")
+        if text is None:
+            self.unknown_questions += 1
+            text = UNKNOWN_ANSWER
+        return [text], "stop"
+
+    def _token_count(self, body: dict[str, Any]) -> int:
+        if self.role == PREFILL:
+            return 1
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        return max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else self.knobs.tokens
 
     # ------------------------------------------------------------------ handlers
     @web.middleware
@@ -193,13 +328,49 @@ class FakeVLLM:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.knobs.healthy else 503)
 
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VERSION})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        ok = self.completed - self.unknown_questions
+        text = metrics_text(self.role, ok, self.rejected, self.unknown_questions)
+        return web.Response(text=text)
+
     async def _models(self, request: web.Request) -> web.Response:
-        data = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
-        return web.json_response(data)
+        model = {"id": self.model, "object": "model", "root": self.model, "max_model_len": 4096}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _set_mode(self, request: web.Request) -> web.Response:
+        """Switch the GSM8K answers between eval runs without restarting the server."""
+        try:
+            mode = (await request.json()).get("mode")
+        except (ValueError, AttributeError):
+            mode = None
+        if mode not in GSM8K_MODES:
+            return self._error(400, f"mode must be one of {', '.join(GSM8K_MODES)}")
+        self.knobs.gsm8k_mode = mode
+        return web.json_response({"mode": mode})
 
     def _error(self, status: int, message: str) -> web.Response:
         body = {"error": {"message": message, "type": "BadRequestError", "code": status}}
         return web.json_response(body, status=status)
+
+    def _reject(self, message: str) -> web.Response:
+        self.rejected += 1
+        return self._error(400, message)
+
+    def _injected_failure(self) -> web.Response | None:
+        """The answer ``knobs.fail_*`` asks for, counting down ``fail_times``; None: no failure."""
+        knobs = self.knobs
+        if knobs.fail_status is None or knobs.fail_times == 0:
+            return None
+        if knobs.fail_times is not None:
+            knobs.fail_times -= 1
+        if knobs.fail_body is None:
+            return self._error(knobs.fail_status, f"injected failure {knobs.fail_status}")
+        return web.Response(
+            status=knobs.fail_status, body=knobs.fail_body, content_type="application/json"
+        )
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id", "")
@@ -211,58 +382,56 @@ class FakeVLLM:
             raise
 
     async def _serve_completion(self, request: web.Request, rid: str) -> web.StreamResponse:
-        knobs = self.knobs
         try:
             body = json.loads(await request.read())
         except ValueError:
-            return self._error(400, "invalid JSON")
+            return self._reject("invalid JSON")
         if self.record:
             self.seen.append(Seen(request.path, CIMultiDict(request.headers), body))
             self._notify()
-        if knobs.delay:
-            await asyncio.sleep(knobs.delay)
-        if knobs.fail_status is not None and knobs.fail_times != 0:
-            if knobs.fail_times is not None:
-                knobs.fail_times -= 1
-            if knobs.fail_body is not None:
-                return web.Response(
-                    status=knobs.fail_status, body=knobs.fail_body, content_type="application/json"
-                )
-            return self._error(knobs.fail_status, f"injected failure {knobs.fail_status}")
+        if self.knobs.delay:
+            await asyncio.sleep(self.knobs.delay)
+        failure = self._injected_failure()
+        if failure is not None:
+            return failure
         problem = self._check(body, rid)
         if problem:
-            return self._error(400, problem)
+            return self._reject(problem)
         chat = request.path.endswith("/chat/completions")
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        n = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else knobs.tokens
-        if self.role == PREFILL:
-            n = 1
+        pieces, finish = self._reply(body)
         kv = self._prefill_params(rid) if self.role == PREFILL else None
         if kv is not None and self.record:
             self.issued[rid] = kv
         if body.get("stream"):
-            resp = await self._stream(request, rid, chat, n)
+            resp = await self._stream(request, rid, chat, pieces, finish)
         else:
-            resp = self._json(rid, chat, n, kv)
+            resp = self._json(rid, chat, pieces, finish, kv)
         self.completed += 1
         self._notify()
         return resp
 
-    def _json(self, rid: str, chat: bool, n: int, kv: dict[str, Any] | None) -> web.Response:
-        text = "".join(f" t{i}" for i in range(n))
+    def _json(
+        self, rid: str, chat: bool, pieces: list[str], finish: str, kv: dict[str, Any] | None
+    ) -> web.Response:
+        text = "".join(pieces)
         choice: dict[str, Any] = (
             {"index": 0, "message": {"role": "assistant", "content": text}}
             if chat
             else {"index": 0, "text": text}
         )
-        choice["finish_reason"] = "length"
+        choice["finish_reason"] = finish
+        n = len(pieces)
         data = {
             "id": ("chatcmpl-" if chat else "cmpl-") + rid,
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
             "model": self.model,
             "choices": [choice],
-            "usage": {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n},
+            "usage": {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": n,
+                "total_tokens": PROMPT_TOKENS + n,
+            },
             "kv_transfer_params": kv,
         }
         payload = json.dumps(data).encode()
@@ -270,27 +439,30 @@ class FakeVLLM:
             self.sent[rid] = payload
         return web.Response(body=payload, content_type="application/json")
 
-    async def _stream(
-        self, request: web.Request, rid: str, chat: bool, n: int
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await resp.prepare(request)
+    def _chunk_head(self, rid: str, chat: bool) -> str:
+        """An SSE event up to the piece's text, which every chunk of the stream shares."""
         if chat:
-            head = (
+            return (
                 f'data: {{"id":"chatcmpl-{rid}","object":"chat.completion.chunk",'
                 f'"created":{int(time.time())},"model":"{self.model}","choices":[{{"index":0,'
                 '"delta":{"content":"'
             )
-        else:
-            head = (
-                f'data: {{"id":"cmpl-{rid}","object":"text_completion",'
-                f'"created":{int(time.time())},"model":"{self.model}","choices":[{{"index":0,'
-                '"text":"'
-            )
+        return (
+            f'data: {{"id":"cmpl-{rid}","object":"text_completion",'
+            f'"created":{int(time.time())},"model":"{self.model}","choices":[{{"index":0,'
+            '"text":"'
+        )
+
+    async def _stream(
+        self, request: web.Request, rid: str, chat: bool, pieces: list[str], finish: str
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        head = self._chunk_head(rid, chat)
         close = '"},"finish_reason":' if chat else '","finish_reason":'
         knobs = self.knobs
         sent: list[bytes] | None = [] if self.record else None
-        for i in range(n):
+        for i, piece in enumerate(pieces):
             if knobs.die_after is not None and i == knobs.die_after:
                 # Half an event, then the connection drops without the closing chunk.
                 await resp.write(b'data: {"id":"broken')
@@ -299,8 +471,8 @@ class FakeVLLM:
                 assert request.transport is not None
                 request.transport.close()
                 return resp
-            finish = '"length"' if i == n - 1 else "null"
-            chunk = f"{head} t{i}{close}{finish}}}]}}\n\n".encode()
+            reason = json.dumps(finish) if i == len(pieces) - 1 else "null"
+            chunk = f"{head}{json.dumps(piece)[1:-1]}{close}{reason}}}]}}\n\n".encode()
             await resp.write(chunk)
             if sent is not None:
                 sent.append(chunk)
@@ -313,45 +485,70 @@ class FakeVLLM:
         return resp
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--role", choices=(PREFILL, DECODE, PLAIN), default=PLAIN)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model", default="fake-model")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument(
         "--api-key-file", help="require the first line of this file as a bearer key on /v1/*"
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--engine-id", default="", help="prefill: the engine its handles name")
+    parser.add_argument("--prefill-engine-id", help="decode: accept only this engine's handles")
+    parser.add_argument("--gsm8k-data", help="answer the GSM8K questions of DIR/test.jsonl")
+    parser.add_argument("--gsm8k-mode", choices=GSM8K_MODES, default="mixed")
+    return parser.parse_args(argv)
+
+
+def from_args(args: argparse.Namespace) -> FakeVLLM:
+    """The fake the command line describes; it records nothing (it may serve a benchmark)."""
     api_key = None
     if args.api_key_file:
         with open(args.api_key_file, encoding="utf-8") as f:
             api_key = f.readline().strip()
-    fake = FakeVLLM(
+    knobs = Knobs(
+        delay=args.delay,
+        token_delay=args.token_delay,
+        tokens=args.tokens,
+        gsm8k_mode=args.gsm8k_mode,
+    )
+    return FakeVLLM(
         role=args.role,
+        model=args.model,
         record=False,
+        knobs=knobs,
+        engine_id=args.engine_id,
+        prefill_engine_id=args.prefill_engine_id,
+        answers=load_answers(Path(args.gsm8k_data)) if args.gsm8k_data else None,
         api_key=api_key,
-        knobs=Knobs(delay=args.delay, token_delay=args.token_delay, tokens=args.tokens),
     )
 
-    async def run() -> None:
-        url = await fake.start(args.host, args.port)
-        print(f"listening on {url}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await fake.stop()
 
+async def serve(fake: FakeVLLM, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT; the ``listening on URL`` line tells a parent the port."""
+    url = await fake.start(host, port)
+    print(f"listening on {url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await fake.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run = serve(from_args(args), args.host, args.port)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(run())
+        asyncio.run(run)
     else:
-        uvloop.run(run())
+        uvloop.run(run)
     sys.exit(0)
 
 

@@ -1,0 +1,104 @@
+"""Prometheus histograms from parsed /metrics samples: before/after deltas, mean, quantile.
+
+A histogram here is one metric summed over all its label sets (vLLM labels by model and engine),
+so a delta counts every observation the server made during one bench run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pcp_pd_kit.localstack.report import Sample
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets (upper bound, count) sorted by bound and ending at +Inf, sum, count."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+    @property
+    def mean(self) -> float | None:
+        """sum/count: exact, whatever the buckets; None with no observation."""
+        return self.sum / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Estimate as Prometheus's histogram_quantile: linear inside the bucket holding rank q.
+
+        A rank in the +Inf bucket returns the highest finite bound; None with no observation.
+        """
+        found = self._bucket_holding(q)
+        if found is None:
+            return None
+        lower_bound, lower_count, bound, cumulative = found
+        if math.isinf(bound):
+            return lower_bound
+        if bound <= 0:
+            return bound
+        fraction = (q * self.count - lower_count) / (cumulative - lower_count)
+        return lower_bound + (bound - lower_bound) * fraction
+
+    def bucket_of(self, q: float) -> tuple[float, float] | None:
+        """(lower, upper] bounds of the bucket holding rank q: all a histogram really knows."""
+        found = self._bucket_holding(q)
+        return None if found is None else (found[0], found[2])
+
+    def _bucket_holding(self, q: float) -> tuple[float, float, float, float] | None:
+        """(lower bound, count below it, upper bound, cumulative count) of rank q's bucket."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile {q} outside [0, 1]")
+        if self.count <= 0 or not self.buckets:
+            return None
+        rank = q * self.count
+        lower_bound, lower_count = 0.0, 0.0
+        for bound, cumulative in self.buckets:
+            if cumulative >= rank and cumulative > lower_count:
+                return lower_bound, lower_count, bound, cumulative
+            lower_bound, lower_count = bound, cumulative
+        return lower_bound, lower_count, math.inf, lower_count
+
+
+def _le(raw: str) -> float:
+    return math.inf if raw in ("+Inf", "Inf", "inf") else float(raw)
+
+
+def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
+    """The histogram `name` summed over its label sets; None when the page has none of it."""
+    buckets: dict[float, float] = {}
+    total_sum = total_count = 0.0
+    found = False
+    for s in samples:
+        if s.name == f"{name}_bucket" and "le" in s.labels:
+            bound = _le(s.labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + s.value
+            found = True
+        elif s.name == f"{name}_sum":
+            total_sum += s.value
+            found = True
+        elif s.name == f"{name}_count":
+            total_count += s.value
+            found = True
+    if not found:
+        return None
+    return Histogram(tuple(sorted(buckets.items())), total_sum, total_count)
+
+
+def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:
+    """Observations made between two scrapes; None when the metric is missing afterwards.
+
+    Missing before (a lazily created metric, first observed during the run) counts as zero. A
+    count that went down means the server restarted: the delta would be meaningless, so None.
+    """
+    if after is None:
+        return None
+    if before is None:
+        return after
+    if after.count < before.count:
+        return None
+    earlier = dict(before.buckets)
+    buckets = tuple((bound, count - earlier.get(bound, 0.0)) for bound, count in after.buckets)
+    return Histogram(buckets, after.sum - before.sum, after.count - before.count)

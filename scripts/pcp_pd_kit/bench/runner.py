@@ -1,0 +1,697 @@
+"""Run the serving benchmark: start what is needed (or nothing), run each level, write results.
+
+Local mode (no --base-url/--single-url): one plain vLLM instance first, alone, then the P/D pair
+with pd-proxy (no Prometheus: the histograms are read from /metrics directly), each stopped before
+the next starts, so at most two servers share the cores. Remote mode benchmarks the URLs given
+and starts nothing. Either way each `vllm bench serve` runs in its own process group, killed on a
+timeout or Ctrl-C, and the stack is stopped in a `finally`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench import manifest as manifest_mod
+from pcp_pd_kit.bench import spec, tables
+from pcp_pd_kit.bench.histograms import Histogram, delta, histogram
+from pcp_pd_kit.localstack.host import ensure_ports_free
+from pcp_pd_kit.localstack.model_source import hf_cached, resolve_model
+from pcp_pd_kit.localstack.process import StackProcessError, parent_death_preexec, signal_group
+from pcp_pd_kit.localstack.report import parse_metrics
+from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
+from pcp_pd_kit.settings import StackSettings
+
+log = logging.getLogger("pcp_pd_kit.localstack")
+SETTLE_S = 1.0  # after a run, before the "after" scrape: the last request's observations land
+HEARTBEAT_S = 30.0
+WARMUP_REQUESTS = 2
+PD_PARTS = ("prefill", "decode", "proxy")
+BENCH_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+class BenchError(RuntimeError):
+    """The bench cannot run (a target unreachable, a bad option); one clear line."""
+
+
+@dataclass
+class RunRecord:
+    """One `vllm bench serve` invocation and what it left behind."""
+
+    target: str
+    level: int
+    prompts: int
+    returncode: int | None = None
+    seconds: float = 0.0
+    timed_out: bool = False
+    result_path: str = ""
+    log_path: str = ""
+    result: dict[str, Any] | None = None
+    deltas: dict[str, dict[str, Histogram | None]] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        done = tables.value(self.result, "completed")
+        return self.returncode == 0 and done is not None and int(done) == self.prompts
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "concurrency": self.level,
+            "prompts": self.prompts,
+            "returncode": self.returncode,
+            "seconds": round(self.seconds, 1),
+            "timed_out": self.timed_out,
+            "complete": self.complete,
+            "delivery": _asdict_or_none(tables.delivery(self.result)),
+            "result_file": self.result_path,
+            "log": self.log_path,
+        }
+
+
+def _asdict_or_none(obj: Any) -> dict[str, Any] | None:
+    return None if obj is None else dataclasses.asdict(obj)
+
+
+# --- HTTP with the client key ------------------------------------------------------------------
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _http(
+    url: str,
+    api_key: str | None,
+    payload: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+) -> str:
+    headers = _auth_headers(api_key)
+    data = None
+    if payload is not None:
+        data = json.dumps(payload).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")[:300]
+        hint = ""
+        if exc.code == 401:
+            hint = " (the endpoint wants a key: --api-key, --api-key-file or OPENAI_API_KEY)"
+        raise BenchError(f"{url}: HTTP {exc.code}{hint}: {body}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BenchError(f"{url}: no answer: {exc}") from None
+
+
+def served_model(base_url: str, api_key: str | None) -> tuple[str, str]:
+    """(id, root) of the first model /v1/models lists: the served name and where it came from."""
+    url = f"{base_url.rstrip('/')}/v1/models"
+    text = _http(url, api_key)
+    try:
+        first = json.loads(text)["data"][0]
+        return str(first["id"]), str(first.get("root") or first["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(f"{url}: no model listed: {text[:300]}") from None
+
+
+def warm_up(target: spec.Target, api_key: str | None) -> None:
+    """A few short requests first: the first P/D request also does the NIXL handshake."""
+    url = f"{target.base_url.rstrip('/')}/v1/completions"
+    payload = {
+        "model": target.served_model_name,
+        "prompt": "warm up the server before measuring " * 4,
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    for _ in range(WARMUP_REQUESTS):
+        _http(url, api_key, payload, timeout_s=300)
+
+
+def scrape_histograms(
+    url: str, names: Sequence[str], api_key: str | None
+) -> dict[str, Histogram | None] | None:
+    """The named histograms from url/metrics; None when the page cannot be read."""
+    try:
+        samples = parse_metrics(_http(f"{url.rstrip('/')}/metrics", api_key, timeout_s=10))
+    except (BenchError, ValueError) as exc:
+        log.warning("cannot read %s/metrics (breakdown rows from it will be n/a): %s", url, exc)
+        return None
+    return {name: histogram(samples, name) for name in names}
+
+
+def snapshot(
+    sources: Mapping[str, str], api_key: str | None
+) -> dict[str, dict[str, Histogram | None] | None]:
+    wanted = tables.breakdown_metrics()
+    return {
+        source: scrape_histograms(url, wanted.get(source, ()), api_key)
+        for source, url in sources.items()
+    }
+
+
+def deltas_between(
+    before: Mapping[str, Mapping[str, Histogram | None] | None],
+    after: Mapping[str, Mapping[str, Histogram | None] | None],
+) -> dict[str, dict[str, Histogram | None]]:
+    out: dict[str, dict[str, Histogram | None]] = {}
+    for source, later in after.items():
+        earlier = before.get(source)
+        if later is None or earlier is None:
+            continue
+        out[source] = {name: delta(later[name], earlier.get(name)) for name in later}
+    return out
+
+
+# --- one vllm bench serve process ----------------------------------------------------------------
+def run_bench_process(
+    argv: Sequence[str], log_path: Path, env: Mapping[str, str], timeout_s: float, what: str
+) -> tuple[int | None, float, bool]:
+    """Run argv in its own process group with output to log_path; (returncode, seconds, timed out).
+
+    A heartbeat is logged while it runs; on timeout or Ctrl-C the whole group is killed.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "ab") as out:
+        out.write(f"=== {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=parent_death_preexec(),
+        )
+    try:
+        last_beat = start
+        while True:
+            try:
+                code = proc.wait(timeout=1.0)
+                return code, time.monotonic() - start, False
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now - start > timeout_s:
+                log.error("%s still running after %.0fs: killing it", what, timeout_s)
+                return None, now - start, True
+            if now - last_beat >= HEARTBEAT_S:
+                last_beat = now
+                log.info("  %s: running, %.0fs", what, now - start)
+    finally:
+        # On timeout or Ctrl-C the leader; after a normal exit any leftover of its group.
+        signal_group(proc.pid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) did not exit after SIGKILL", what, proc.pid)
+
+
+def bench_env(api_key: str | None) -> dict[str, str]:
+    """The bench client's environment: offline, and OPENAI_API_KEY only when a key is given."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env.update(BENCH_ENV)
+    if api_key:
+        env["OPENAI_API_KEY"] = api_key  # vllm bench serve sends it as Authorization: Bearer
+    return env
+
+
+def run_target(
+    target: spec.Target,
+    plan: spec.BenchPlan,
+    out_dir: Path,
+    sources: Mapping[str, str],
+    api_key: str | None,
+) -> list[RunRecord]:
+    """Warm up, then every concurrency level against one target, reading /metrics around each."""
+    title = spec.TARGET_TITLES[target.name]
+    log.info("%s: warming up %s (%d requests)", title, target.base_url, WARMUP_REQUESTS)
+    warm_up(target, api_key)
+    env = bench_env(api_key)
+    records = []
+    for index, level in enumerate(plan.levels, 1):
+        record = RunRecord(target.name, level, plan.prompts_for(level))
+        what = f"{title} c={level}"
+        log.info(
+            "%s [%d/%d]: %d prompts, %d in / %d out tokens, max concurrency %d",
+            what,
+            index,
+            len(plan.levels),
+            record.prompts,
+            plan.input_len,
+            plan.output_len,
+            level,
+        )
+        argv = spec.bench_serve_argv(target, plan, level, str(out_dir))
+        log_path = out_dir / "logs" / f"{target.name}-c{level}.log"
+        result_path = out_dir / spec.result_filename(target.name, level)
+        before = snapshot(sources, api_key)
+        code, seconds, timed_out = run_bench_process(argv, log_path, env, plan.run_timeout_s, what)
+        time.sleep(SETTLE_S)
+        after = snapshot(sources, api_key)
+        record.returncode, record.seconds, record.timed_out = code, seconds, timed_out
+        record.log_path, record.deltas = str(log_path), deltas_between(before, after)
+        if result_path.is_file():
+            record.result_path = str(result_path)
+            try:
+                record.result = json.loads(result_path.read_text())
+            except ValueError as exc:
+                log.error("%s: unreadable result %s: %s", what, result_path, exc)
+        if record.result is None or code != 0:
+            log.error(
+                "%s: vllm bench serve %s; see %s",
+                what,
+                "timed out" if timed_out else f"exited {code}",
+                log_path,
+            )
+        else:
+            r = record.result
+            log.info(
+                "%s: %s done in %.0fs: %s req/s, %s output tok/s, TTFT median %s ms",
+                what,
+                tables.completed_text(r, record.prompts),
+                seconds,
+                tables.fmt_num(tables.value(r, "request_throughput")),
+                tables.fmt_num(tables.value(r, "output_throughput")),
+                tables.fmt_num(tables.value(r, "median_ttft_ms")),
+            )
+        records.append(record)
+    return records
+
+
+# --- the two modes ------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    records: list[RunRecord] = field(default_factory=list)
+    targets: dict[str, str] = field(default_factory=dict)
+    topology: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def _phase_parts(name: str) -> tuple[str, ...]:
+    return REFERENCE_PARTS if name == "single" else PD_PARTS
+
+
+def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]) -> StackSettings:
+    """The bench's settings (own ports), checked before anything starts or any file is written.
+
+    Every port of every phase must be free and the model must resolve; a failure raises the
+    stack's own error (PortInUseError, ModelNotAvailableError), which the CLI turns into exit 2.
+    """
+    try:
+        ports = spec.bench_ports(port_base)
+    except spec.BenchSpecError as exc:
+        raise BenchError(str(exc)) from None
+    settings = dataclasses.replace(settings, **ports)  # type: ignore[arg-type]
+    needed = {
+        name: port
+        for name, port in {"reference": settings.reference_port, **settings.ports()}.items()
+        if name.split()[0] in {p for phase in wanted for p in _phase_parts(phase)}
+    }
+    ensure_ports_free(settings.host, needed)
+    resolve_model(settings.model, settings.served_model_name, repo_root())  # builds the tiny one
+    return settings
+
+
+def run_local(
+    settings: StackSettings, plan: spec.BenchPlan, out_dir: Path, wanted: Sequence[str]
+) -> Outcome:
+    """Each phase starts its servers, runs every level, stops them; a phase that fails to start
+    is recorded and the next one still runs."""
+    outcome = Outcome(topology=manifest_mod.local_topology(settings))
+    startup: dict[str, dict[str, float]] = {}
+    phases = [t for t in spec.TARGETS if t in wanted]
+    for number, name in enumerate(phases, 1):
+        what = (
+            f"single vLLM instance (cpus {settings.prefill_cpu_bind})"
+            if name == "single"
+            else (
+                f"P/D: prefill (cpus {settings.prefill_cpu_bind}) + decode "
+                f"(cpus {settings.decode_cpu_bind}) + pd-proxy"
+            )
+        )
+        log.info("phase %d/%d: starting %s", number, len(phases), what)
+        # The servers' logs go with the results: out_dir/servers/<single|pd>/logs/.
+        stack = Stack(settings, parts=_phase_parts(name), work_dir=out_dir / "servers" / name)
+        try:
+            stack.start()
+            startup[name] = {k: round(v, 1) for k, v in stack.startup_seconds().items()}
+            log.info(
+                "phase %d/%d: up (%s)",
+                number,
+                len(phases),
+                ", ".join(f"{k} {v:.0f}s" for k, v in startup[name].items()),
+            )
+            urls = stack.urls
+            if name == "single":
+                target_url, sources = urls["reference"], {"single": urls["reference"]}
+            else:
+                target_url = urls["proxy"]
+                sources = {k: urls[k] for k in ("proxy", "prefill", "decode")}
+            assert stack.model is not None
+            outcome.extra["model"] = dataclasses.asdict(stack.model)
+            target = spec.Target(name, target_url, stack.model.served_name, stack.model.path)
+            outcome.targets[name] = target_url
+            outcome.records += run_target(target, plan, out_dir, sources, api_key=None)
+        except (StackProcessError, BenchError) as exc:
+            log.error("phase %d/%d (%s) failed: %s", number, len(phases), name, exc)
+            outcome.errors.append(f"{spec.TARGET_TITLES[name]}: {exc}")
+        finally:
+            log.info("phase %d/%d: stopping %s", number, len(phases), name)
+            stack.stop()
+    outcome.extra["startup_s"] = startup
+    return outcome
+
+
+def remote_tokenizer(root: str, explicit: str | None, settings: StackSettings) -> str:
+    """--tokenizer, else the served model's root when it is here, else the kit's model."""
+    if explicit:
+        return explicit
+    if Path(root).expanduser().is_dir() or hf_cached(root):
+        return root
+    local = resolve_model(settings.model, settings.served_model_name, repo_root())
+    log.warning(
+        "the served model's root %r is not on this machine: tokenizing with %s "
+        "(--tokenizer sets another)",
+        root,
+        local.path,
+    )
+    return local.path
+
+
+@dataclass
+class RemotePlan:
+    """The targets of a running deployment, checked (models listed, key accepted) up front."""
+
+    targets: list[spec.Target]
+    sources: dict[str, dict[str, str]]
+    topology: dict[str, Any]
+    server_versions: dict[str, str | None]
+
+
+def prepare_remote(
+    settings: StackSettings, args: argparse.Namespace, api_key: str | None, wanted: Sequence[str]
+) -> RemotePlan:
+    """Ask each URL for its model (this also checks the key) before any file is written."""
+    urls = {"pd": args.base_url, "single": args.single_url}
+    urls = {k: v.rstrip("/") for k, v in urls.items() if v and k in wanted}
+    if not urls:
+        raise BenchError(
+            "--targets leaves none of the URLs given (--base-url: pd, --single-url: single)"
+        )
+    tokenizer: str | None = None
+    targets: list[spec.Target] = []
+    sources: dict[str, dict[str, str]] = {}
+    versions: dict[str, str | None] = {}
+    for name in spec.TARGETS:
+        if name not in urls:
+            continue
+        served, root = served_model(urls[name], api_key)
+        if tokenizer is None:
+            tokenizer = remote_tokenizer(root, args.tokenizer, settings)
+        targets.append(spec.Target(name, urls[name], args.served_model_name or served, tokenizer))
+        if name == "single":
+            sources[name] = {"single": urls[name]}
+        else:
+            sources[name] = {"proxy": (args.proxy_metrics_url or urls[name]).rstrip("/")}
+            if args.prefill_metrics_url:
+                sources[name]["prefill"] = args.prefill_metrics_url.rstrip("/")
+            if args.decode_metrics_url:
+                sources[name]["decode"] = args.decode_metrics_url.rstrip("/")
+        try:  # vLLM answers /version; pd-proxy does not (null then)
+            versions[name] = str(json.loads(_http(f"{urls[name]}/version", api_key))["version"])
+        except (BenchError, ValueError, KeyError, TypeError):
+            versions[name] = None
+    topology = {
+        "what": "an already running deployment; nothing started by the bench",
+        "pd_url": urls.get("pd"),
+        "single_url": urls.get("single"),
+        "metrics_sources": sources,
+    }
+    return RemotePlan(targets, sources, topology, versions)
+
+
+def run_remote(
+    remote: RemotePlan, plan: spec.BenchPlan, out_dir: Path, api_key: str | None
+) -> Outcome:
+    models = {
+        t.name: {"served_name": t.served_model_name, "tokenizer": t.tokenizer}
+        for t in remote.targets
+    }
+    outcome = Outcome(
+        topology=remote.topology,
+        extra={"server_versions": remote.server_versions, "model": models},
+    )
+    for number, target in enumerate(remote.targets, 1):
+        log.info(
+            "phase %d/%d: %s at %s (model %r)",
+            number,
+            len(remote.targets),
+            spec.TARGET_TITLES[target.name],
+            target.base_url,
+            target.served_model_name,
+        )
+        outcome.targets[target.name] = target.base_url
+        try:
+            outcome.records += run_target(
+                target, plan, out_dir, remote.sources[target.name], api_key
+            )
+        except BenchError as exc:
+            log.error("%s failed: %s", spec.TARGET_TITLES[target.name], exc)
+            outcome.errors.append(f"{spec.TARGET_TITLES[target.name]}: {exc}")
+    return outcome
+
+
+# --- report -------------------------------------------------------------------------------------
+def render(
+    plan: spec.BenchPlan, records: Sequence[RunRecord], errors: Sequence[str] = ()
+) -> tuple[str, dict[str, Any]]:
+    """The printed text (table + breakdown) and summary.json's content."""
+    results = {(r.target, r.level): r.result for r in records}
+    deltas = {(r.target, r.level): r.deltas for r in records}
+    title = (
+        f"vllm bench serve, random dataset: {plan.input_len} in / {plan.output_len} out tokens, "
+        f"seed {plan.seed}, temperature {plan.temperature:g}; single = one vLLM instance, "
+        "P/D = prefill + decode through pd-proxy"
+    )
+    text = [
+        format_header("serving benchmark"),
+        tables.format_table(results, plan.levels, plan.prompts, title),
+    ]
+    breakdowns = []
+    for level in plan.levels:
+        merged = {**deltas.get(("pd", level), {}), **deltas.get(("single", level), {})}
+        rows = tables.breakdown_rows(
+            merged, results.get(("pd", level)), results.get(("single", level))
+        )
+        breakdowns.append(tables.breakdown_json(level, rows))
+        if level == plan.focus_level() and (("pd", level) in results):
+            text += [
+                "",
+                format_header(f"where the P/D time to first token goes, concurrency {level}"),
+                tables.format_breakdown(level, rows),
+            ]
+    summary = {
+        "plan": plan.as_dict(),
+        "table": tables.comparison_rows(results, plan.levels),
+        "breakdown": breakdowns,
+        "runs": [r.summary() for r in records],
+        "errors": list(errors),
+    }
+    if errors:
+        text += ["", "errors (their rows show n/a):", *(f"  {e}" for e in errors)]
+    return "\n".join(text), summary
+
+
+def format_header(text: str) -> str:
+    return f"== {text} =="
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+# --- CLI ----------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("what to run")
+    g.add_argument(
+        "--concurrency",
+        default=",".join(map(str, spec.DEFAULT_CONCURRENCY)),
+        help="--max-concurrency levels, comma-separated (default: %(default)s)",
+    )
+    g.add_argument(
+        "--prompts",
+        default=None,
+        help="prompts per level: N for every level or one count per level "
+        f"(default: max({spec.MIN_PROMPTS}, {spec.PROMPTS_PER_SLOT} x concurrency))",
+    )
+    g.add_argument("--input-len", type=int, default=spec.DEFAULT_INPUT_LEN, help="(%(default)s)")
+    g.add_argument("--output-len", type=int, default=spec.DEFAULT_OUTPUT_LEN, help="(%(default)s)")
+    g.add_argument("--seed", type=int, default=spec.DEFAULT_SEED, help="dataset seed (%(default)s)")
+    g.add_argument(
+        "--targets",
+        default="single,pd",
+        help="which of single,pd to run (default: both)",
+    )
+    g.add_argument(
+        "--breakdown-concurrency",
+        type=int,
+        default=spec.DEFAULT_BREAKDOWN_LEVEL,
+        help="level whose P/D breakdown is printed (nearest run level; default %(default)s)",
+    )
+    g.add_argument(
+        "--run-timeout",
+        type=float,
+        default=900.0,
+        help="seconds one vllm bench serve may run before it is killed (%(default)s)",
+    )
+    g.add_argument(
+        "--results-dir",
+        default=None,
+        help="where bench-<UTC time>/ is created (default: <repo>/results)",
+    )
+    g.add_argument(
+        "--port-base",
+        type=int,
+        default=spec.DEFAULT_PORT_BASE,
+        help="local mode: the stack's ports are base+0..base+30 (default %(default)s)",
+    )
+    r = parser.add_argument_group(
+        "an already running deployment (nothing is started when one of these is given)"
+    )
+    r.add_argument("--base-url", default=None, help="P/D: the proxy, e.g. http://gpu-host:8000")
+    r.add_argument("--single-url", default=None, help="a plain vLLM instance of the same model")
+    r.add_argument(
+        "--api-key",
+        default=None,
+        help="client key (sent as Authorization: Bearer); default: --api-key-file or "
+        "OPENAI_API_KEY",
+    )
+    r.add_argument("--api-key-file", default=None, help="file whose first line is the key")
+    r.add_argument("--served-model-name", default=None, help="default: first of /v1/models")
+    r.add_argument(
+        "--tokenizer",
+        default=None,
+        help="local tokenizer path or cached HF id (default: the served model's root when "
+        "present here, else the kit's MODEL)",
+    )
+    r.add_argument("--proxy-metrics-url", default=None, help="default: --base-url")
+    r.add_argument("--prefill-metrics-url", default=None, help="a prefill vLLM, for the breakdown")
+    r.add_argument("--decode-metrics-url", default=None, help="a decode vLLM, for the breakdown")
+
+
+def resolve_api_key(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except OSError as exc:
+            raise BenchError(f"--api-key-file {args.api_key_file}: {exc}") from None
+        keys = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        if not keys:
+            raise BenchError(f"--api-key-file {args.api_key_file}: no key in it")
+        return keys[0]
+    return env.get("OPENAI_API_KEY") or None
+
+
+def plan_from_args(args: argparse.Namespace) -> spec.BenchPlan:
+    try:
+        levels = spec.parse_levels(args.concurrency)
+        return spec.BenchPlan(
+            levels=levels,
+            prompts=spec.parse_prompts(args.prompts, levels),
+            input_len=args.input_len,
+            output_len=args.output_len,
+            seed=args.seed,
+            breakdown_level=args.breakdown_concurrency,
+            run_timeout_s=args.run_timeout,
+        )
+    except spec.BenchSpecError as exc:
+        raise BenchError(str(exc)) from None
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    wanted = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = set(wanted) - set(spec.TARGETS)
+    if not wanted or unknown:
+        raise BenchError(f"--targets {text!r}: choose from single,pd")
+    return wanted
+
+
+def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
+    """`pcp-pd-kit bench`: 0 when every run completed all its prompts, else 1.
+
+    Bad options, busy ports, an unknown model or an unreachable URL fail (exit 2 via the CLI)
+    before anything starts or any file is written.
+    """
+    plan = plan_from_args(args)
+    remote = bool(args.base_url or args.single_url)
+    wanted = parse_targets(args.targets)
+    api_key = resolve_api_key(args, os.environ) if remote else None
+    if remote:
+        remote_plan = prepare_remote(settings, args, api_key, wanted)
+    else:
+        settings = prepare_local(settings, args.port_base, wanted)
+    started = manifest_mod.utc_stamp()
+    root = Path(args.results_dir) if args.results_dir else repo_root() / "results"
+    out_dir = root / f"bench-{started}"
+    (out_dir / "logs").mkdir(parents=True, exist_ok=False)
+    log.info("results go to %s", out_dir)
+    load_start = manifest_mod.load_average()
+    wall_start = time.monotonic()
+    if remote:
+        outcome = run_remote(remote_plan, plan, out_dir, api_key)
+    else:
+        outcome = run_local(settings, plan, out_dir, wanted)
+    text, summary = render(plan, outcome.records, outcome.errors)
+    extra = dict(outcome.extra)
+    extra["load_average"] = {"start": load_start, "end": manifest_mod.load_average()}
+    extra["wall_s"] = round(time.monotonic() - wall_start, 1)
+    manifest = manifest_mod.build_manifest(
+        plan=plan,
+        mode="remote" if remote else "local",
+        targets=outcome.targets,
+        topology=outcome.topology,
+        settings=None if remote else settings,
+        argv=[sys.executable, "-m", "pcp_pd_kit", *sys.argv[1:]],
+        started_utc=started,
+        git=manifest_mod.git_info(repo_root()),
+        host=manifest_mod.host_info(),
+        versions=manifest_mod.package_versions(),
+        extra=extra,
+    )
+    write_json(out_dir / "manifest.json", manifest)
+    write_json(out_dir / "summary.json", summary)
+    (out_dir / "table.txt").write_text(text + "\n")
+    print(text)
+    print(f"\nresults: {out_dir} (wall time {extra['wall_s']:.0f}s)")
+    incomplete = [r for r in outcome.records if not r.complete]
+    if incomplete or outcome.errors:
+        names = [f"{spec.TARGET_TITLES[r.target]} c={r.level}" for r in incomplete]
+        names += outcome.errors
+        print(f"incomplete: {'; '.join(names)} (logs in {out_dir / 'logs'})", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,205 @@
+"""What one bench run is, as plain data: the plan, the targets, and each `vllm bench serve` argv.
+
+No I/O here: the runner executes these argument lists, the tests check them (and, with vLLM
+installed, parse them with vLLM's own `vllm bench serve` parser).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+VLLM_SERVE_MODULE = "pcp_pd_kit.bench.vllm_serve"
+DEFAULT_CONCURRENCY = (1, 4, 16)
+DEFAULT_INPUT_LEN = 256
+DEFAULT_OUTPUT_LEN = 64
+DEFAULT_SEED = 0
+DEFAULT_BREAKDOWN_LEVEL = 4
+# Prompts per level: at least MIN_PROMPTS (a median over fewer moves with every hiccup of a busy
+# 2-core machine), and PROMPTS_PER_SLOT per concurrent slot so a high level spends most of its run
+# at full concurrency rather than ramping up and draining.
+MIN_PROMPTS = 64
+PROMPTS_PER_SLOT = 8
+# The bench's own ports (base + offset), apart from `make up` (18000-18300) and the e2e suite
+# (18500-18590), so it runs beside either.
+DEFAULT_PORT_BASE = 18400
+PORT_OFFSETS = {
+    "proxy_port": 0,
+    "prefill_port": 10,
+    "prefill_side_channel_port": 11,
+    "decode_port": 20,
+    "decode_side_channel_port": 21,
+    "reference_port": 30,
+    "prometheus_port": 90,  # never started by the bench; moved so it cannot clash either
+}
+TARGETS = ("single", "pd")
+TARGET_TITLES = {"single": "single", "pd": "P/D"}
+PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+METRIC_PERCENTILES = "50,99"
+
+
+class BenchSpecError(ValueError):
+    """A bench option the run cannot use; the message names it."""
+
+
+def default_prompts(level: int) -> int:
+    return max(MIN_PROMPTS, PROMPTS_PER_SLOT * level)
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16); each a positive integer, no duplicates."""
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BenchSpecError(f"--concurrency {text!r}: expected integers like 1,4,16") from None
+    if not levels:
+        raise BenchSpecError("--concurrency is empty")
+    if any(level < 1 for level in levels):
+        raise BenchSpecError(f"--concurrency {text!r}: every level must be >= 1")
+    if len(set(levels)) != len(levels):
+        raise BenchSpecError(f"--concurrency {text!r}: a level is repeated")
+    return levels
+
+
+def parse_prompts(text: str | None, levels: Sequence[int]) -> tuple[int, ...]:
+    """Prompts per level: None -> default_prompts; 'N' -> N for each; 'a,b,c' -> one per level."""
+    if text is None or not text.strip():
+        return tuple(default_prompts(level) for level in levels)
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BenchSpecError(f"--prompts {text!r}: expected N or one count per level") from None
+    if len(counts) == 1:
+        counts = counts * len(levels)
+    if len(counts) != len(levels):
+        raise BenchSpecError(
+            f"--prompts {text!r}: {len(counts)} counts for {len(levels)} concurrency levels"
+        )
+    if any(count < 1 for count in counts):
+        raise BenchSpecError(f"--prompts {text!r}: every count must be >= 1")
+    return counts
+
+
+def bench_ports(base: int) -> dict[str, int]:
+    """StackSettings port fields for the bench's stack, from one base port."""
+    if not 1 <= base <= 65535 - max(PORT_OFFSETS.values()):
+        raise BenchSpecError(f"--port-base {base}: the bench needs base..base+90 inside 1-65535")
+    return {name: base + offset for name, offset in PORT_OFFSETS.items()}
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """Everything that makes two runs comparable: dataset, lengths, seed, levels, prompts."""
+
+    levels: tuple[int, ...] = DEFAULT_CONCURRENCY
+    prompts: tuple[int, ...] = tuple(default_prompts(level) for level in DEFAULT_CONCURRENCY)
+    input_len: int = DEFAULT_INPUT_LEN
+    output_len: int = DEFAULT_OUTPUT_LEN
+    seed: int = DEFAULT_SEED
+    temperature: float = 0.0
+    backend: str = "vllm"
+    endpoint: str = "/v1/completions"
+    breakdown_level: int = DEFAULT_BREAKDOWN_LEVEL
+    run_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if len(self.prompts) != len(self.levels):
+            raise BenchSpecError("one prompt count per concurrency level")
+        if self.input_len < 1 or self.output_len < 1:
+            raise BenchSpecError("--input-len and --output-len must be >= 1")
+        if self.run_timeout_s <= 0:
+            raise BenchSpecError("--run-timeout must be > 0")
+
+    def prompts_for(self, level: int) -> int:
+        return self.prompts[self.levels.index(level)]
+
+    def focus_level(self) -> int:
+        """The level the breakdown is printed for: breakdown_level, else the nearest one run."""
+        return min(self.levels, key=lambda level: (abs(level - self.breakdown_level), level))
+
+    def as_dict(self) -> dict[str, object]:
+        data = dataclasses.asdict(self)
+        data["prompts"] = dict(zip(map(str, self.levels), self.prompts, strict=True))
+        data["dataset"] = "random"
+        data["random_range_ratio"] = 0.0
+        return data
+
+
+@dataclass(frozen=True)
+class Target:
+    """One endpoint to benchmark: 'single' (plain vLLM) or 'pd' (pd-proxy in front of P/D)."""
+
+    name: str
+    base_url: str
+    served_model_name: str
+    tokenizer: str
+
+    def __post_init__(self) -> None:
+        if self.name not in TARGETS:
+            raise BenchSpecError(f"unknown target {self.name!r}")
+
+
+def result_filename(target: str, level: int) -> str:
+    return f"{target}-c{level}.json"
+
+
+def bench_serve_argv(
+    target: Target, plan: BenchPlan, level: int, result_dir: str, python: str = sys.executable
+) -> list[str]:
+    """`vllm bench serve` for one target at one concurrency, saving its JSON result.
+
+    Fixed lengths (`--random-range-ratio 0`) and `--ignore-eos` so every request reads input_len
+    and writes output_len tokens; greedy (`--temperature 0`) so single and P/D do the same work.
+    """
+    return [
+        python,
+        "-m",
+        VLLM_SERVE_MODULE,
+        "--backend",
+        plan.backend,
+        "--base-url",
+        target.base_url.rstrip("/"),
+        "--endpoint",
+        plan.endpoint,
+        "--model",
+        target.tokenizer,
+        "--served-model-name",
+        target.served_model_name,
+        "--tokenizer",
+        target.tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(plan.input_len),
+        "--random-output-len",
+        str(plan.output_len),
+        "--random-range-ratio",
+        "0",
+        "--seed",
+        str(plan.seed),
+        "--num-prompts",
+        str(plan.prompts_for(level)),
+        "--max-concurrency",
+        str(level),
+        "--temperature",
+        str(plan.temperature),
+        "--ignore-eos",
+        "--percentile-metrics",
+        PERCENTILE_METRICS,
+        "--metric-percentiles",
+        METRIC_PERCENTILES,
+        "--disable-tqdm",
+        "--save-detailed",  # per-request ITLs: tables.delivery checks how the streams arrived
+        "--label",
+        target.name,
+        "--metadata",
+        f"target={target.name}",
+        f"concurrency={level}",
+        "--save-result",
+        "--result-dir",
+        result_dir,
+        "--result-filename",
+        result_filename(target.name, level),
+    ]

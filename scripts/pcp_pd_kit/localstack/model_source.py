@@ -1,0 +1,70 @@
+"""Decide which model the stack serves: the tiny built one, a local path, or a cached HF id.
+
+Nothing can be downloaded on CI, so an HF id must already be in the local cache; saying so up
+front beats a vLLM start-up that dies minutes later on a network error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pcp_pd_kit.localstack import tiny_model
+
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ModelNotAvailableError(RuntimeError):
+    """MODEL names something that is neither a local model directory nor a cached HF id."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What to pass to --model and --served-model-name."""
+
+    path: str
+    served_name: str
+    built_tiny: bool = False
+
+
+def hf_cached(model_id: str) -> bool:
+    """True when the HF cache already holds the model's config.json."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    found = try_to_load_from_cache(model_id, "config.json")
+    return isinstance(found, str)
+
+
+def resolve_model(
+    model: str,
+    served_model_name: str,
+    repo: Path,
+    build_tiny: Callable[[Path], Path] = tiny_model.build,
+    is_cached: Callable[[str], bool] = hf_cached,
+) -> ResolvedModel:
+    """Empty MODEL -> build the tiny model under .models/; a path -> it; an HF id -> if cached."""
+    if not model:
+        path = build_tiny(repo / tiny_model.DEFAULT_DIR)
+        return ResolvedModel(str(path), served_model_name or "tiny-llama", built_tiny=True)
+    candidate = Path(model).expanduser()
+    if not candidate.is_absolute():
+        candidate = (repo / candidate) if (repo / candidate).exists() else candidate.resolve()
+    if candidate.exists():
+        if not (candidate / "config.json").is_file():
+            raise ModelNotAvailableError(f"MODEL={model}: {candidate} has no config.json")
+        return ResolvedModel(str(candidate), served_model_name or candidate.name)
+    if _HF_ID.match(model):
+        if is_cached(model):
+            return ResolvedModel(model, served_model_name or model)
+        raise ModelNotAvailableError(
+            f"MODEL={model}: not in the local Hugging Face cache and this stack never downloads. "
+            f"Fetch it first (`huggingface-cli download {model}`) or leave MODEL empty for the "
+            "built-in tiny model."
+        )
+    raise ModelNotAvailableError(
+        f"MODEL={model}: no such directory, and not an HF id of the form owner/name"
+    )

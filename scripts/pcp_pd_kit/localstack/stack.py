@@ -1,0 +1,203 @@
+"""The Stack object: start the chosen parts, wait until healthy, expose URLs, stop everything.
+
+Used by `pcp-pd-kit up|demo` and by the e2e tests, so both exercise the same start-up
+path. A stack is also a context manager and registers an atexit hook, so an exception or a
+Ctrl-C between start() and stop() does not leave vLLM processes behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from pcp_pd_kit import repo_root
+from pcp_pd_kit.localstack import commands, host, prometheus_config
+from pcp_pd_kit.localstack.host import run_dir
+from pcp_pd_kit.localstack.model_source import ResolvedModel, resolve_model
+from pcp_pd_kit.localstack.process import ManagedProcess, StackProcessError, wait_healthy
+from pcp_pd_kit.settings import StackSettings
+
+log = logging.getLogger("pcp_pd_kit.localstack")
+
+T = TypeVar("T")
+PD_PARTS = ("prefill", "decode", "proxy", "prometheus")
+REFERENCE_PARTS = ("reference",)
+
+
+class Stack:
+    """A set of named processes (prefill, decode, proxy, prometheus, reference) run together."""
+
+    def __init__(
+        self,
+        settings: StackSettings,
+        parts: Sequence[str] = PD_PARTS,
+        repo: Path | None = None,
+        work_dir: Path | None = None,
+    ) -> None:
+        unknown = set(parts) - set(PD_PARTS) - set(REFERENCE_PARTS)
+        if unknown:
+            raise ValueError(f"unknown stack parts: {sorted(unknown)}")
+        self.settings = settings
+        self.parts = tuple(parts)
+        self.repo = repo or repo_root()
+        self.work_dir = work_dir or run_dir(self.repo)
+        self.log_dir = self.work_dir / "logs"
+        self.model: ResolvedModel | None = None
+        self.processes: dict[str, ManagedProcess] = {}
+        self._atexit_registered = False
+
+    # --- URLs -------------------------------------------------------------------------------
+    @property
+    def urls(self) -> dict[str, str]:
+        s = self.settings
+        all_urls = {
+            "prefill": s.url(s.prefill_port),
+            "decode": s.url(s.decode_port),
+            "proxy": s.url(s.proxy_port),
+            "prometheus": s.url(s.prometheus_port),
+            "reference": s.url(s.reference_port),
+        }
+        return {name: url for name, url in all_urls.items() if name in self.parts}
+
+    @property
+    def served_model_name(self) -> str:
+        if self.model is None:
+            raise RuntimeError("stack not started")
+        return self.model.served_name
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def _ports(self) -> dict[str, int]:
+        s = self.settings
+        wanted: dict[str, int] = {}
+        if "reference" in self.parts:
+            wanted["reference"] = s.reference_port
+        wanted.update(
+            {name: port for name, port in s.ports().items() if name.split()[0] in self.parts}
+        )
+        return wanted
+
+    def _spec(self, part: str) -> commands.ProcessSpec:
+        assert self.model is not None
+        s = self.settings
+        if part in ("prefill", "decode", "reference"):
+            return commands.vllm_server_spec(
+                s,
+                part,  # type: ignore[arg-type]  # narrowed by the tuple test above
+                self.model.path,
+                self.model.served_name,
+                self.repo,
+            )
+        if part == "proxy":
+            return commands.proxy_spec(s)
+        if part == "prometheus":
+            binary = shutil.which("prometheus")
+            if binary is None:
+                raise StackProcessError(
+                    "prometheus binary not found on PATH (the bootstrap installs it: "
+                    "apt-get install prometheus)"
+                )
+            prom_dir = self.work_dir / "prometheus"
+            config = prometheus_config.write_config(s, prom_dir, self.repo)
+            data = prom_dir / "data"
+            shutil.rmtree(data, ignore_errors=True)  # a fresh TSDB: the report reads this run
+            return commands.prometheus_spec(s, config, data, binary)
+        raise ValueError(part)
+
+    def start(self) -> Stack:
+        """Check ports, resolve the model, start every part, wait until all are healthy."""
+        host.ensure_ports_free(self.settings.host, self._ports())
+        s = self.settings
+        self.model = resolve_model(s.model, s.served_model_name, self.repo)
+        log.info("model %s served as %r", self.model.path, self.model.served_name)
+        if "prefill" in self.parts and s.kv_connector_module_path:
+            pkg = self.repo / "connector" / s.kv_connector_module_path.split(".")[0]
+            if not pkg.exists():
+                raise StackProcessError(
+                    f"KV_CONNECTOR_MODULE_PATH={s.kv_connector_module_path}: {pkg} does not exist"
+                )
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+        try:
+            for part in self.parts:
+                self.processes[part] = ManagedProcess(self._spec(part), self.log_dir)
+                self.processes[part].start()
+            wait_healthy(list(self.processes.values()), s.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def startup_seconds(self) -> dict[str, float]:
+        """Seconds from spawn to first healthy answer, per part."""
+        return {
+            name: proc.healthy_after_s
+            for name, proc in self.processes.items()
+            if proc.healthy_after_s is not None
+        }
+
+    def stop_part(self, part: str) -> None:
+        """Terminate one part (its whole process group), e.g. to test the proxy's errors."""
+        self.processes[part].stop()
+
+    def start_part(self, part: str) -> float:
+        """(Re)start one part and wait for it; returns its start-up seconds."""
+        proc = self.processes.get(part)
+        if proc is not None and proc.is_running():
+            raise RuntimeError(f"{part} is already running")
+        host.ensure_ports_free(
+            self.settings.host, {k: v for k, v in self._ports().items() if k.split()[0] == part}
+        )
+        proc = self.processes[part] = ManagedProcess(self._spec(part), self.log_dir)
+        proc.start()
+        wait_healthy([proc], self.settings.startup_timeout_s)
+        assert proc.healthy_after_s is not None
+        return proc.healthy_after_s
+
+    def check_alive(self) -> None:
+        """Raise naming the first part that died (used by up's watch loop)."""
+        for proc in self.processes.values():
+            if proc.popen is not None and not proc.is_running():
+                raise proc.died_error()
+
+    def stop(self) -> None:
+        """Stop every part, proxy first so no request lands on a half-stopped pair."""
+        order = ["proxy", "prometheus", "decode", "prefill", "reference"]
+        for part in sorted(self.processes, key=order.index):
+            try:
+                self.processes[part].stop()
+            except Exception as exc:  # keep stopping the others
+                log.error("stopping %s failed: %s", part, exc)
+        if self._atexit_registered:
+            atexit.unregister(self.stop)
+            self._atexit_registered = False
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_until(
+    predicate: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 1.0
+) -> T:
+    """Poll predicate() until it returns a truthy value; log progress; raise TimeoutError."""
+    start = time.monotonic()
+    last_log = start
+    while True:
+        value = predicate()
+        if value:
+            return value
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        if now - last_log >= 10:
+            last_log = now
+            log.info("waiting for %s: %.0fs / %.0fs", what, now - start, timeout_s)
+        time.sleep(interval_s)

@@ -1,0 +1,114 @@
+"""What the checks share: where things are, the commands to call, the resolved settings and
+facts looked up once (docker info, the GPU list, the image, the model's size)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pcp_pd_kit.preflight import hfcache, proc, weights
+from pcp_pd_kit.preflight.gpus import Gpu
+from pcp_pd_kit.preflight.settings import ComposeView, Settings
+
+QUICK_S = 20.0  # docker info / inspect / network, nvidia-smi, ip
+COMPOSE_S = 60.0  # docker compose config
+CONTAINER_S = 180.0  # the NIXL import inside the image
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The model's size and where it came from; `quantized` is None when unknown."""
+
+    size: weights.ModelSize | None
+    source: str
+    quantized: bool | None
+
+
+@dataclass
+class Context:
+    """State the checks share; earlier checks fill in what later ones read (settings, GPUs)."""
+
+    compose_file: Path
+    env_file: Path | None
+    profiles: list[str]
+    docker: str
+    nvidia_smi: str
+    ip: str
+    environ: Mapping[str, str]
+    docker_found: bool = False
+    compose_ok: bool = False
+    view: ComposeView | None = None
+    settings: Settings | None = None
+    gpu_mode: bool = True
+    info: dict[str, Any] | None = None  # `docker info` JSON; None while the daemon is unreachable
+    gpus: list[Gpu] | None = None
+    assigned: dict[str, list[Gpu]] = field(default_factory=dict)  # "prefill"/"decode" -> GPUs
+    _image: dict[str, Any] | None = None
+    _image_looked: bool = False
+    _model: ModelInfo | None = None
+
+    @property
+    def env_label(self) -> str:
+        """Where the user changes a setting, for the fix sentences."""
+        return str(self.env_file) if self.env_file is not None else ".env"
+
+    def need_settings(self) -> Settings:
+        assert self.settings is not None, "checks that read settings run only after they loaded"
+        return self.settings
+
+    def model_name(self) -> str:
+        """The model the selected stack serves ('' for a cpu stack without cpu_model_name)."""
+        settings = self.need_settings()
+        if not self.gpu_mode:
+            return settings.text("cpu_model_name")
+        return settings.text("model_name")
+
+    def image(self) -> dict[str, Any] | None:
+        """`docker image inspect` of VLLM_IMAGE, or None when it is not present locally (or the
+        daemon cannot say). Never pulls."""
+        if not self._image_looked and self.info is not None:
+            self._image_looked = True
+            image = self.need_settings().text("vllm_image")
+            out = proc.run([self.docker, "image", "inspect", image], QUICK_S)
+            if out.ok:
+                try:
+                    found = json.loads(out.stdout)
+                except ValueError:
+                    found = None
+                self._image = found[0] if isinstance(found, list) and found else {}
+        return self._image
+
+    def image_known(self) -> bool:
+        """Whether `image()` answers at all: it needs a reachable daemon."""
+        return self.info is not None
+
+    def model_info(self) -> ModelInfo:
+        if self._model is None:
+            self._model = self._look_up_model()
+        return self._model
+
+    def _look_up_model(self) -> ModelInfo:
+        model = self.model_name()
+        cache = self.need_settings().path("hf_cache_dir")
+        config_path = hfcache.cached_config(cache, model)
+        if config_path is not None:
+            config = weights.read_config(config_path)
+            if config is not None:
+                quantized = bool(config.get("quantization_config"))
+                size = weights.estimate(config)
+                if size is not None:
+                    return ModelInfo(size, f"its config.json in {cache}", quantized)
+                table = weights.from_table(model)
+                if table is not None:
+                    return ModelInfo(table, "preflight's table of known models", quantized)
+                why = "quantized" if quantized else "an architecture preflight cannot count"
+                return ModelInfo(None, f"its config.json in {cache} describes {why}", quantized)
+        table = weights.from_table(model)
+        if table is not None:
+            return ModelInfo(table, "preflight's table of known models", False)
+        return ModelInfo(
+            None, f"its config.json is not in {cache} and preflight's table lacks it", None
+        )

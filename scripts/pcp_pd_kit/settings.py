@@ -1,0 +1,236 @@
+"""The kit's settings: one env loader and the local stack's typed settings.
+
+Env files are layered .env.example < .env < process environment, so a knob set once in .env
+applies to compose (which reads .env itself), the local stack and the eval alike, and `MODEL=...
+make demo` works without editing files. .env.example is the only place a default lives: a knob
+missing from every layer is an error naming it, not a silent fallback. python-dotenv parses; it
+only warns about a line it cannot parse, and a setting silently dropped is worse than a clear
+error, so every such line is an error here. A malformed value fails here, with its name, before
+any process starts.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from dotenv.parser import parse_stream
+
+from pcp_pd_kit import repo_root
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class EnvFileError(ValueError):
+    """A line in an env file that is not KEY=VALUE."""
+
+
+def parse_env_text(text: str, source: str = "<env>") -> dict[str, str]:
+    """KEY=VALUE lines (comments, `export`, quotes as Compose reads them); no interpolation."""
+    values: dict[str, str] = {}
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.key is None and not binding.error:
+            continue  # blank line or comment
+        line = binding.original.line
+        stripped = binding.original.string.strip()
+        key = binding.key
+        if binding.error or binding.value is None or key is None or not _NAME.fullmatch(key):
+            raise EnvFileError(f"{source}: line {line}: expected KEY=VALUE, got {stripped!r}")
+        values[key] = binding.value
+    return values
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The parsed file, or {} when it does not exist (.env is optional)."""
+    if not path.is_file():
+        return {}
+    return parse_env_text(path.read_text(encoding="utf-8"), source=str(path))
+
+
+def merged_env(files: Sequence[Path], environ: Mapping[str, str]) -> dict[str, str]:
+    """The files in order (missing ones skipped), then the process environment, later wins."""
+    merged: dict[str, str] = {}
+    for path in files:
+        merged.update(read_env_file(path))
+    merged.update(environ)
+    return merged
+
+
+def layered_env(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """.env.example < .env < process environment, as one flat mapping."""
+    return merged_env([root / ".env.example", root / ".env"], environ)
+
+
+def kit_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The checkout's layered env: what every kit command reads its settings from.
+
+    KIT_DOTENV names another file to read instead of .env; set but empty, none is read (the test
+    suite does that, so a developer's own .env never changes what the tests see).
+    """
+    root = repo_root()
+    override = environ.get("KIT_DOTENV")
+    files = [root / ".env.example"]
+    if override is None:
+        files.append(root / ".env")
+    elif override:
+        files.append(Path(override))
+    return merged_env(files, environ)
+
+
+class SettingsError(ValueError):
+    """An env value the stack cannot use."""
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """The local stack's knobs, typed; built only by settings_from_env (no defaults here)."""
+
+    host: str
+    proxy_port: int
+    prefill_port: int
+    decode_port: int
+    reference_port: int
+    prometheus_port: int
+    prefill_side_channel_port: int
+    decode_side_channel_port: int
+    model: str
+    served_model_name: str
+    max_model_len: int
+    block_size: int
+    dtype: str
+    enforce_eager: bool
+    kvcache_space_gib: int
+    prefill_cpu_bind: str
+    decode_cpu_bind: str
+    nixl_progress_delay_us: int
+    kv_connector: str
+    kv_connector_module_path: str
+    startup_timeout_s: float
+    prometheus_scrape_interval_s: float
+    demo_limit: int
+    demo_expected_score: str
+
+    def ports(self) -> dict[str, int]:
+        """Every port the stack binds, by the name used in error messages."""
+        return {
+            "proxy": self.proxy_port,
+            "prefill": self.prefill_port,
+            "decode": self.decode_port,
+            "prometheus": self.prometheus_port,
+            "prefill NIXL side channel": self.prefill_side_channel_port,
+            "decode NIXL side channel": self.decode_side_channel_port,
+        }
+
+    def url(self, port: int) -> str:
+        return f"http://{self.host}:{port}"
+
+
+# env var -> field name. MODEL and the connector names are shared with the compose stack.
+ENV_KEYS: dict[str, str] = {
+    "LOCAL_HOST": "host",
+    "LOCAL_PROXY_PORT": "proxy_port",
+    "LOCAL_PREFILL_PORT": "prefill_port",
+    "LOCAL_DECODE_PORT": "decode_port",
+    "LOCAL_REFERENCE_PORT": "reference_port",
+    "LOCAL_PROMETHEUS_PORT": "prometheus_port",
+    "LOCAL_PREFILL_SIDE_CHANNEL_PORT": "prefill_side_channel_port",
+    "LOCAL_DECODE_SIDE_CHANNEL_PORT": "decode_side_channel_port",
+    "MODEL": "model",
+    "LOCAL_SERVED_MODEL_NAME": "served_model_name",
+    "MAX_MODEL_LEN": "max_model_len",
+    "CPU_BLOCK_SIZE": "block_size",
+    "LOCAL_DTYPE": "dtype",
+    "LOCAL_ENFORCE_EAGER": "enforce_eager",
+    "KVCACHE_SPACE_GIB": "kvcache_space_gib",
+    "PREFILL_CPUS": "prefill_cpu_bind",
+    "DECODE_CPUS": "decode_cpu_bind",
+    "NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
+    "KV_CONNECTOR": "kv_connector",
+    "KV_CONNECTOR_MODULE_PATH": "kv_connector_module_path",
+    "LOCAL_STARTUP_TIMEOUT_S": "startup_timeout_s",
+    "LOCAL_PROMETHEUS_SCRAPE_INTERVAL_S": "prometheus_scrape_interval_s",
+    "DEMO_LIMIT": "demo_limit",
+    "DEMO_EXPECTED_SCORE": "demo_expected_score",
+}
+# Keys whose empty value means something (the tiny model; the served name derived from the model).
+# Any other knob set empty most likely means a broken .env, and guessing would hide that.
+MAY_BE_EMPTY = frozenset({"MODEL", "LOCAL_SERVED_MODEL_NAME"})
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _convert(env_key: str, raw: str, kind: type) -> object:
+    value = raw.strip()
+    if kind is bool:
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise SettingsError(f"{env_key}={raw!r}: expected one of 1/0/true/false/yes/no")
+    if kind is int:
+        try:
+            return int(value)
+        except ValueError:
+            raise SettingsError(f"{env_key}={raw!r}: expected an integer") from None
+    if kind is float:
+        try:
+            return float(value)
+        except ValueError:
+            raise SettingsError(f"{env_key}={raw!r}: expected a number") from None
+    return value
+
+
+def settings_from_env(env: Mapping[str, str]) -> StackSettings:
+    """Build and validate settings from the layered env (kit_env), which must hold every knob."""
+    kinds = {f.name: f.type for f in fields(StackSettings)}
+    type_of = {"int": int, "float": float, "bool": bool, "str": str}
+    missing = [key for key in ENV_KEYS if key not in env]
+    if missing:
+        raise SettingsError(
+            f"not set: {', '.join(missing)}. .env.example holds every knob's default; restore "
+            "it from git (or set these in .env)"
+        )
+    values: dict[str, object] = {}
+    for env_key, field_name in ENV_KEYS.items():
+        raw = env[env_key]
+        if not raw.strip() and env_key not in MAY_BE_EMPTY:
+            raise SettingsError(f"{env_key} is set but empty: set a value or unset it in .env")
+        kind = type_of[str(kinds[field_name])]
+        values[field_name] = _convert(env_key, raw, kind)
+    settings = StackSettings(**values)  # type: ignore[arg-type]
+    validate(settings)
+    return settings
+
+
+def validate(s: StackSettings) -> None:
+    """Reject values that would only fail later inside a server log."""
+    ports = s.ports()
+    for name, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise SettingsError(f"{name} port {port} is outside 1-65535")
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in seen:
+            raise SettingsError(f"{name} and {seen[port]} both use port {port}")
+        seen[port] = name
+    if s.block_size <= 0 or s.block_size % 32:
+        raise SettingsError(
+            f"CPU_BLOCK_SIZE={s.block_size}: vLLM's CPU attention needs a multiple of 32"
+        )
+    if s.kvcache_space_gib < 1:
+        raise SettingsError("KVCACHE_SPACE_GIB must be at least 1 (GiB)")
+    if s.max_model_len < s.block_size:
+        raise SettingsError("MAX_MODEL_LEN must be at least one block")
+    if s.nixl_progress_delay_us < 0:
+        raise SettingsError("NIXL_PROGRESS_DELAY_US must be >= 0")
+    for name in ("startup_timeout_s", "prometheus_scrape_interval_s"):
+        if getattr(s, name) <= 0:
+            env_key = next(k for k, v in ENV_KEYS.items() if v == name)
+            raise SettingsError(f"{env_key} must be > 0")
+    if not s.kv_connector:
+        raise SettingsError("KV_CONNECTOR is empty")
+    if s.demo_limit < 1:
+        raise SettingsError("DEMO_LIMIT must be >= 1")

@@ -1,0 +1,648 @@
+"""Semantic checks on the model `docker compose config --format json` renders. Each returns a list
+of problems (empty = ok), so a test can show a check passing on the real file *and* failing on a
+broken copy or a bad override. ``settings`` is the env file the model was rendered with."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pcp_pd_kit.preflight.settings import ENV_NAMES, OPTIONAL_ENV_NAMES, REQUIRED
+from tests.entrypoint.loader import effective_argv, runs_entrypoint
+
+Compose = Mapping[str, Any]
+Service = Mapping[str, Any]
+
+LOOPBACK = "127.0.0.1"
+NO_NEW_PRIVILEGES = "no-new-privileges:true"
+# Environment names that would put a secret into `docker inspect` (secrets are files instead).
+SECRET_ENV = {
+    "GF_SECURITY_ADMIN_PASSWORD",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "VLLM_API_KEY",
+    "PD_PROXY_API_KEY",
+}
+_SECRET_LIKE = re.compile(r"(PASSWORD|TOKEN|API_KEY|SECRET)$")
+_GPU_ID = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)$")
+_CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------- reading
+def command_args(service: Service) -> list[str]:
+    """The service's command as argv (rendered as a list; a string is split like a shell)."""
+    command = service.get("command") or []
+    return shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """Value of ``--flag V`` or ``--flag=V``; None when absent."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def environment(service: Service) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def container_argv(service: Service) -> list[str]:
+    """entrypoint + command, as the container starts."""
+    return [*(str(a) for a in service.get("entrypoint") or []), *command_args(service)]
+
+
+def is_vllm(service: Service) -> bool:
+    """Whether the service runs the kit's vLLM entrypoint (compose/entrypoint/vllm_serve.py)."""
+    return runs_entrypoint(container_argv(service))
+
+
+def exec_argv(service: Service) -> list[str]:
+    """The argv the container finally execs: for a vLLM service, the command the kit's entrypoint
+    builds from the service's command and environment (its own pure function, --kv-transfer-config
+    included). ValueError, with the entrypoint's one-line reason, where it would refuse to start."""
+    return effective_argv(container_argv(service), environment(service))
+
+
+def kv_config(service: Service) -> dict[str, Any] | None:
+    """The --kv-transfer-config the container runs with; None for a service that is no vLLM
+    server, {"invalid": reason} when the entrypoint would refuse to start or the flag is missing
+    or no JSON object."""
+    if not is_vllm(service):
+        return None
+    try:
+        raw = flag_value(exec_argv(service), "--kv-transfer-config")
+    except ValueError as exc:
+        return {"invalid": f"the entrypoint refuses to start: {exc}"}
+    if raw is None:
+        return {"invalid": "no --kv-transfer-config in the executed command"}
+    try:
+        cfg = json.loads(raw)
+    except ValueError:
+        return {"invalid": f"--kv-transfer-config is not JSON: {raw}"}
+    return cfg if isinstance(cfg, dict) else {"invalid": f"not a JSON object: {raw}"}
+
+
+def id_list(value: str) -> list[str]:
+    """A comma list as Compose users write it (empty entries kept, so they can be reported)."""
+    return [part.strip() for part in value.split(",")] if value.strip() else []
+
+
+def gpu_device_ids(service: Service) -> list[str]:
+    """GPU ids the service reserves (an entry may itself be a comma list: "0,1")."""
+    reservations = (service.get("deploy") or {}).get("resources", {}).get("reservations", {})
+    ids: list[str] = []
+    for device in reservations.get("devices") or []:
+        if "gpu" in (device.get("capabilities") or []):
+            for entry in device.get("device_ids") or []:
+                ids.extend(id_list(str(entry)))
+    return ids
+
+
+def vllm_services(compose: Compose) -> dict[str, Service]:
+    return {n: s for n, s in compose["services"].items() if is_vllm(s)}
+
+
+def proxy_services(compose: Compose) -> dict[str, Service]:
+    return {n: s for n, s in compose["services"].items() if "PD_PROXY_PREFILL" in environment(s)}
+
+
+def is_cpu(service: Service) -> bool:
+    return "cpu" in (service.get("profiles") or [])
+
+
+def network_names(name: str, service: Service) -> set[str]:
+    """The names a service answers to on its networks: its own and its aliases."""
+    names = {name}
+    networks = service.get("networks") or {}
+    if isinstance(networks, dict):
+        for cfg in networks.values():
+            names.update((cfg or {}).get("aliases") or [])
+    return names
+
+
+def bind_mounts(service: Service) -> list[dict[str, Any]]:
+    return [v for v in service.get("volumes") or [] if v.get("type") == "bind"]
+
+
+def cpu_list(value: str) -> set[int]:
+    """CPUs of a cpuset / VLLM_CPU_OMP_THREADS_BIND list ("0-3,6"); ValueError when malformed."""
+    cpus: set[int] = set()
+    for part in id_list(value):
+        match = _CPU_RANGE.match(part)
+        if not match:
+            raise ValueError(part)
+        lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
+        if hi < lo:
+            raise ValueError(part)
+        cpus.update(range(lo, hi + 1))
+    if not cpus:
+        raise ValueError(value)
+    return cpus
+
+
+def size_bytes(value: Any) -> int:
+    """A Compose byte size (rendered as a plain number of bytes; "1g" style accepted too)."""
+    match = _SIZE.match(str(value).strip())
+    if not match:
+        raise ValueError(value)
+    unit = 1024 ** " kmgt".index(match.group(2).lower() or " ")
+    return int(float(match.group(1)) * unit)
+
+
+def positive_int(settings: Mapping[str, str], name: str, problems: list[str]) -> int | None:
+    value = settings.get(name, "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    problems.append(f"{name}={value!r} is not a positive integer")
+    return None
+
+
+# ---------------------------------------------------------------------------------------- checks
+def check_kv_roles(compose: Compose, settings: Mapping[str, str]) -> list[str]:
+    """Prefill services produce, decode services consume, all through the kit's connector: the
+    --kv-transfer-config the entrypoint builds from each service's environment."""
+    problems = []
+    for name, service in vllm_services(compose).items():
+        cfg = kv_config(service) or {}
+        if "invalid" in cfg:
+            problems.append(f"{name}: {cfg['invalid']}")
+            continue
+        want = "kv_producer" if name.startswith("prefill") else "kv_consumer"
+        if cfg.get("kv_role") != want:
+            problems.append(f"{name}: kv_role {cfg.get('kv_role')!r}, want {want!r}")
+        if cfg.get("kv_connector") != settings["KV_CONNECTOR"]:
+            problems.append(f"{name}: kv_connector {cfg.get('kv_connector')!r}")
+        if cfg.get("kv_connector_module_path") != settings["KV_CONNECTOR_MODULE_PATH"]:
+            module = cfg.get("kv_connector_module_path")
+            problems.append(f"{name}: kv_connector_module_path {module!r}")
+    roles = {(kv_config(s) or {}).get("kv_role") for s in vllm_services(compose).values()}
+    if not {"kv_producer", "kv_consumer"} <= roles:
+        problems.append(f"both kv roles needed, found {sorted(r for r in roles if r)}")
+    return problems
+
+
+def check_gpu_topology(compose: Compose, settings: Mapping[str, str]) -> list[str]:
+    """GPU prefill = TP x PCP GPUs with EP, decode = DECODER_TP_SIZE GPUs, disjoint; both see both
+    roles' GPUs and decode shares prefill's IPC and PID namespaces (CUDA IPC); flags follow the
+    settings."""
+    services = compose["services"]
+    if "prefill" not in services or "decode" not in services:
+        return ["the GPU services prefill and decode are not in the model"]
+    prefill, decode = services["prefill"], services["decode"]
+    p_args, d_args = command_args(prefill), command_args(decode)
+    problems: list[str] = []
+    tp = positive_int(settings, "PREFILLER_TP_SIZE", problems)
+    pcp = positive_int(settings, "PREFILLER_PCP_SIZE", problems)
+    d_tp = positive_int(settings, "DECODER_TP_SIZE", problems)
+
+    flags = [
+        ("prefill", p_args, "--tensor-parallel-size", "PREFILLER_TP_SIZE"),
+        ("prefill", p_args, "--prefill-context-parallel-size", "PREFILLER_PCP_SIZE"),
+        ("prefill", p_args, "--moe-backend", "MOE_BACKEND"),
+        ("prefill", p_args, "--gpu-memory-utilization", "PREFILL_GPU_MEMORY_UTILIZATION"),
+        ("decode", d_args, "--tensor-parallel-size", "DECODER_TP_SIZE"),
+        ("decode", d_args, "--moe-backend", "MOE_BACKEND"),
+        ("decode", d_args, "--gpu-memory-utilization", "DECODE_GPU_MEMORY_UTILIZATION"),
+    ]
+    for role, args, flag, var in flags:
+        got = flag_value(args, flag)
+        if got != settings[var]:
+            problems.append(f"{role}: {flag} {got!r} != {var} {settings[var]!r}")
+        if flag == "--gpu-memory-utilization":
+            try:
+                ok = 0 < float(got or "") <= 1
+            except ValueError:
+                ok = False
+            if not ok:
+                problems.append(f"{role}: {flag} {got!r} is not a fraction in (0, 1]")
+    if "--enable-expert-parallel" not in p_args:
+        problems.append("prefill: --enable-expert-parallel missing")
+
+    p_ids = id_list(environment(prefill).get("KIT_ROLE_GPUS", ""))
+    d_ids = id_list(environment(decode).get("KIT_ROLE_GPUS", ""))
+    if p_ids != id_list(settings["PREFILL_GPUS"]):
+        problems.append(f"prefill: KIT_ROLE_GPUS {p_ids} != PREFILL_GPUS")
+    if d_ids != id_list(settings["DECODE_GPUS"]):
+        problems.append(f"decode: KIT_ROLE_GPUS {d_ids} != DECODE_GPUS")
+    bad = [i for i in p_ids + d_ids if not _GPU_ID.match(i)]
+    if bad:
+        problems.append(f"{bad} is not a GPU index or UUID")
+    if tp and pcp and len(p_ids) != tp * pcp:
+        problems.append(f"prefill has {len(p_ids)} GPUs {p_ids}, TP x PCP = {tp * pcp}")
+    if d_tp and len(d_ids) != d_tp:
+        problems.append(f"decode has {len(d_ids)} GPUs {d_ids}, DECODER_TP_SIZE = {d_tp}")
+    if len(set(p_ids + d_ids)) != len(p_ids) + len(d_ids):
+        problems.append(f"GPU ids overlap or repeat: prefill {p_ids}, decode {d_ids}")
+    both = set(p_ids) | set(d_ids)
+    for name, service in (("prefill", prefill), ("decode", decode)):
+        if set(gpu_device_ids(service)) != both:
+            ids = gpu_device_ids(service)
+            problems.append(
+                f"{name}: device_ids {ids} do not cover both roles' GPUs {sorted(both)}"
+            )
+        if set(id_list(environment(service).get("KIT_ALL_GPUS", ""))) != both:
+            problems.append(f"{name}: KIT_ALL_GPUS is not both roles' GPUs {sorted(both)}")
+
+    if prefill.get("ipc") != "shareable":
+        problems.append(f"prefill: ipc {prefill.get('ipc')!r}, want 'shareable'")
+    for key in ("ipc", "pid"):
+        if decode.get(key) != "service:prefill":
+            problems.append(f"decode: {key} {decode.get(key)!r}, want 'service:prefill'")
+    return problems
+
+
+def check_cpu_services(compose: Compose, settings: Mapping[str, str]) -> list[str]:
+    """CPU prefill/decode: each on its own cores (cpuset = the OMP binding), NUMA-capable, enough
+    /dev/shm, CPU KV buffers without the connector's own core pinning."""
+    problems: list[str] = []
+    cpusets: dict[str, set[int]] = {}
+    for name, cpus_var in (("prefill-cpu", "PREFILL_CPUS"), ("decode-cpu", "DECODE_CPUS")):
+        service = compose["services"].get(name)
+        if service is None:
+            problems.append(f"{name}: not in the model")
+            continue
+        env = environment(service)
+        cpuset = str(service.get("cpuset", ""))
+        bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
+        if cpuset != bind:
+            problems.append(f"{name}: cpuset {cpuset!r} != VLLM_CPU_OMP_THREADS_BIND {bind!r}")
+        if cpuset != settings[cpus_var]:
+            problems.append(f"{name}: cpuset {cpuset!r} != {cpus_var} {settings[cpus_var]!r}")
+        try:
+            cpusets[name] = cpu_list(cpuset)
+        except ValueError:
+            problems.append(f"{name}: cpuset {cpuset!r} is not a CPU list")
+        if "SYS_NICE" not in (service.get("cap_add") or []):
+            problems.append(f"{name}: cap_add lacks SYS_NICE (NUMA memory binding)")
+        try:
+            shm = size_bytes(service.get("shm_size", "0"))
+        except ValueError:
+            shm = 0
+        if shm < 1024**3:
+            problems.append(f"{name}: shm_size {service.get('shm_size')!r} is under 1g")
+        if env.get("VLLM_CPU_KVCACHE_SPACE") != settings["KVCACHE_SPACE_GIB"]:
+            problems.append(f"{name}: VLLM_CPU_KVCACHE_SPACE != KVCACHE_SPACE_GIB")
+        cfg = kv_config(service) or {}
+        if "invalid" in cfg:
+            problems.append(f"{name}: {cfg['invalid']}")
+            continue
+        if cfg.get("kv_buffer_device") != "cpu":
+            problems.append(f"{name}: kv_buffer_device {cfg.get('kv_buffer_device')!r}, want 'cpu'")
+        extra = cfg.get("kv_connector_extra_config") or {}
+        if extra.get("cpu_skip_kv_core_pinning") is not True:
+            problems.append(f"{name}: cpu_skip_kv_core_pinning is not true")
+        delay = extra.get("cpu_nixl_progress_delay_us")
+        if str(delay) != settings["NIXL_PROGRESS_DELAY_US"]:
+            problems.append(
+                f"{name}: cpu_nixl_progress_delay_us {delay!r} != NIXL_PROGRESS_DELAY_US"
+            )
+    if len(cpusets) == 2 and cpusets["prefill-cpu"] & cpusets["decode-cpu"]:
+        common = sorted(cpusets["prefill-cpu"] & cpusets["decode-cpu"])
+        problems.append(f"prefill-cpu and decode-cpu share CPUs {common}")
+    return problems
+
+
+def check_pd_runtime(compose: Compose) -> list[str]:
+    """What two P/D containers need for NIXL handshakes, health, weights and start order."""
+    problems = []
+    ports: dict[str, str] = {}
+    for name, service in vllm_services(compose).items():
+        env = environment(service)
+        if not service.get("shm_size"):
+            problems.append(f"{name}: shm_size missing")
+        if not is_cpu(service):
+            memlock = (service.get("ulimits") or {}).get("memlock", {})
+            if memlock != {"soft": -1, "hard": -1} and memlock != -1:
+                problems.append(f"{name}: memlock ulimit must be unlimited")
+        if not env.get("UCX_TLS"):
+            problems.append(f"{name}: UCX_TLS missing")
+        host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
+        names = network_names(name, service)
+        if host not in names:
+            problems.append(f"{name}: side-channel host {host!r} is none of its names {names}")
+        port = env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "")
+        key = f"{is_cpu(service)}:{port}"
+        if not port or key in ports:
+            problems.append(f"{name}: side-channel port {port!r} missing or reused")
+        ports[key] = name
+        own_port = flag_value(command_args(service), "--port")
+        test = " ".join((service.get("healthcheck") or {}).get("test") or [])
+        if f":{own_port}/health" not in test:
+            problems.append(f"{name}: healthcheck does not probe /health on port {own_port}")
+        targets = [v.get("target") for v in service.get("volumes") or []]
+        if is_cpu(service):
+            model = flag_value(command_args(service), "--model") or ""
+            if not any(t and model.startswith(t + "/") for t in targets):
+                problems.append(f"{name}: --model {model!r} is not under a mounted folder")
+        elif "/root/.cache/huggingface" not in targets:
+            problems.append(f"{name}: HF cache volume missing")
+        if not service.get("restart"):
+            problems.append(f"{name}: no restart policy")
+        keygen = (service.get("depends_on") or {}).get("keygen", {})
+        if keygen.get("condition") != "service_completed_successfully":
+            problems.append(f"{name}: does not wait for keygen to complete")
+    endpoints = service_ports(compose)
+    for name, service in proxy_services(compose).items():
+        deps = service.get("depends_on") or {}
+        servers = [d for d in deps if d.startswith(("prefill", "decode"))]
+        if len(servers) != 2 or any(deps[d].get("condition") != "service_healthy" for d in servers):
+            problems.append(f"{name}: must wait for prefill and decode to be healthy")
+        env = environment(service)
+        for var in ("PD_PROXY_PREFILL", "PD_PROXY_DECODE"):
+            host, _, port = env[var].removeprefix("http://").rstrip("/").rpartition(":")
+            if not port.isdigit() or int(port) not in endpoints.get(host, set()):
+                problems.append(f"{name}: {var} {env[var]} is no compose service port")
+    return problems
+
+
+def check_exposure(compose: Compose, debug_ports: bool = False) -> list[str]:
+    """Only the proxy may listen beyond 127.0.0.1; the vLLM servers publish nothing (loopback
+    only with compose/debug-ports.yaml)."""
+    problems = []
+    vllm, proxies = vllm_services(compose), proxy_services(compose)
+    for name, service in compose["services"].items():
+        for port in service.get("ports") or []:
+            where = f"{port.get('published')}->{port.get('target')}"
+            if name in vllm and not debug_ports:
+                problems.append(f"{name}: publishes {where} (only compose/debug-ports.yaml may)")
+            if name not in proxies and port.get("host_ip") != LOOPBACK:
+                host = port.get("host_ip") or "every interface"
+                problems.append(f"{name}: publishes {where} on {host}, not {LOOPBACK}")
+    return problems
+
+
+def published(compose: Compose) -> dict[str, list[tuple[str, int]]]:
+    """service -> [(host_ip, container port)] of what it publishes."""
+    return {
+        name: [(p.get("host_ip", ""), int(p["target"])) for p in service.get("ports") or []]
+        for name, service in compose["services"].items()
+    }
+
+
+def check_least_privilege(compose: Compose) -> list[str]:
+    """Proxy, Prometheus and keygen run read-only with all capabilities dropped; no service may gain
+    privileges; the vLLM servers add nothing but SYS_NICE (CPU only); keygen adds back only what
+    staging another user's secret file for a third uid takes (CHOWN, DAC_READ_SEARCH)."""
+    problems = []
+    vllm = vllm_services(compose)
+    locked = [*proxy_services(compose), "prometheus", "keygen"]
+    for name, service in compose["services"].items():
+        if NO_NEW_PRIVILEGES not in (service.get("security_opt") or []):
+            problems.append(f"{name}: no {NO_NEW_PRIVILEGES}")
+        if service.get("privileged"):
+            problems.append(f"{name}: privileged")
+        allowed = {"SYS_NICE"} if name in vllm and is_cpu(service) else set()
+        if name == "keygen":
+            allowed = {"CHOWN", "DAC_READ_SEARCH"}
+        extra = set(service.get("cap_add") or []) - allowed
+        if extra:
+            problems.append(f"{name}: cap_add {sorted(extra)}")
+        if name in locked:
+            if service.get("read_only") is not True:
+                problems.append(f"{name}: root filesystem not read_only")
+            if "ALL" not in (service.get("cap_drop") or []):
+                problems.append(f"{name}: capabilities not dropped (cap_drop ALL)")
+    for name in locked:
+        if name not in compose["services"]:
+            problems.append(f"{name}: not in the model")
+    return problems
+
+
+def check_secrets(compose: Compose) -> list[str]:
+    """Secrets reach the containers as files, never as environment values: the kit_secrets folder
+    in the vLLM servers (root) and keygen, which stages the proxies' and Grafana's files with the
+    generated vLLM key in the kit-keys volume, read-only for every reader."""
+    problems = []
+    for name, service in compose["services"].items():
+        for key in environment(service):
+            if key in SECRET_ENV or _SECRET_LIKE.search(key):
+                problems.append(f"{name}: secret-looking environment value {key}")
+    secret = (compose.get("secrets") or {}).get("kit_secrets", {})
+    if not Path(secret.get("file", "/nonexistent")).is_dir():
+        problems.append(f"secret kit_secrets: {secret.get('file')!r} is not the secrets folder")
+    vllm, proxies = vllm_services(compose), proxy_services(compose)
+    has_grafana = "grafana" in compose["services"]
+    for name in [*vllm, "keygen"]:
+        sources = {s.get("source") for s in compose["services"][name].get("secrets") or []}
+        if "kit_secrets" not in sources:
+            problems.append(f"{name}: kit_secrets not mounted")
+    for name in [*vllm, *proxies, *(["grafana"] if has_grafana else [])]:
+        keys = [
+            v
+            for v in compose["services"][name].get("volumes") or []
+            if v.get("source") == "kit-keys"
+        ]
+        if not keys or not all(v.get("read_only") for v in keys):
+            problems.append(f"{name}: kit-keys not mounted read-only")
+    for name, service in proxies.items():
+        key_file = environment(service).get("PD_PROXY_BACKEND_API_KEY_FILE", "")
+        targets = [v["target"] for v in service.get("volumes") or [] if v["source"] == "kit-keys"]
+        if not any(key_file.startswith(t + "/") for t in targets):
+            problems.append(f"{name}: PD_PROXY_BACKEND_API_KEY_FILE {key_file!r} not in kit-keys")
+    keygen = compose["services"].get("keygen", {})
+    if keygen.get("network_mode") != "none":
+        problems.append("keygen: has a network")
+    grafana = compose["services"].get("grafana")
+    if grafana is not None:
+        anonymous = environment(grafana).get("GF_AUTH_ANONYMOUS_ENABLED", "")
+        if anonymous.lower() != "false":
+            problems.append(f"grafana: anonymous access {anonymous!r}, want 'false'")
+    return problems
+
+
+def check_connector_mount(compose: Compose, module_path: str) -> list[str]:
+    """The connector is mounted read-only at a PYTHONPATH entry that holds ``module_path``."""
+    problems = []
+    rel = Path(*module_path.split("."))
+    for name, service in vllm_services(compose).items():
+        pythonpath = environment(service).get("PYTHONPATH", "").split(":")
+        hits = [m for m in bind_mounts(service) if m.get("target") in pythonpath]
+        if not hits:
+            problems.append(f"{name}: no bind mount at a PYTHONPATH entry {pythonpath}")
+        for mount in hits:
+            source = Path(mount["source"])
+            if not ((source / rel).is_dir() or (source / rel).with_suffix(".py").is_file()):
+                problems.append(f"{name}: {source} has no module {module_path}")
+            if mount.get("read_only") is not True:
+                problems.append(f"{name}: connector mount {mount['target']} is not read-only")
+    return problems
+
+
+def service_ports(compose: Compose) -> dict[str, set[int]]:
+    """Service name or network alias -> container ports it listens on."""
+    out: dict[str, set[int]] = {}
+    for name, service in compose["services"].items():
+        args, env = command_args(service), environment(service)
+        found = {flag_value(args, "--port"), env.get("PD_PROXY_PORT")}
+        found.add(env.get("PD_PROXY_METRICS_PORT"))
+        found.add((flag_value(args, "--web.listen-address") or "").rpartition(":")[2])
+        values = {int(p) for p in found if p and p.isdigit()}
+        values |= {int(p["target"]) for p in service.get("ports") or []}
+        for alias in network_names(name, service):
+            out.setdefault(alias, set()).update(values)
+    return out
+
+
+def metrics_ports(compose: Compose) -> dict[str, set[int]]:
+    """Service name or alias -> the port its /metrics answers on (vLLM: its API port; the proxy:
+    PD_PROXY_METRICS_PORT, else its API port)."""
+    out: dict[str, set[int]] = {}
+    for name, service in compose["services"].items():
+        env = environment(service)
+        port = (
+            flag_value(command_args(service), "--port") if name in vllm_services(compose) else None
+        )
+        if name in proxy_services(compose):
+            port = env.get("PD_PROXY_METRICS_PORT") or env.get("PD_PROXY_PORT")
+        if port and port.isdigit():
+            for alias in network_names(name, service):
+                out.setdefault(alias, set()).add(int(port))
+    return out
+
+
+def check_prometheus_targets(compose: Compose, prom: Mapping[str, Any]) -> list[str]:
+    """Every scrape target is a compose service/alias on the port its /metrics answers on;
+    prefill, decode and proxy are all scraped."""
+    endpoints = metrics_ports(compose)
+    problems, scraped = [], set()
+    for job in prom.get("scrape_configs", []):
+        for static in job.get("static_configs", []):
+            for target in static.get("targets", []):
+                host, _, port = target.rpartition(":")
+                if not port.isdigit() or int(port) not in endpoints.get(host, set()):
+                    have = sorted(endpoints.get(host, set()))
+                    problems.append(f"job {job['job_name']}: {target} serves no /metrics {have}")
+                else:
+                    scraped.add(host)
+    missing = {"prefill", "decode", "proxy"} - scraped
+    if missing:
+        problems.append(f"not scraped: {sorted(missing)}")
+    return problems
+
+
+def check_monitoring_mounts(compose: Compose, rule_files: list[str]) -> list[str]:
+    """Prometheus finds its --config.file and rule files in a read-only bind mount; every
+    Prometheus/Grafana bind source exists."""
+    problems = []
+    for name in ("prometheus", "grafana"):
+        service = compose["services"].get(name)
+        if service is None:
+            continue
+        for mount in bind_mounts(service):
+            if not Path(mount["source"]).exists():
+                problems.append(f"{name}: bind source {mount['source']} missing")
+            if mount.get("read_only") is not True:
+                problems.append(f"{name}: {mount['target']} is not read-only")
+    prometheus = compose["services"].get("prometheus")
+    if prometheus is None:
+        return [*problems, "prometheus: not in the model"]
+    config_file = flag_value(command_args(prometheus), "--config.file") or ""
+    folder, _, filename = config_file.rpartition("/")
+    source = next((m["source"] for m in bind_mounts(prometheus) if m["target"] == folder), None)
+    if source is None:
+        return [*problems, f"prometheus: nothing mounted at {folder!r} (--config.file)"]
+    for rel in [filename, *rule_files]:
+        if not (Path(source) / rel).is_file():
+            problems.append(f"prometheus: {rel} not in {source}")
+    return problems
+
+
+def check_builds(compose: Compose) -> list[str]:
+    """Every build's context and Dockerfile exist."""
+    problems = []
+    for name, service in compose["services"].items():
+        build = service.get("build")
+        if not build:
+            continue
+        context = Path(build["context"])
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        if not context.is_dir():
+            problems.append(f"{name}: build context {context} missing")
+        if not dockerfile.is_file():
+            problems.append(f"{name}: {dockerfile} missing")
+    return problems
+
+
+def split_image(image: str) -> tuple[str, str | None, str | None]:
+    """``repo[:tag][@digest]`` -> (repo, tag, digest); a registry's :port is not a tag."""
+    name, _, digest = image.partition("@")
+    head, _, last = name.rpartition("/")
+    repo, _, tag = last.partition(":")
+    return (f"{head}/{repo}" if head else repo), tag or None, digest or None
+
+
+def check_images_pinned(compose: Compose, vllm_version: str) -> list[str]:
+    """Every image and build base has an explicit tag (not latest) or digest; tagged vLLM images
+    are the pinned vLLM release."""
+    problems = []
+    for name, service in compose["services"].items():
+        images = {"image": service.get("image")}
+        for arg, value in ((service.get("build") or {}).get("args") or {}).items():
+            if arg.endswith("BASE_IMAGE"):
+                images[f"build arg {arg}"] = value
+        for what, image in images.items():
+            if not image:
+                continue
+            repo, tag, digest = split_image(image)
+            if not digest and tag in (None, "latest"):
+                problems.append(f"{name}: {what} {image!r} is not pinned")
+            elif tag and "vllm" in repo and not tag.startswith(f"v{vllm_version}"):
+                problems.append(f"{name}: {what} {image!r} is not vLLM v{vllm_version}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------- variables
+_DEFAULTED = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])([^}]*))?\})")
+
+
+def variable_uses(text: str) -> list[tuple[str, str | None, str]]:
+    """(name, operator or None, default text) for every ${...} in a compose file's text, comment
+    lines skipped. --variables reports one default per name; this sees each use."""
+    body = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    return [
+        (m.group(1), m.group(2), m.group(3) or "")
+        for m in _DEFAULTED.finditer(body)
+        if m.group(0) != "$$"
+    ]
+
+
+def check_variable_defaults(
+    uses: list[tuple[str, str | None, str]], env_example: Mapping[str, str]
+) -> list[str]:
+    """Every ${VAR} has a :- default or a .env.example line; every default equals that line."""
+    problems = []
+    for name, op, default in uses:
+        if op in (":-", "-"):
+            if name in env_example and default != env_example[name]:
+                problems.append(
+                    f"{name}: default {default!r} != .env.example {env_example[name]!r}"
+                )
+        elif name not in env_example:
+            problems.append(f"{name}: neither a ':-' default nor a .env.example line")
+    return sorted(set(problems))
+
+
+# The keys preflight reads from x-kit-settings and the knob behind each: one table, preflight's.
+KIT_SETTINGS = {**ENV_NAMES, **OPTIONAL_ENV_NAMES}
+REQUIRED_KIT_SETTINGS = set(REQUIRED)
+
+
+def check_kit_settings(compose: Compose, settings: Mapping[str, str]) -> list[str]:
+    """x-kit-settings (what tools read) shows the knob each key names, as rendered."""
+    block = compose.get("x-kit-settings") or {}
+    problems = [f"x-kit-settings: {k} missing" for k in sorted(REQUIRED_KIT_SETTINGS - set(block))]
+    for key, var in KIT_SETTINGS.items():
+        if key in block and str(block[key]) != settings[var]:
+            problems.append(f"x-kit-settings: {key} {block[key]!r} != {var} {settings[var]!r}")
+    return problems

@@ -1,0 +1,42 @@
+"""The vLLM containers' entrypoint (compose/entrypoint/vllm_serve.py) loaded by path: it is no
+package, and the compose and Kubernetes checks call its pure functions to get the argv a container
+really execs (the --kv-transfer-config is built there, from the environment)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from types import ModuleType
+
+from tests.support.paths import COMPOSE_DIR
+
+PATH = COMPOSE_DIR / "entrypoint" / "vllm_serve.py"
+# Where compose and the pods mount it (compose.yaml x-vllm-common, deploy/k8s/base).
+CONTAINER_PATH = "/opt/pcp-pd-kit/entrypoint/vllm_serve.py"
+
+
+@functools.cache
+def entrypoint() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kit_vllm_serve", PATH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def runs_entrypoint(argv: list[str]) -> bool:
+    """Whether a container's argv starts the kit's entrypoint (python3 <its path>)."""
+    return (
+        len(argv) >= 2
+        and argv[0].rsplit("/", 1)[-1].startswith("python")
+        and (argv[1] == CONTAINER_PATH)
+    )
+
+
+def effective_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+    """What a container whose process is ``argv`` finally execs in ``env``: through the kit's
+    entrypoint, the vLLM command it builds (its interpreter standing in for sys.executable);
+    anything else unchanged. ValueError, with the entrypoint's message, when it would refuse."""
+    if not runs_entrypoint(argv):
+        return list(argv)
+    return list(entrypoint().vllm_command(argv[2:], env, argv[0]))

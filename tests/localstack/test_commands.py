@@ -1,0 +1,85 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from pcp_pd_kit.localstack.commands import prometheus_spec, proxy_spec, vllm_server_spec
+from tests.support.env import example_settings
+
+REPO = Path("/repo")
+SETTINGS = example_settings(
+    kv_connector="PcpCanonicalNixlConnector", kv_connector_module_path="pcp_nixl_connector"
+)
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize(
+    ("role", "kv_role"), [("prefill", "kv_producer"), ("decode", "kv_consumer")]
+)
+def test_pd_servers_get_connector_role_and_cpu_knobs(role: str, kv_role: str) -> None:
+    spec = vllm_server_spec(SETTINGS, role, "/m", "tiny", REPO)  # type: ignore[arg-type]
+    config = json.loads(_flag(spec.argv, "--kv-transfer-config"))
+    assert config["kv_role"] == kv_role
+    assert config["kv_connector"] == "PcpCanonicalNixlConnector"
+    assert config["kv_connector_module_path"] == "pcp_nixl_connector"
+    assert config["kv_buffer_device"] == "cpu"
+    assert config["kv_connector_extra_config"] == {
+        "cpu_nixl_progress_delay_us": 1000,
+        "cpu_skip_kv_core_pinning": True,
+    }
+    assert spec.env["PYTHONPATH"] == "/repo/connector"
+    assert spec.env["UCX_TLS"] == "tcp,self,sm"
+    assert spec.env["UCX_NET_DEVICES"] == "lo"
+    assert spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert spec.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_prefill_and_decode_differ_in_port_binding_and_side_channel() -> None:
+    p = vllm_server_spec(SETTINGS, "prefill", "/m", "tiny", REPO)
+    d = vllm_server_spec(SETTINGS, "decode", "/m", "tiny", REPO)
+    assert (p.env["VLLM_CPU_OMP_THREADS_BIND"], d.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
+    assert p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    assert _flag(p.argv, "--port") != _flag(d.argv, "--port")
+    assert p.health_url == "http://127.0.0.1:18100/health"
+
+
+def test_stock_connector_has_no_module_path() -> None:
+    stock = example_settings(kv_connector="NixlConnector", kv_connector_module_path="")
+    spec = vllm_server_spec(stock, "decode", "/m", "tiny", REPO)
+    config = json.loads(_flag(spec.argv, "--kv-transfer-config"))
+    assert config["kv_connector"] == "NixlConnector"
+    assert "kv_connector_module_path" not in config
+
+
+def test_reference_server_is_not_disaggregated() -> None:
+    spec = vllm_server_spec(SETTINGS, "reference", "/m", "tiny", REPO)
+    assert "--kv-transfer-config" not in spec.argv
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in spec.env
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert _flag(spec.argv, "--port") == "18300"
+
+
+def test_block_size_and_eager_follow_settings() -> None:
+    eager = vllm_server_spec(example_settings(block_size=64), "prefill", "/m", "t", REPO)
+    compiled = vllm_server_spec(example_settings(enforce_eager=False), "prefill", "/m", "t", REPO)
+    assert _flag(eager.argv, "--block-size") == "64"
+    assert "--enforce-eager" in eager.argv
+    assert "--enforce-eager" not in compiled.argv
+
+
+def test_proxy_points_at_the_pair() -> None:
+    argv = proxy_spec(example_settings(proxy_port=18001)).argv
+    assert argv[1:3] == ["-m", "pd_proxy"]
+    assert _flag(argv, "--prefill") == "http://127.0.0.1:18100"
+    assert _flag(argv, "--decode") == "http://127.0.0.1:18200"
+    assert _flag(argv, "--port") == "18001"
+
+
+def test_prometheus_listens_on_its_port() -> None:
+    spec = prometheus_spec(example_settings(), Path("/c.yml"), Path("/d"), "/usr/bin/prometheus")
+    assert "--web.listen-address=127.0.0.1:18090" in spec.argv
+    assert "--config.file=/c.yml" in spec.argv
+    assert spec.health_url.endswith("/-/ready")

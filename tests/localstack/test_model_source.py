@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+
+from pcp_pd_kit.localstack.model_source import ModelNotAvailableError, resolve_model
+
+
+def _never_build(path: Path) -> Path:
+    raise AssertionError("must not build the tiny model")
+
+
+def test_empty_model_builds_tiny_under_repo(tmp_path: Path) -> None:
+    built: list[Path] = []
+
+    def build(path: Path) -> Path:
+        built.append(path)
+        return path
+
+    resolved = resolve_model("", "", tmp_path, build_tiny=build)
+    assert built == [tmp_path / ".models" / "tiny-llama"]
+    assert resolved.served_name == "tiny-llama" and resolved.built_tiny
+
+
+def test_local_directory_needs_config(tmp_path: Path) -> None:
+    model = tmp_path / "my-model"
+    model.mkdir()
+    with pytest.raises(ModelNotAvailableError, match="has no config.json"):
+        resolve_model(str(model), "", tmp_path, build_tiny=_never_build)
+    (model / "config.json").write_text("{}")
+    resolved = resolve_model(str(model), "", tmp_path, build_tiny=_never_build)
+    assert (resolved.path, resolved.served_name) == (str(model), "my-model")
+
+
+def test_uncached_hf_id_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotAvailableError, match="not in the local Hugging Face cache"):
+        resolve_model("org/model", "", tmp_path, build_tiny=_never_build, is_cached=lambda m: False)
+
+
+def test_cached_hf_id_is_used_as_is(tmp_path: Path) -> None:
+    resolved = resolve_model(
+        "org/model", "alias", tmp_path, build_tiny=_never_build, is_cached=lambda m: True
+    )
+    assert (resolved.path, resolved.served_name) == ("org/model", "alias")
+
+
+def test_nonsense_model_value(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotAvailableError, match="no such directory"):
+        resolve_model("no/such/thing/here", "", tmp_path, build_tiny=_never_build)

@@ -1,0 +1,73 @@
+import pytest
+
+from pcp_pd_kit.settings import ENV_KEYS, SettingsError, settings_from_env
+from tests.support.env import example_env
+
+
+def _with(**values: str) -> dict[str, str]:
+    return {**example_env(), **values}
+
+
+def test_every_knob_comes_from_env_example() -> None:
+    """.env.example alone is a complete configuration: the settings hold no defaults."""
+    env = example_env()
+    assert set(ENV_KEYS) <= set(env)
+    s = settings_from_env(env)
+    assert s.proxy_port == int(env["LOCAL_PROXY_PORT"])
+    assert s.block_size == int(env["CPU_BLOCK_SIZE"])
+    assert s.prefill_cpu_bind == env["PREFILL_CPUS"]
+
+
+def test_a_knob_missing_from_every_layer_is_named() -> None:
+    env = example_env()
+    del env["CPU_BLOCK_SIZE"], env["LOCAL_PROXY_PORT"]
+    with pytest.raises(
+        SettingsError, match="not set: LOCAL_PROXY_PORT, CPU_BLOCK_SIZE. .env.example"
+    ):
+        settings_from_env(env)
+
+
+def test_values_are_converted() -> None:
+    s = settings_from_env(
+        _with(LOCAL_PROXY_PORT="18555", LOCAL_ENFORCE_EAGER="no", LOCAL_STARTUP_TIMEOUT_S="12.5")
+    )
+    assert (s.proxy_port, s.enforce_eager, s.startup_timeout_s) == (18555, False, 12.5)
+
+
+def test_empty_model_means_the_tiny_model() -> None:
+    assert settings_from_env(_with(MODEL="", LOCAL_SERVED_MODEL_NAME="")).model == ""
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"LOCAL_PREFILL_PORT": "eighty"}, "LOCAL_PREFILL_PORT='eighty': expected an integer"),
+        ({"LOCAL_ENFORCE_EAGER": "maybe"}, "LOCAL_ENFORCE_EAGER"),
+        ({"LOCAL_DECODE_PORT": "18100"}, "both use port 18100"),
+        ({"CPU_BLOCK_SIZE": "16"}, "multiple of 32"),
+        ({"CPU_BLOCK_SIZE": ""}, "CPU_BLOCK_SIZE is set but empty"),
+        ({"KVCACHE_SPACE_GIB": "0"}, "KVCACHE_SPACE_GIB"),
+        ({"LOCAL_PROXY_PORT": "70000"}, "outside 1-65535"),
+        ({"LOCAL_STARTUP_TIMEOUT_S": "-1"}, "LOCAL_STARTUP_TIMEOUT_S must be > 0"),
+    ],
+)
+def test_bad_values_are_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+        settings_from_env(_with(**env))
+
+
+def test_repository_env_example_names_the_kits_connector() -> None:
+    """The stack must not fall back to stock NixlConnector (it ignores the CPU knobs)."""
+    s = settings_from_env(example_env())
+    assert (s.kv_connector, s.kv_connector_module_path) == (
+        "PcpCanonicalNixlConnector",
+        "pcp_nixl_connector",
+    )
+    assert s.host == "127.0.0.1"
+    assert all(18000 <= port <= 18999 for port in s.ports().values())
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_empty_kv_connector_is_a_clear_error(value: str) -> None:
+    with pytest.raises(SettingsError, match="KV_CONNECTOR is set but empty"):
+        settings_from_env(_with(KV_CONNECTOR=value))
