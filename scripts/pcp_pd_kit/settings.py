@@ -59,18 +59,14 @@ def merged_env(files: Sequence[Path], environ: Mapping[str, str]) -> dict[str, s
     return merged
 
 
-def layered_env(root: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """.env.example < .env < process environment, as one flat mapping."""
-    return merged_env([root / ".env.example", root / ".env"], environ)
-
-
-def kit_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The checkout's layered env: what every kit command reads its settings from.
+def kit_env(environ: Mapping[str, str], root: Path | None = None) -> dict[str, str]:
+    """.env.example < .env < process environment (``root``: the checkout), as one flat mapping:
+    what every kit command reads its settings from.
 
     KIT_DOTENV names another file to read instead of .env; set but empty, none is read (the test
     suite does that, so a developer's own .env never changes what the tests see).
     """
-    root = repo_root()
+    root = root or repo_root()
     override = environ.get("KIT_DOTENV")
     files = [root / ".env.example"]
     if override is None:
@@ -230,7 +226,5 @@ def validate(s: StackSettings) -> None:
         if getattr(s, name) <= 0:
             env_key = next(k for k, v in ENV_KEYS.items() if v == name)
             raise SettingsError(f"{env_key} must be > 0")
-    if not s.kv_connector:
-        raise SettingsError("KV_CONNECTOR is empty")
     if s.demo_limit < 1:
         raise SettingsError("DEMO_LIMIT must be >= 1")

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pcp_pd_kit.settings import EnvFileError, kit_env, layered_env, parse_env_text, read_env_file
+from pcp_pd_kit.settings import EnvFileError, kit_env, parse_env_text, read_env_file
 from tests.support.paths import ENV_EXAMPLE
 
 
@@ -35,13 +35,13 @@ def test_parse_rejects_malformed_lines_with_location(line: str) -> None:
 def test_layering_order_example_then_dotenv_then_process(tmp_path: Path) -> None:
     (tmp_path / ".env.example").write_text("A=example\nB=example\nC=example\n")
     (tmp_path / ".env").write_text("B=dotenv\nC=dotenv\n")
-    merged = layered_env(tmp_path, {"C": "process"})
+    merged = kit_env({"C": "process"}, tmp_path)
     assert (merged["A"], merged["B"], merged["C"]) == ("example", "dotenv", "process")
 
 
 def test_missing_dotenv_is_fine(tmp_path: Path) -> None:
     (tmp_path / ".env.example").write_text("A=1\n")
-    assert layered_env(tmp_path, {})["A"] == "1"
+    assert kit_env({}, tmp_path)["A"] == "1"
 
 
 def test_kit_dotenv_replaces_or_skips_the_developers_env(tmp_path: Path) -> None:

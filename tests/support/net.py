@@ -11,16 +11,9 @@ import random
 import socket
 from collections.abc import Iterator
 
+from pcp_pd_kit.localstack.host import port_is_free
+
 PORT_RANGE = (17000, 17999)
-
-
-def port_is_bindable(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def free_ports(count: int, skip: tuple[int, ...] = ()) -> list[int]:
@@ -29,7 +22,7 @@ def free_ports(count: int, skip: tuple[int, ...] = ()) -> list[int]:
     random.shuffle(candidates)
     ports: list[int] = []
     for port in candidates:
-        if port_is_bindable(port):
+        if port_is_free("127.0.0.1", port):
             ports.append(port)
             if len(ports) == count:
                 return ports
