@@ -2,7 +2,9 @@
 
 On a signal the listening socket closes at once, ``/health`` turns 503, and in-flight requests
 (streams included) get up to ``--drain-timeout`` seconds to finish before the process exits 0.
-With ``--workers N`` (N > 1) this process supervises N serving processes (pd_proxy.workers).
+With ``--workers N`` (N > 1) this process supervises N serving processes (pd_proxy.workers, which
+never imports this module: its workers get ``run`` passed in). ``ListenError`` lives in
+pd_proxy.listen and is re-exported here.
 """
 
 from __future__ import annotations
@@ -19,19 +21,19 @@ from aiohttp import web
 
 from pd_proxy.app import build_app, build_metrics_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig, load_config
+from pd_proxy.listen import ListenError
 from pd_proxy.logs import flush_periodically, setup_logging
+from pd_proxy.workers import supervise
 
 log = logging.getLogger("pd_proxy")
+
+__all__ = ["ListenError", "main", "run", "serve"]
 
 # Each request allocates a few hundred short-lived objects (aiohttp's request, response, payload
 # and timer objects), so the default gen-0 threshold of 700 runs the cyclic collector every
 # couple of requests. Acyclic garbage is freed by reference counting anyway; collecting less
 # often frees the same cycles a little later for less CPU.
 GC_THRESHOLDS = (20_000, 20, 20)
-
-
-class ListenError(Exception):
-    """The listening socket could not be opened (port in use, bad address): a one-line error."""
 
 
 async def serve(
@@ -173,8 +175,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pd-proxy: error: {exc}", file=sys.stderr)
         return 2
     if config.workers > 1:
-        from pd_proxy.workers import supervise
-
         return supervise(config)
     return run(config, setup_logging(config.logging_level))
 

@@ -31,12 +31,16 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 
-from pd_proxy.cli import ListenError, run
 from pd_proxy.config import ConfigError, ProxyConfig
+from pd_proxy.listen import ListenError, reserve_port
 from pd_proxy.logs import flush_periodically, setup_logging
 
 log = logging.getLogger("pd_proxy.workers")
+
+# pd_proxy.cli.run: serve one config in this process; returns the exit code.
+Runner = Callable[..., int]
 
 STATE_ENV = "PD_PROXY_WORKER_STATE"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -51,40 +55,10 @@ _BOOT = (
     "import json, os, sys\n"
     f"state = json.loads(os.environ.pop({STATE_ENV!r}))\n"
     "sys.path[:] = state['sys_path']\n"
+    "from pd_proxy.cli import run\n"
     "from pd_proxy.workers import worker_main\n"
-    "raise SystemExit(worker_main(state))\n"
+    "raise SystemExit(worker_main(state, run))\n"
 )
-
-
-def reserve_port(host: str, port: int, what: str = "") -> tuple[list[socket.socket], int]:
-    """Bind ``host:port`` with SO_REUSEPORT, not listening: the port is ours, and workers that
-    also set SO_REUSEPORT can listen on it. Port 0 becomes the port the kernel chose."""
-    try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except OSError as exc:
-        raise ListenError(f"cannot listen on {host}:{port}{what}: {exc}") from None
-    socks: list[socket.socket] = []
-    seen = set()
-    try:
-        for family, kind, proto, _name, addr in infos:
-            if (family, addr) in seen:
-                continue
-            seen.add((family, addr))
-            sock = socket.socket(family, kind, proto)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio does
-            sock.bind((addr[0], port, *addr[2:]))
-            port = sock.getsockname()[1]
-    except OSError as exc:
-        for sock in socks:
-            sock.close()
-        raise ListenError(f"cannot listen on {host}:{port}{what}: {exc}") from None
-    return socks, port
 
 
 def _describe(returncode: int) -> str:
@@ -336,8 +310,12 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def worker_main(state: dict) -> int:
-    """One worker: the whole proxy, on the port the parent reserved, with SO_REUSEPORT."""
+def worker_main(state: dict, run: Runner) -> int:
+    """One worker: the whole proxy, on the port the parent reserved, with SO_REUSEPORT.
+
+    ``run`` is pd_proxy.cli's ``run`` (the boot script passes it), so this module never imports
+    the command line that imports it.
+    """
     _die_with_parent(state["parent"])
     index = state["index"]
     ready_fd = state["ready_fd"]
