@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The kit's one command line (scripts/pcp_pd_kit); every user-facing target below calls it.
 KIT := $(VENV)/bin/pcp-pd-kit
 
-.PHONY: help install engine images demo up eval test test-unit test-e2e test-compose test-k8s preflight lint format bench compose-up compose-down clean
+.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s preflight lint format bench compose-up compose-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ engine:  ## a Docker engine + Compose v2 (uses yours; on bare Debian/Ubuntu inst
 
 images: install engine  ## build the cpu profile's images (official bases, or KIT_IMAGE_BASE=local) + tiny model
 	@bash scripts/images.sh
+
+images-cold: install engine  ## as on a new machine: remove the kit's images, base, build cache, wheels; then build
+	@bash scripts/images.sh --cold
 
 # The whole suite, the live compose deployment included. A dockerd this kit started is stopped
 # afterwards (by PID), whatever the result.

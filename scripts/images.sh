@@ -11,12 +11,15 @@
 # KIT_EXTRA_CA_CERTS=/path/a.crt:/path/b.crt  extra CAs trusted inside builds (TLS-inspecting
 #                            networks); copied into the build context, never committed.
 # KIT_DEBIAN_MIRROR          the Debian mirror for debootstrap (default: this host's apt source).
+# --cold                     first remove what a new machine does not have: the kit's images (every
+#                            tag, inputs-* included), the local Debian base, the engine's build cache
+#                            and the downloaded wheels (`make images-cold`).
 # Image names and Dockerfiles come from the compose file (`docker compose config`), so they are
 # written down once. Needs a Docker engine and Compose v2 (scripts/docker_engine.sh ensure).
+# Sourcing the file defines the functions without running anything (tests/images do that).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 WHEELS="$ROOT/compose/images/wheels"
@@ -32,9 +35,11 @@ log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] ERROR: %s\n' "$*" >&2; exit 1; }
 elapsed() { echo "$(( $(date +%s) - $1 ))s"; }
 
-docker info >/dev/null 2>&1 || die "no Docker engine answers: start one (scripts/docker_engine.sh ensure does it on Debian/Ubuntu as root)"
-docker compose version >/dev/null 2>&1 || die "the Docker Compose v2 plugin is missing (scripts/docker_engine.sh ensure installs the pinned one)"
-export COMPOSE_BAKE=false DOCKER_BUILDKIT=0
+require_engine() {
+  docker info >/dev/null 2>&1 || die "no Docker engine answers: start one (scripts/docker_engine.sh ensure does it on Debian/Ubuntu as root)"
+  docker compose version >/dev/null 2>&1 || die "the Docker Compose v2 plugin is missing (scripts/docker_engine.sh ensure installs the pinned one)"
+  export COMPOSE_BAKE=false DOCKER_BUILDKIT=0
+}
 
 choose_base() {
   case "${KIT_IMAGE_BASE:-auto}" in
@@ -62,16 +67,21 @@ build_local_base() {
     log "installing debootstrap"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
   } || die "debootstrap is missing and could not be installed"
-  local dir mirror t0
+  local mirror t0
   t0=$(date +%s)
   mirror="$(debian_mirror)"
-  dir="$(mktemp -d)"
-  trap 'rm -rf "$dir"' RETURN
-  log "debootstrap bookworm from $mirror"
-  debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$ROOT/run/debootstrap.log" 2>&1 \
-    || { tail -n 15 "$ROOT/run/debootstrap.log" >&2; die "debootstrap failed (log: run/debootstrap.log): is $mirror reachable? set KIT_DEBIAN_MIRROR"; }
-  rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
-  tar --numeric-owner -C "$dir" -c . | docker import --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE_LOCAL" >/dev/null
+  # A subshell with an EXIT trap: the root tree goes on success, on failure and on `die`, and the
+  # trap ends with the subshell. (A RETURN trap set here would outlive this function and fire again
+  # when its caller returns, where the tree's variable is unset: `dir: unbound variable`.)
+  (
+    root_dir="$(mktemp -d)"
+    trap 'rm -rf "$root_dir"' EXIT
+    log "debootstrap bookworm from $mirror"
+    debootstrap --variant=minbase bookworm "$root_dir" "$mirror" >"$ROOT/run/debootstrap.log" 2>&1 \
+      || { tail -n 15 "$ROOT/run/debootstrap.log" >&2; die "debootstrap failed (log: run/debootstrap.log): is $mirror reachable? set KIT_DEBIAN_MIRROR"; }
+    rm -rf "$root_dir"/var/cache/apt/archives/*.deb "$root_dir"/var/lib/apt/lists/*
+    tar --numeric-owner -C "$root_dir" -c . | docker import --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE_LOCAL" >/dev/null
+  )
   log "base image $BASE_IMAGE_LOCAL ($(elapsed "$t0"))"
 }
 
@@ -126,6 +136,27 @@ build_all() {  # BASE
 
 kit_images() { docker compose --profile cpu config --images 2>/dev/null | sort -u; }
 
+# --cold: what a machine that never built the images lacks goes first, so `make images-cold` takes
+# the new machine's path (debootstrap base, wheel download, every build step) on purpose.
+remove_kit_images() {
+  local repo ref refs=() images
+  images="$(kit_images)" || true
+  [ -n "$images" ] || die "docker compose config --images listed no image of the cpu profile"
+  for repo in $(printf '%s\n' "$images" "$BASE_IMAGE_LOCAL" | sed 's/:[^:/]*$//' | sort -u); do
+    while IFS= read -r ref; do [ -n "$ref" ] && refs+=("$ref"); done \
+      < <(docker image ls --format '{{.Repository}}:{{.Tag}}' "$repo")
+  done
+  if [ "${#refs[@]}" -gt 0 ]; then
+    log "removing ${#refs[@]} image tag(s): ${refs[*]}"
+    docker image rm "${refs[@]}" >/dev/null \
+      || die "could not remove the kit's images: stop what uses them first (docker compose --profile cpu down)"
+  fi
+  log "removing the engine's build cache (docker builder prune: every project's, not only the kit's)"
+  docker builder prune --all --force >/dev/null || die "docker builder prune failed"
+  log "removing the downloaded wheels (compose/images/wheels/*/)"
+  find "$WHEELS" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
+}
+
 # Each built image also gets the tag inputs-<hash of everything its build reads>, so a fresh clone
 # (CI) whose inputs match finds the images current without rebuilding or re-sending 1 GB of wheels.
 images_current() {  # TAG
@@ -151,8 +182,16 @@ build_inputs_tag() {  # BASE
 }
 
 main() {
+  local cold=0 base t0 tag
+  case "${1:-}" in
+    --cold) cold=1 ;;
+    "") ;;
+    *) die "unknown option '$1' (usage: scripts/images.sh [--cold])" ;;
+  esac
+  cd "$ROOT"
+  require_engine
   mkdir -p "$ROOT/run"
-  local base t0 tag
+  [ "$cold" = 0 ] || remove_kit_images
   base="$(choose_base)"
   stage_ca
   tag="$(build_inputs_tag "$base")"
@@ -175,12 +214,13 @@ main() {
     mark_current "$tag"
     log "images built ($(elapsed "$t0"))"
   fi
-  # The CPU deployment serves the kit's tiny random-weights model from CPU_MODEL_DIR (./.models).
-  "$PY" -m pcp_pd_kit.localstack.tiny_model --out "$ROOT/.models/tiny-llama" >"$ROOT/run/tiny-model.log" 2>&1 \
+  # The CPU deployment serves the kit's tiny random-weights model from CPU_MODEL_DIR (./.models;
+  # the generator's default folder under it).
+  "$PY" -m pcp_pd_kit.localstack.tiny_model >"$ROOT/run/tiny-model.log" 2>&1 \
     || { tail -n 15 "$ROOT/run/tiny-model.log" >&2
-         die "could not build the tiny model in .models/tiny-llama (log: run/tiny-model.log; run scripts/bootstrap.sh first)"; }
+         die "could not build the tiny model in .models/ (log: run/tiny-model.log; run scripts/bootstrap.sh first)"; }
   # Containers run as root, but a model written with a 0077 umask must stay readable for any user.
   chmod -R a+rX "$ROOT/.models"
 }
 
-main "$@"
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi
