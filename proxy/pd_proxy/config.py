@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 from pd_proxy.auth import KeyFileError, read_key_file
 from pd_proxy.endpoints import EndpointsFileError, read_endpoints_file
+from pd_proxy.k8s_endpoints import parse_service_ref
+from pd_proxy.kube_api import InCluster
 
 ENV_PREFIX = "PD_PROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -59,6 +61,9 @@ class ProxyConfig:
     prefill_dns: str | None = None
     decode_dns: str | None = None
     endpoints_file: str | None = None
+    # Kubernetes Services "[NAMESPACE/]NAME[:PORT]" whose EndpointSlices are watched (in a pod).
+    prefill_k8s_service: str | None = None
+    decode_k8s_service: str | None = None
     discovery_interval: float = 5.0
     # Serving processes on the one port (SO_REUSEPORT); 1 runs the proxy in this process.
     workers: int = 1
@@ -74,16 +79,22 @@ class ProxyConfig:
             if value is not None:
                 flag = f"--{role}-dns ({ENV_PREFIX}{name.upper()})"
                 object.__setattr__(self, name, check_host_port(value, flag))
+            name = f"{role}_k8s_service"
+            value = getattr(self, name)
+            if value is not None:
+                flag = f"--{role}-k8s-service ({ENV_PREFIX}{name.upper()})"
+                object.__setattr__(self, name, check_k8s_service(value, flag))
         file_roles: tuple[str, ...] = ()
         if self.endpoints_file is not None:
             file_roles = check_endpoints_file(self.endpoints_file)
         for role in ROLES:
             if not getattr(self, role) and getattr(self, f"{role}_dns") is None:
-                if role not in file_roles:
+                if role not in file_roles and getattr(self, f"{role}_k8s_service") is None:
                     raise ConfigError(
                         f"no {role} backend: give --{role} URL ({ENV_PREFIX}{role.upper()}), "
-                        f"--{role}-dns HOST:PORT ({ENV_PREFIX}{role.upper()}_DNS) or an "
-                        f"--endpoints-file listing one ({ENV_PREFIX}ENDPOINTS_FILE)"
+                        f"--{role}-dns HOST:PORT ({ENV_PREFIX}{role.upper()}_DNS), "
+                        f"--{role}-k8s-service NAME ({ENV_PREFIX}{role.upper()}_K8S_SERVICE) or "
+                        f"an --endpoints-file listing one ({ENV_PREFIX}ENDPOINTS_FILE)"
                     )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port {self.port} is outside 0-65535")
@@ -129,7 +140,13 @@ class ProxyConfig:
     @property
     def discovery(self) -> bool:
         """Whether any backend source can change at run time."""
-        return bool(self.prefill_dns or self.decode_dns or self.endpoints_file)
+        return bool(
+            self.prefill_dns
+            or self.decode_dns
+            or self.endpoints_file
+            or self.prefill_k8s_service
+            or self.decode_k8s_service
+        )
 
     def sources(self, role: str) -> list[str]:
         """The role's backend sources, for the start-up log line."""
@@ -137,6 +154,9 @@ class ProxyConfig:
         dns = getattr(self, f"{role}_dns")
         if dns is not None:
             found.append(f"dns:{dns}")
+        service = getattr(self, f"{role}_k8s_service")
+        if service is not None:
+            found.append(f"k8s:{service}")
         if self.endpoints_file is not None:
             found.append(f"file:{self.endpoints_file}")
         return found
@@ -186,6 +206,19 @@ def check_host_port(value: str, flag: str) -> str:
     except ValueError as exc:
         raise ConfigError(f"{flag} {value!r}: {exc}") from None
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_k8s_service(value: str, flag: str) -> str:
+    """``value`` as a canonical ``[NAMESPACE/]NAME[:PORT]``; the pod must see the API server and
+    know its namespace (or the value names one). A ``ConfigError`` names ``flag``."""
+    try:
+        ref = parse_service_ref(value)
+        cluster = InCluster.from_environment()
+    except ValueError as exc:  # KubeConfigError too
+        raise ConfigError(f"{flag} {value!r}: {exc}") from None
+    if ref.namespace is None and cluster.namespace is None:
+        raise ConfigError(f"{flag} {value!r}: the pod has no namespace file: give NAMESPACE/NAME")
+    return str(ref)
 
 
 def check_endpoints_file(path: str) -> tuple[str, ...]:
@@ -338,6 +371,24 @@ _OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "DECODE_DNS",
         str,
         "HOST:PORT whose A/AAAA records are the decode backends; with or instead of --decode",
+    ),
+    (
+        "prefill_k8s_service",
+        "--prefill-k8s-service",
+        "PREFILL_K8S_SERVICE",
+        str,
+        "[NAMESPACE/]SERVICE[:PORT] of a Kubernetes Service whose EndpointSlices are the prefill "
+        "backends, watched through the API server (in a pod; needs list/watch on endpointslices): "
+        "terminating pods stop getting requests at once. PORT: the Service port's name or the "
+        "pod port (default: the only one); with or instead of --prefill",
+    ),
+    (
+        "decode_k8s_service",
+        "--decode-k8s-service",
+        "DECODE_K8S_SERVICE",
+        str,
+        "[NAMESPACE/]SERVICE[:PORT] whose EndpointSlices are the decode backends; with or instead "
+        "of --decode",
     ),
     (
         "endpoints_file",

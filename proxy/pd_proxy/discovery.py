@@ -1,16 +1,20 @@
-"""Backend discovery: DNS names and an endpoints file, polled every ``discovery_interval``.
+"""Backend discovery: DNS names, an endpoints file and Kubernetes Services, every
+``discovery_interval`` or at once when a source says it changed.
 
-A DNS name (``--prefill-dns`` / ``--decode-dns``, e.g. a Kubernetes headless Service) is resolved
-to its A and AAAA records and each address becomes ``http://ADDR:PORT``; the endpoints file
-(pd_proxy.endpoints) is re-read when its stat signature changes. What a source finds replaces what
-it found before in its role's ``BackendPool``: new backends join once a health check passes, gone
-ones drain (pd_proxy.pool).
+A Kubernetes Service (``--prefill-k8s-service`` / ``--decode-k8s-service``) is watched through the
+API server (pd_proxy.k8s_endpoints): a terminating pod leaves its pool as soon as the API says so,
+not after a DNS cache. A DNS name (``--prefill-dns`` / ``--decode-dns``, e.g. a headless
+Service) is resolved to its A and AAAA records and each address becomes ``http://ADDR:PORT``; the
+endpoints file (pd_proxy.endpoints) is re-read when its stat signature changes. What a source
+finds replaces what it found before in its role's ``BackendPool``: new backends join once a health
+check passes, gone ones drain (pd_proxy.pool).
 
 Discovery never empties a pool. A name that stops resolving (NXDOMAIN, SERVFAIL, timeout) or
-resolves to nothing, and a file that goes missing, malformed or drops every endpoint of a role,
-keep the last known backends: during a DNS outage the backends are most likely still there, and
-health checks still take dead ones out. Each such outage logs one warning (the file: one per bad
-edit) and a line when it ends, and counts ``pd_proxy_discovery_errors_total`` on every poll.
+resolves to nothing, a file that goes missing, malformed or drops every endpoint of a role, and an
+API server that cannot be reached or lists no ready endpoint, keep the last known backends: during
+such an outage the backends are most likely still there, and health checks still take dead ones
+out. Each such outage logs one warning (the file: one per bad edit) and a line when it ends, and
+counts ``pd_proxy_discovery_errors_total`` on every poll.
 
 The resolver is injectable: production uses the event loop's ``getaddrinfo`` (the system
 resolver, so ``/etc/hosts``, search domains and ndots apply as for any process), tests a UDP
@@ -20,14 +24,20 @@ client for a DNS server they control (pd_proxy.testing.dns).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
 from pd_proxy.config import ROLES, ProxyConfig, split_host_port
 from pd_proxy.endpoints import read_endpoints_file, stat_signature
+from pd_proxy.k8s_endpoints import EndpointSliceWatch, parse_service_ref
+from pd_proxy.kube_api import InCluster
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
+from pd_proxy.sources import DiscoveryError, address_url
+
+__all__ = ["Discovery", "DiscoveryError", "DnsWatch", "FileWatch", "address_url", "system_resolver"]
 
 log = logging.getLogger("pd_proxy.discovery")
 
@@ -42,18 +52,6 @@ async def system_resolver(host: str) -> list[str]:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-def address_url(address: str, port: int) -> str | None:
-    """``http://ADDR:PORT`` (IPv6 in brackets); None for a scoped IPv6 address URLs cannot hold."""
-    if "%" in address:
-        return None
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
-
-
-class DiscoveryError(Exception):
-    """One poll found nothing usable; the message says why, for the warning."""
 
 
 class DnsWatch:
@@ -102,6 +100,9 @@ class DnsWatch:
         if self._pending is not None and not self._pending.done():
             self._pending.cancel()
 
+    def replaced(self) -> list[str]:
+        return []  # a name's records carry no identity
+
 
 class FileWatch:
     """The endpoints file; ``poll`` is None while the file is unchanged since its last good read."""
@@ -115,6 +116,9 @@ class FileWatch:
 
     def close(self) -> None:
         pass
+
+    def replaced(self) -> list[str]:
+        return []
 
     @property
     def label(self) -> str:
@@ -136,7 +140,7 @@ class FileWatch:
         return {role: list(urls) for role, urls in found.items()}
 
 
-Watch = DnsWatch | FileWatch
+Watch = DnsWatch | FileWatch | EndpointSliceWatch
 
 
 class Discovery:
@@ -159,6 +163,11 @@ class Discovery:
         self._last: dict[tuple[str, str], list[str]] = {}  # (role, source) -> last good URLs
         # (watch label, role or None) -> the reason of the outage it is in
         self._failing: dict[tuple[str, str | None], str] = {}
+        # A watch that learns of a change by itself (the Kubernetes API) wakes the loop at once.
+        self._wake = asyncio.Event()
+        for watch in watches:
+            if isinstance(watch, EndpointSliceWatch):
+                watch.on_change = self._wake.set
         metrics.track_discovery((role, w.source) for w in watches for role in w.roles)
 
     @classmethod
@@ -173,10 +182,15 @@ class Discovery:
         if not config.discovery:
             return None
         watches: list[Watch] = []
+        cluster: InCluster | None = None
         for role in ROLES:
             target = getattr(config, f"{role}_dns")
             if target is not None:
                 watches.append(DnsWatch(role, target, resolver or system_resolver))
+            service = getattr(config, f"{role}_k8s_service")
+            if service is not None:
+                cluster = cluster or InCluster.from_environment()
+                watches.append(EndpointSliceWatch(role, parse_service_ref(service), cluster))
         if config.endpoints_file is not None:
             watches.append(FileWatch(config.endpoints_file))
         return cls(pools, watches, config.discovery_interval, metrics)
@@ -198,6 +212,7 @@ class Discovery:
             if found is not None:
                 for role, urls in found.items():
                     added += self._apply(watch, role, urls)
+            added += self._recheck(watch)
         for role, pool in self.pools.items():
             for backend in pool.reap():
                 self.metrics.forget_backend(role, backend.url)
@@ -216,6 +231,17 @@ class Discovery:
             return []
         self._last[key] = urls
         return self.pools[role].update(watch.source, urls)
+
+    def _recheck(self, watch: Watch) -> list[Backend]:
+        """Backends whose address now belongs to another pod: down until a check passes."""
+        again = []
+        for url in watch.replaced():
+            for role in watch.roles:
+                for backend in self.pools[role].backends:
+                    if backend.url == url:
+                        backend.healthy = False
+                        again.append(backend)
+        return again
 
     def _fail(self, watch: Watch, role: str | None, reason: str) -> None:
         roles = (role,) if role else self._covered(watch)
@@ -252,9 +278,12 @@ class Discovery:
             watch.close()
 
     async def run(self) -> None:
-        """After the start-up ``refresh``: poll every interval and health-check the joiners."""
+        """After the start-up ``refresh``: poll every interval, or at once when a watch reports a
+        change, and health-check the joiners."""
         while True:
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            self._wake.clear()
             try:
                 added = await self.refresh()
                 if added and self.check is not None:
