@@ -3,9 +3,10 @@
 
 Why a wrapper: CUDA IPC between the prefill and decode containers needs each to *see* both
 roles' GPUs (mutual visibility) while using only its own, and the compose file cannot compute
-in-container device indices. Secrets arrive as files (Compose secrets / a generated key volume)
-so that neither the Hugging Face token nor the vLLM API key is an environment value visible in
-`docker inspect`; they are put into vLLM's own environment here, inside the process.
+in-container device indices (it gives both containers every host GPU: KIT_ALL_GPUS=all).
+Secrets arrive as files (Compose secrets / a generated key volume) so that neither the Hugging
+Face token nor the vLLM API key is an environment value visible in `docker inspect`; they are put
+into vLLM's own environment here, inside the process.
 The --kv-transfer-config JSON is written here and nowhere else for the containers (compose's four
 vLLM services, the Kubernetes pods): they set only environment variables (KV_ENV below), and
 kv_transfer_config() turns them into the JSON, refusing anything it cannot read.
@@ -35,6 +36,8 @@ KV_ENV = {
     "progress_delay": "KIT_NIXL_PROGRESS_DELAY_US",  # cpu only: .env NIXL_PROGRESS_DELAY_US
 }
 KV_ROLES = ("kv_producer", "kv_consumer")
+# KIT_ALL_GPUS value for a container that sees every host GPU.
+ALL_GPUS = "all"
 BUFFER_DEVICES = ("cuda", "cpu")
 # vLLM's OpenAI API server module. A --headless engine (LeaderWorkerSet workers) runs `vllm serve`
 # instead: the module has no headless mode.
@@ -48,10 +51,14 @@ def split_ids(value: str) -> list[str]:
 def cuda_visible_devices(role_ids: Sequence[str], all_ids: Sequence[str]) -> str:
     """In-container CUDA ids of ``role_ids`` when the container sees ``all_ids``.
 
-    GPU UUIDs are passed through (CUDA accepts them). Host indices become their rank among the
-    visible host indices, which is the in-container index under CUDA_DEVICE_ORDER=PCI_BUS_ID
-    (host indices are PCI bus order, and the container enumerates the same GPUs in that order).
+    ``all_ids`` == ["all"]: the container sees every host GPU (compose's `count: all`), so host
+    indices are in-container indices and every id passes through. Otherwise GPU UUIDs are passed
+    through (CUDA accepts them) and host indices become their rank among the visible host
+    indices, which is the in-container index under CUDA_DEVICE_ORDER=PCI_BUS_ID (host indices
+    are PCI bus order, and the container enumerates the same GPUs in that order).
     """
+    if list(all_ids) == [ALL_GPUS]:
+        return ",".join(role_ids)
     missing = [gpu for gpu in role_ids if gpu not in all_ids]
     if missing:
         raise ValueError(f"GPU ids {missing} are not among the container's GPUs {list(all_ids)}")

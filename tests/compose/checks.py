@@ -98,15 +98,40 @@ def id_list(value: str) -> list[str]:
     return [part.strip() for part in value.split(",")] if value.strip() else []
 
 
+def gpu_requests(service: Service) -> list[Mapping[str, Any]]:
+    """The service's GPU device requests (deploy reservations with the gpu capability)."""
+    reservations = (service.get("deploy") or {}).get("resources", {}).get("reservations", {})
+    return [d for d in reservations.get("devices") or [] if "gpu" in (d.get("capabilities") or [])]
+
+
 def gpu_device_ids(service: Service) -> list[str]:
     """GPU ids the service reserves (an entry may itself be a comma list: "0,1")."""
-    reservations = (service.get("deploy") or {}).get("resources", {}).get("reservations", {})
     ids: list[str] = []
-    for device in reservations.get("devices") or []:
-        if "gpu" in (device.get("capabilities") or []):
-            for entry in device.get("device_ids") or []:
-                ids.extend(id_list(str(entry)))
+    for device in gpu_requests(service):
+        for entry in device.get("device_ids") or []:
+            ids.extend(id_list(str(entry)))
     return ids
+
+
+def reserves_all_gpus(service: Service) -> bool:
+    """Whether a GPU request gives the container every host GPU (`count: all`, rendered -1)."""
+    return any(str(d.get("count")) in ("-1", "all") for d in gpu_requests(service))
+
+
+def namespace_owner(service: Service, key: str) -> str | None:
+    """The service whose IPC or PID namespace (``key``) this one joins (`service:NAME`)."""
+    value = str(service.get(key) or "")
+    return value.removeprefix("service:") if value.startswith("service:") else None
+
+
+def namespace_holders(compose: Compose) -> set[str]:
+    """Services whose IPC or PID namespace another service joins."""
+    return {
+        owner
+        for service in compose["services"].values()
+        for owner in (namespace_owner(service, "ipc"), namespace_owner(service, "pid"))
+        if owner
+    }
 
 
 def vllm_services(compose: Compose) -> dict[str, Service]:
@@ -246,19 +271,76 @@ def check_gpu_topology(compose: Compose, settings: Mapping[str, str]) -> list[st
         problems.append(f"GPU ids overlap or repeat: prefill {p_ids}, decode {d_ids}")
     both = set(p_ids) | set(d_ids)
     for name, service in (("prefill", prefill), ("decode", decode)):
-        if set(gpu_device_ids(service)) != both:
-            ids = gpu_device_ids(service)
-            problems.append(
-                f"{name}: device_ids {ids} do not cover both roles' GPUs {sorted(both)}"
-            )
-        if set(id_list(environment(service).get("KIT_ALL_GPUS", ""))) != both:
-            problems.append(f"{name}: KIT_ALL_GPUS is not both roles' GPUs {sorted(both)}")
+        problems += _gpu_visibility(name, service, both)
+    problems += _shared_namespaces(services, prefill, decode)
+    return problems
 
-    if prefill.get("ipc") != "shareable":
-        problems.append(f"prefill: ipc {prefill.get('ipc')!r}, want 'shareable'")
-    for key in ("ipc", "pid"):
-        if decode.get(key) != "service:prefill":
-            problems.append(f"decode: {key} {decode.get(key)!r}, want 'service:prefill'")
+
+def _gpu_visibility(name: str, service: Service, both: set[str]) -> list[str]:
+    """Both roles' GPUs visible (every host GPU, or device_ids covering both lists), one GPU per
+    device_ids entry, and KIT_ALL_GPUS telling the entrypoint which of the two it is."""
+    problems = []
+    if not gpu_requests(service):
+        return [f"{name}: reserves no GPU"]
+    for device in gpu_requests(service):
+        for entry in device.get("device_ids") or []:
+            if "," in str(entry):
+                problems.append(
+                    f"{name}: device_ids entry {entry!r} names several GPUs: engines that route "
+                    f"driver nvidia through CDI look up the device nvidia.com/gpu={entry}, which "
+                    "does not exist; one GPU per entry"
+                )
+    all_gpus = environment(service).get("KIT_ALL_GPUS", "")
+    if reserves_all_gpus(service):
+        if all_gpus != "all":
+            problems.append(
+                f"{name}: sees every host GPU but KIT_ALL_GPUS is {all_gpus!r}, not 'all'"
+            )
+        return problems
+    ids = gpu_device_ids(service)
+    if set(ids) != both:
+        problems.append(f"{name}: device_ids {ids} do not cover both roles' GPUs {sorted(both)}")
+    if set(id_list(all_gpus)) != both:
+        problems.append(f"{name}: KIT_ALL_GPUS is not both roles' GPUs {sorted(both)}")
+    return problems
+
+
+def _shared_namespaces(
+    services: Mapping[str, Service], prefill: Service, decode: Service
+) -> list[str]:
+    """prefill and decode join one holder's IPC and PID namespaces (CUDA IPC needs both): a
+    service of its own, with Docker's init as PID 1 (so neither server is the PID 1 whose exit
+    kills the other), shareable IPC holding /dev/shm, no GPU, and the servers' image (nothing
+    more to pull)."""
+    problems = []
+    owners = set()
+    for role, service in (("prefill", prefill), ("decode", decode)):
+        for key in ("ipc", "pid"):
+            owner = namespace_owner(service, key)
+            if owner is None or owner in ("prefill", "decode"):
+                problems.append(f"{role}: {key} {service.get(key)!r}, want 'service:<holder>'")
+            else:
+                owners.add(owner)
+    if len(owners) > 1:
+        problems.append(f"prefill and decode join different namespace holders {sorted(owners)}")
+    for name in sorted(owners):
+        holder = services.get(name)
+        if holder is None:
+            problems.append(f"{name}: the namespace holder is not in the model")
+            continue
+        if holder.get("init") is not True:
+            problems.append(
+                f"{name}: init {holder.get('init')!r}, want true (Docker's init as PID 1)"
+            )
+        if holder.get("ipc") != "shareable":
+            problems.append(f"{name}: ipc {holder.get('ipc')!r}, want 'shareable'")
+        if size_bytes(holder.get("shm_size") or 0) < 1024**3:
+            problems.append(f"{name}: shm_size {holder.get('shm_size')!r} (the servers' /dev/shm)")
+        if gpu_requests(holder):
+            problems.append(f"{name}: reserves GPUs")
+        image, servers = holder.get("image"), prefill.get("image")
+        if image != servers:
+            problems.append(f"{name}: image {image!r} is not the servers' {servers!r}")
     return problems
 
 
@@ -319,8 +401,10 @@ def check_pd_runtime(compose: Compose) -> list[str]:
     ports: dict[str, str] = {}
     for name, service in vllm_services(compose).items():
         env = environment(service)
-        if not service.get("shm_size"):
-            problems.append(f"{name}: shm_size missing")
+        # /dev/shm belongs to the IPC namespace: a service joining another's uses that one's.
+        shm_owner = namespace_owner(service, "ipc") or name
+        if not compose["services"].get(shm_owner, {}).get("shm_size"):
+            problems.append(f"{name}: shm_size missing (on {shm_owner})")
         if not is_cpu(service):
             memlock = (service.get("ulimits") or {}).get("memlock", {})
             if memlock != {"soft": -1, "hard": -1} and memlock != -1:
@@ -391,12 +475,13 @@ def published(compose: Compose) -> dict[str, list[tuple[str, int]]]:
 
 
 def check_least_privilege(compose: Compose) -> list[str]:
-    """Proxy, Prometheus and keygen run read-only with all capabilities dropped; no service may gain
-    privileges; the vLLM servers add nothing but SYS_NICE (CPU only); keygen adds back only what
-    staging another user's secret file for a third uid takes (CHOWN, DAC_READ_SEARCH)."""
+    """Proxy, Prometheus, keygen and the namespace holder run read-only with all capabilities
+    dropped; no service may gain privileges; the vLLM servers add nothing but SYS_NICE (CPU only);
+    keygen adds back only what staging another user's secret file for a third uid takes (CHOWN,
+    DAC_READ_SEARCH)."""
     problems = []
     vllm = vllm_services(compose)
-    locked = [*proxy_services(compose), "prometheus", "keygen"]
+    locked = [*proxy_services(compose), "prometheus", "keygen", *sorted(namespace_holders(compose))]
     for name, service in compose["services"].items():
         if NO_NEW_PRIVILEGES not in (service.get("security_opt") or []):
             problems.append(f"{name}: no {NO_NEW_PRIVILEGES}")

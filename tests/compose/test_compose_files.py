@@ -71,7 +71,7 @@ def test_compose_accepts_the_file(env_file, profiles, files) -> None:
 
 
 def test_compose_rejects_a_broken_copy(tmp_path) -> None:
-    edit = ("    ipc: service:prefill\n", "    ipc: service:prefill\n    bogus_key: 1\n")
+    edit = ("\n  holder:\n", "\n  holder:\n    bogus_key: 1\n")
     broken = cli.edited_copy(tmp_path, [edit], COMPOSE_FILE)
     res = cli.run("config", "--quiet", files=[broken])
     assert res.returncode != 0
@@ -86,7 +86,7 @@ def test_bare_defaults_render_like_env_example(gpu, bare) -> None:
 @pytest.mark.parametrize(
     ("profiles", "want"),
     [
-        ((), {"keygen", "prefill", "decode", "proxy", "prometheus", "grafana"}),
+        ((), {"keygen", "holder", "prefill", "decode", "proxy", "prometheus", "grafana"}),
         (("cpu",), {"keygen", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus"}),
         (
             ("cpu", "grafana"),
@@ -243,7 +243,37 @@ def test_gpu_flags_follow_the_variables(tmp_path) -> None:
     }
     model, settings = render(tmp_path, overrides)
     assert cc.check_gpu_topology(model, settings) == []
-    assert cc.gpu_device_ids(model["services"]["decode"]) == [*"012345"]
+    for name in ("prefill", "decode"):
+        service = model["services"][name]
+        assert cc.reserves_all_gpus(service) and cc.gpu_device_ids(service) == [], name
+        assert cc.environment(service)["KIT_ALL_GPUS"] == "all", name
+
+
+@pytest.mark.parametrize("model", ["gpu", "bare"])
+def test_gpu_device_requests_name_one_gpu_each(request, model) -> None:
+    """No device_ids entry is a comma list: an engine routing driver nvidia through CDI turns
+    each entry into nvidia.com/gpu=<entry>, and nvidia.com/gpu=0,1 does not exist."""
+    services = request.getfixturevalue(model)["services"]
+    for name in ("prefill", "decode"):
+        requests = cc.gpu_requests(services[name])
+        assert requests, name
+        for device in requests:
+            assert all("," not in str(e) for e in device.get("device_ids") or []), device
+
+
+def test_servers_share_namespaces_of_a_holder_with_init(gpu) -> None:
+    services = gpu["services"]
+    assert cc.namespace_holders(gpu) == {"holder"}
+    holder = services["holder"]
+    assert holder["init"] is True and holder["ipc"] == "shareable"
+    assert holder["image"] == services["prefill"]["image"]  # nothing more to pull
+    assert cc.container_argv(holder) == ["sleep", "infinity"]
+    for name in ("prefill", "decode"):
+        assert services[name]["ipc"] == services[name]["pid"] == "service:holder", name
+        assert services[name]["depends_on"]["holder"]["restart"] is True, name
+        # /dev/shm is the holder's; the servers repeat its size (Docker ignores it there)
+        assert services[name]["shm_size"] == holder["shm_size"], name
+    assert "prefill" not in services["decode"]["depends_on"]
 
 
 @pytest.mark.parametrize(
@@ -278,17 +308,25 @@ def test_gpu_check_catches_bad_overrides(tmp_path, overrides, needle) -> None:
     ("edits", "needle"),
     [
         (
+            [("count: all", 'device_ids: ["${PREFILL_GPUS:-0,1}", "${DECODE_GPUS:-2}"]')],
+            "names several GPUs",
+        ),
+        ([("count: all", 'device_ids: ["${DECODE_GPUS:-2}"]')], "do not cover"),
+        ([("KIT_ALL_GPUS: all", "KIT_ALL_GPUS: 0,1,2")], "KIT_ALL_GPUS is '0,1,2'"),
+        ([("ipc: service:holder", "ipc: private")], "decode: ipc"),
+        ([("pid: service:holder", "pid: host")], "decode: pid"),
+        ([("    ipc: shareable\n", "    ipc: private\n")], "holder: ipc"),
+        ([("    init: true\n", "")], "holder: init"),
+        ([("    shm_size: ${SHM_SIZE:-16g}\n", "")], "holder: shm_size"),
+        (
             [
                 (
-                    'device_ids: ["${PREFILL_GPUS:-0,1}", "${DECODE_GPUS:-2}"]',
-                    'device_ids: ["${PREFILL_GPUS:-0,1}"]',
+                    "image: ${VLLM_IMAGE:-vllm/vllm-openai:v0.32.0}\n    init",
+                    "image: busybox:1\n    init",
                 )
             ],
-            "do not cover",
+            "holder: image 'busybox:1'",
         ),
-        ([("ipc: service:prefill", "ipc: private")], "decode: ipc"),
-        ([("pid: service:prefill", "pid: host")], "decode: pid"),
-        ([("ipc: shareable", "ipc: private")], "prefill: ipc"),
         ([("      --enable-expert-parallel\n", "")], "--enable-expert-parallel"),
         (
             [
@@ -300,7 +338,19 @@ def test_gpu_check_catches_bad_overrides(tmp_path, overrides, needle) -> None:
             "DECODE_GPU_MEMORY_UTILIZATION",
         ),
     ],
-    ids=["device-ids", "decode-ipc", "decode-pid", "prefill-ipc", "no-ep", "wrong-mem-var"],
+    ids=[
+        "comma-device-ids",
+        "device-ids",
+        "all-gpus-env",
+        "decode-ipc",
+        "decode-pid",
+        "holder-ipc",
+        "holder-init",
+        "holder-shm",
+        "holder-image",
+        "no-ep",
+        "wrong-mem-var",
+    ],
 )
 def test_gpu_check_catches_a_broken_copy(tmp_path, edits, needle) -> None:
     broken = cli.edited_copy(tmp_path, edits, COMPOSE_FILE)

@@ -30,6 +30,10 @@ DECODE_CPU |= {"KIT_NIXL_PROGRESS_DELAY_US": "1000"}
         (["3"], ["5", "3", "4"], "0"),  # order of the list does not matter, PCI-bus order does
         (["10", "2"], ["2", "10", "11"], "1,0"),  # numeric, not string, order
         (["GPU-a", "GPU-b"], ["GPU-a", "GPU-b", "GPU-c"], "GPU-a,GPU-b"),
+        # compose's `count: all`: the container sees every host GPU, host ids are its ids
+        (["4", "5"], ["all"], "4,5"),
+        (["2"], ["all"], "2"),
+        (["GPU-b", "3"], ["all"], "GPU-b,3"),
     ],
 )
 def test_role_gpus_map_to_in_container_ids(role, all_ids, want) -> None:
@@ -55,6 +59,8 @@ def test_environment_sets_devices_and_secrets_from_files(tmp_path, monkeypatch) 
     assert env["CUDA_VISIBLE_DEVICES"] == "2"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert (env["HF_TOKEN"], env["VLLM_API_KEY"], env["X"]) == ("hf_secret", "vllm-key", "y")
+    every = serve.serve_environment({"KIT_ROLE_GPUS": "5,6", "KIT_ALL_GPUS": "all"})
+    assert (every["CUDA_VISIBLE_DEVICES"], every["CUDA_DEVICE_ORDER"]) == ("5,6", "PCI_BUS_ID")
 
 
 def test_cpu_containers_and_absent_secrets_change_nothing(tmp_path, monkeypatch) -> None:
