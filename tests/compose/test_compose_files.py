@@ -180,7 +180,7 @@ def test_kv_config_is_the_entrypoints(gpu, cpu) -> None:
         for name, service in services.items():
             assert cc.flag_value(cc.command_args(service), "--kv-transfer-config") is None, name
             argv = cc.exec_argv(service)
-            assert argv[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"], name
+            assert argv[:3] == ["python3", "-m", entrypoint().API_SERVER], name
             assert argv[3:-2] == cc.command_args(service), name
             assert argv[-2] == "--kv-transfer-config", name
 

@@ -145,7 +145,7 @@ def test_bad_or_missing_settings_are_refused(change, needle) -> None:
 def test_command_appends_the_built_config() -> None:
     argv = ["--model", "m", "--port", "8100"]
     cmd = serve.vllm_command(argv, PREFILL, "/usr/bin/python3")
-    assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.launchers.api_server.entry"]
     assert cmd[3:-2] == argv
     assert cmd[-2] == "--kv-transfer-config"
     assert json.loads(cmd[-1]) == serve.kv_transfer_config(PREFILL)

