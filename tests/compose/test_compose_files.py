@@ -249,6 +249,16 @@ def test_gpu_flags_follow_the_variables(tmp_path) -> None:
         assert cc.environment(service)["KIT_ALL_GPUS"] == "all", name
 
 
+@pytest.mark.parametrize(("value", "eager"), [("", False), ("1", True)], ids=["default", "eager"])
+def test_enforce_eager_knob(tmp_path, value, eager) -> None:
+    model, settings = render(tmp_path, {"ENFORCE_EAGER": value})
+    for name in ("prefill", "decode"):
+        args = cc.command_args(model["services"][name])
+        assert ("--enforce-eager" in args) is eager, (name, args)
+    assert model["x-kit-settings"]["enforce_eager"] == value
+    assert cc.check_gpu_topology(model, settings) == []
+
+
 @pytest.mark.parametrize("model", ["gpu", "bare"])
 def test_gpu_device_requests_name_one_gpu_each(request, model) -> None:
     """No device_ids entry is a comma list: an engine routing driver nvidia through CDI turns

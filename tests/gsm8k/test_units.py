@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pcp_pd_kit.gsm8k import expected, offline_task, results, topology
+from pcp_pd_kit.gsm8k import expected, manifest, offline_task, results, topology
+from tests.support.env import example_env
 
 DATASET_KEYS = {"task", "tag", "dataset_path", "dataset_name", "dataset_kwargs"}
 
@@ -54,8 +55,62 @@ def test_offline_task_rejects_rows_without_fields(tmp_path) -> None:
 def test_builtin_expectation(model: str) -> None:
     exp = expected.resolve(model, {})
     assert (exp.score, exp.tolerance, exp.source) == (0.65, 0.05, "built-in table")
-    assert exp.accepts(0.6535) and exp.accepts(0.70) and exp.accepts(0.60)
+    assert exp.accepts(0.6535) and exp.accepts(0.6001) and exp.accepts(0.6999)
     assert not exp.accepts(0.59) and not exp.accepts(0.71)
+
+
+@pytest.mark.parametrize(
+    ("expected_score", "tolerance", "measured", "accepted"),
+    [
+        (0.65, 0.05, 0.60, False),  # the edges fail, as in vLLM's `measured - RTOL < expected`
+        (0.65, 0.05, 0.70, False),
+        (0.65, 0.05, 120 / 200, False),  # --limit 200: 120 right is the lower edge exactly
+        (0.65, 0.05, 121 / 200, True),
+        (0.65, 0.05, 139 / 200, True),
+        (0.65, 0.05, 140 / 200, False),
+        (0.65, 0.05, 0.6 + 1e-6, True),
+        (0.65, 0.05, 0.7 - 1e-6, True),
+        (0.5, 0.1, 0.4, False),
+        (0.0, 0.0, 0.0, True),  # an empty band asks for the score exactly
+        (0.0, 0.0, 0.01, False),
+    ],
+)
+def test_tolerance_is_strict_at_both_edges(expected_score, tolerance, measured, accepted) -> None:
+    exp = expected.Expectation(expected_score, tolerance, "test")
+    assert exp.accepts(measured) is accepted
+    assert manifest.verdict(measured, exp)["passed"] is accepted
+
+
+def test_manifest_records_the_setting_set() -> None:
+    """The eval's layered env names the set the GPU servers ran with: .env.example's defaults are
+    not the seed's; the documented seed set is, however its numbers are spelled."""
+    env_example = example_env()
+    defaults = manifest.setting_set(env_example)
+    assert defaults["name"] == "custom"
+    assert set(defaults["differs_from_seed"]) == set(manifest.SEED_SETTINGS)
+    assert defaults["knobs"]["MOE_BACKEND"] == env_example["MOE_BACKEND"]
+    seed = {**env_example, **manifest.SEED_SETTINGS, "PREFILL_GPU_MEMORY_UTILIZATION": "0.30"}
+    assert manifest.setting_set(seed)["name"] == "seed"
+    assert manifest.setting_set(seed)["differs_from_seed"] == []
+    eager_only = {**seed, "MOE_BACKEND": "auto"}
+    assert manifest.setting_set(eager_only)["differs_from_seed"] == ["MOE_BACKEND"]
+    doc = manifest.build(
+        run={},
+        score=0.65,
+        stderr=None,
+        samples=1,
+        expectation=expected.Expectation(0.65, 0.05, "test"),
+        topology={},
+        env=seed,
+        results_file="r.json",
+    )
+    assert doc["settings"]["name"] == "seed"
+    assert doc["env"]["ENFORCE_EAGER"] == "1" and doc["env"]["MOE_BACKEND"] == "flashinfer_cutlass"
+    assert doc["verdict"]["accepted_range_bounds"] == "exclusive"
+
+
+def test_seed_settings_are_knobs_of_env_example() -> None:
+    assert set(manifest.SEED_SETTINGS) <= set(example_env())
 
 
 def test_env_overrides_and_errors() -> None:

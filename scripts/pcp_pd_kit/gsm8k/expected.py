@@ -37,8 +37,13 @@ class Expectation:
         return self.score + self.tolerance
 
     def accepts(self, measured: float) -> bool:
-        """Two-sided: a score far *above* the reference is as suspicious as one below it."""
-        return abs(measured - self.score) <= self.tolerance + 1e-12
+        """Strictly inside the two-sided band, as vLLM's P/D accuracy test checks
+        (`measured - RTOL < expected < measured + RTOL`): a score far *above* the reference is as
+        suspicious as one below it, and a score on the edge fails. Distances are compared at 1e-9,
+        so a decimal edge (0.65 - 0.05 = 0.6) is an edge in floats too. A tolerance of 0 asks for
+        the expected score exactly (the only useful meaning of an empty band)."""
+        distance, tolerance = round(abs(measured - self.score), 9), round(self.tolerance, 9)
+        return distance < tolerance or distance == tolerance == 0
 
 
 def model_key(model: str) -> str:

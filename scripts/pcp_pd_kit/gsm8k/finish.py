@@ -53,7 +53,8 @@ def judge(
     print(
         f"GSM8K strict-match {score:.4f} on {samples} samples: "
         f"{'PASS' if v['passed'] else 'FAIL'} "
-        f"(expected {exp.score} +- {exp.tolerance}, accepted [{low:.4f}, {high:.4f}])"
+        f"(expected {exp.score} +- {exp.tolerance}, accepted strictly inside "
+        f"({low:.4f}, {high:.4f}); settings: {doc['settings']['name']})"
     )
     print(f"results: {out_dir / 'results.json'}  manifest: {out_dir / 'manifest.json'}")
     return EXIT_PASS if v["passed"] else EXIT_FAIL

@@ -12,15 +12,29 @@ from typing import Any
 
 from pcp_pd_kit.gsm8k.expected import Expectation
 
+# The GPU servers' settings the reference score (0.6535) was measured with: FlashInfer's CUTLASS
+# MoE kernels (Hopper/Blackwell only), eager mode (no torch.compile / CUDA graphs, as vLLM's P/D
+# accuracy launcher runs its servers) and 0.3 of each GPU (fits an H200; the TP1 decode needs
+# about 0.5 of an 80 GB card). docs/gpu.md, "Settings of the reference run".
+SEED_SETTINGS = {
+    "MOE_BACKEND": "flashinfer_cutlass",
+    "ENFORCE_EAGER": "1",
+    "PREFILL_GPU_MEMORY_UTILIZATION": "0.3",
+    "DECODE_GPU_MEMORY_UTILIZATION": "0.3",
+}
+SETTINGS_SOURCE = (
+    "the layered env the eval read (.env.example < .env < environment), which is what "
+    "`docker compose up` reads when run from the same checkout without other overrides"
+)
 # Environment worth recording (never secrets: HF_TOKEN and friends are reported as set/unset).
 ENV_KEYS = (
     "MODEL_NAME",
     "PREFILLER_PCP_SIZE",
     "PREFILLER_TP_SIZE",
     "DECODER_TP_SIZE",
-    "GPU_MEMORY_UTILIZATION",
-    "PREFILL_BLOCK_SIZE",
-    "DECODE_BLOCK_SIZE",
+    *SEED_SETTINGS,
+    "MAX_MODEL_LEN",
+    "BLOCK_SIZE",
     "VLLM_EXTRA_ARGS",
     "KV_CONNECTOR",
     "KV_CONNECTOR_MODULE_PATH",
@@ -50,6 +64,27 @@ def recorded_env(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def _same(value: str, want: str) -> bool:
+    """Knob values compared as vLLM reads them: fractions as numbers, names case-insensitively."""
+    try:
+        return float(value) == float(want)
+    except ValueError:
+        return value.strip().lower() == want.lower()
+
+
+def setting_set(env: Mapping[str, str]) -> dict[str, Any]:
+    """Which documented setting set the GPU servers ran with: `seed` (SEED_SETTINGS) or `custom`,
+    with the knobs' values and those that differ from the seed's."""
+    knobs = {key: env.get(key, "").strip() for key in SEED_SETTINGS}
+    differs = [key for key, want in SEED_SETTINGS.items() if not _same(knobs[key], want)]
+    return {
+        "name": "custom" if differs else "seed",
+        "knobs": knobs,
+        "differs_from_seed": differs,
+        "source": SETTINGS_SOURCE,
+    }
+
+
 def verdict(score: float, expectation: Expectation) -> dict[str, Any]:
     return {
         "passed": expectation.accepts(score),
@@ -57,6 +92,7 @@ def verdict(score: float, expectation: Expectation) -> dict[str, Any]:
         "expected": expectation.score,
         "tolerance": expectation.tolerance,
         "accepted_range": [round(expectation.low, 6), round(expectation.high, 6)],
+        "accepted_range_bounds": "exclusive",
         "expected_source": expectation.source,
     }
 
@@ -85,6 +121,7 @@ def build(
             "results_file": results_file,
         },
         "verdict": verdict(score, expectation),
+        "settings": setting_set(env),
         "topology": dict(topology),
         "versions": {
             "python": sys.version.split()[0],

@@ -37,8 +37,8 @@ ENV_NAMES: dict[str, str] = {
 REQUIRED = tuple(ENV_NAMES)
 #: Where the Hugging Face token is: a file, or `hf_token` in the folder of Compose secrets.
 TOKEN_KEYS = ("hf_token_file", "secrets_dir")
-#: Read when present: the token's place, the proxy's address, the cpu profile's model, and the
-#: servers' ports if compose.yaml publishes them.
+#: Read when present: the token's place, the proxy's address, the cpu profile's model, the
+#: servers' ports if compose.yaml publishes them, and the GPU servers' eager switch.
 OPTIONAL_ENV_NAMES: dict[str, str] = {
     "hf_token_file": "HF_TOKEN_FILE",
     "secrets_dir": "KIT_SECRETS_DIR",
@@ -46,6 +46,7 @@ OPTIONAL_ENV_NAMES: dict[str, str] = {
     "cpu_model_name": "CPU_MODEL_NAME",
     "prefill_port": "PREFILL_PORT",
     "decode_port": "DECODE_PORT",
+    "enforce_eager": "ENFORCE_EAGER",
 }
 
 
