@@ -46,6 +46,9 @@ test-compose: images  ## only the live compose tests (docker compose --profile c
 test-k8s: install  ## render and validate deploy/k8s (needs kubectl; no cluster)
 	$(PY) -m pytest -ra -m k8s tests/k8s
 
+k8s-sources:  ## copy the connector, vLLM entrypoint, dashboard and alerts into deploy/k8s (kubectl apply -k)
+	python3 deploy/k8s/sources.py
+
 preflight:  ## GPU host checks before docker compose up (system python3, no venv needed)
 	bash scripts/preflight.sh
 

@@ -245,24 +245,30 @@ def check_gpus(objs: list[Obj]) -> list[str]:
 # ----------------------------------------------------------------------------- vLLM pods
 
 
-def connector_files() -> dict[str, str]:
-    """The package's files as a ConfigMap would hold them (no caches, no subfolders)."""
+def connector_paths() -> dict[str, str]:
+    """ConfigMap key -> path in the package, for every .py file (subpackages: ``a/b.py`` is the
+    key ``a.b.py``, since a key cannot hold a ``/``)."""
     return {
-        p.name: p.read_text()
-        for p in sorted(CONNECTOR_PKG.iterdir())
-        if p.is_file() and p.suffix != ".pyc"
+        p.relative_to(CONNECTOR_PKG).as_posix().replace("/", "."): p.relative_to(
+            CONNECTOR_PKG
+        ).as_posix()
+        for p in sorted(CONNECTOR_PKG.rglob("*.py"))
+        if "__pycache__" not in p.parts
     }
 
 
+def connector_files() -> dict[str, str]:
+    """The package's files as the ConfigMap holds them: key -> text."""
+    return {key: (CONNECTOR_PKG / rel).read_text() for key, rel in connector_paths().items()}
+
+
 def check_connector_configmap(objs: list[Obj]) -> list[str]:
-    """The ConfigMap is exactly connector/pcp_nixl_connector: same file names, same bytes."""
+    """The ConfigMap is exactly connector/pcp_nixl_connector: one key per file, same bytes."""
     problems = []
-    if any(p.is_dir() and p.name != "__pycache__" for p in CONNECTOR_PKG.iterdir()):
-        problems.append("the connector package has a subfolder: one ConfigMap cannot hold it")
     data = generated(objs, "ConfigMap", "pcp-pd-connector").get("data", {})
     files = connector_files()
     for name in sorted(set(files) - set(data)):
-        problems.append(f"connector file {name} is missing from the ConfigMap (base/kustomization)")
+        problems.append(f"connector file {name} is missing from the ConfigMap (make k8s-sources)")
     for name in sorted(set(data) - set(files)):
         problems.append(f"ConfigMap key {name} is not a file of the connector package")
     for name in sorted(set(files) & set(data)):
@@ -324,9 +330,16 @@ def check_vllm_connector(objs: list[Obj]) -> list[str]:
                     f"{t.owner}: connector ConfigMap mounted at {mounted}, PYTHONPATH "
                     f"{pythonpath}: `import {module}` would not find it"
                 )
-            items = [volume(t, mounts(container)[m]).get("configMap", {}) for m in mounted]
-            if any(i.get("items") for i in items):
-                problems.append(f"{t.owner}: connector volume lists items: files could be missed")
+            for m in mounted:
+                source = volume(t, mounts(container)[m]).get("configMap", {})
+                items = source.get("items")
+                got = {i["path"]: i["key"] for i in items} if items else None
+                want = {rel: key for key, rel in connector_paths().items()}
+                if got is None and any("/" in rel for rel in want):
+                    problems.append(f"{t.owner}: no items: the subpackages' files land flat")
+                elif got is not None and got != want:
+                    missing = sorted(set(want) - set(got))
+                    problems.append(f"{t.owner}: connector items map {got}, missing {missing}")
     return problems
 
 
@@ -456,10 +469,26 @@ def proxy_template(objs: list[Obj]) -> PodTemplate | None:
     return None
 
 
+PROXY_ACCOUNT = "pcp-pd-proxy"
+# The one permission pd-proxy's discovery needs (pd_proxy.k8s_endpoints: LIST, then WATCH).
+PROXY_RULES = [
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
+]
+
+
+def service_port(svc: Obj, port: str) -> Obj | None:
+    """The Service port ``port`` names: by name, else by number."""
+    for entry in svc["spec"].get("ports", []):
+        if entry.get("name") == port or str(entry.get("port")) == port:
+            return entry
+    return None
+
+
 def check_proxy(objs: list[Obj]) -> list[str]:
-    """pd-proxy finds each role through its headless Service (host:port = a DNS name whose A
-    records are the pod IPs, so the port must be the pods' container port) and reads both keys
-    from Secret files: the backend key from the same Secret the vLLM pods use."""
+    """pd-proxy watches each role's Service through the Kubernetes API (SERVICE:PORT, where PORT
+    is a Service port whose target is the pods' `http` port), as a ServiceAccount whose only
+    permission is list/watch on EndpointSlices; it reads both keys from Secret files (the backend
+    key from the Secret the vLLM pods use) and has a writable /tmp on a read-only root."""
     problems = []
     t = proxy_template(objs)
     if t is None:
@@ -467,18 +496,28 @@ def check_proxy(objs: list[Obj]) -> list[str]:
     container = t.spec["containers"][0]
     env = container_env(container, objs, t.injected)
     for role in ("prefill", "decode"):
-        value = env.get(f"PD_PROXY_{role.upper()}_DNS", "")
-        host, _, port = value.rpartition(":")
+        name = f"PD_PROXY_{role.upper()}_K8S_SERVICE"
+        value = env.get(name, "")
+        host, _, port = value.partition(":")
         svc = next((s for s in find(objs, "Service") if s["metadata"]["name"] == host), None)
-        if svc is None or svc["spec"].get("clusterIP") != "None":
-            problems.append(f"PD_PROXY_{role.upper()}_DNS={value!r}: no headless Service {host!r}")
+        if svc is None:
+            problems.append(f"{name}={value!r}: no Service {host!r}")
             continue
         chosen = [x for x in pod_templates(objs) if selects(svc["spec"]["selector"], x.labels)]
         if not chosen or any(x.labels.get("llm-d.ai/role") != role for x in chosen):
             problems.append(f"Service {host} does not select exactly the {role} pods")
+        entry = service_port(svc, port) if port else None
+        if entry is None or not port:
+            problems.append(f"{name}={value!r}: the Service has no port {port!r}")
+            continue
         for x in chosen:
-            if str(container_ports(x).get("http")) != port:
-                problems.append(f"PD_PROXY_{role.upper()}_DNS port {port} is not {x.owner}'s port")
+            target = entry.get("targetPort", entry["port"])
+            number = container_ports(x).get(target) if isinstance(target, str) else target
+            if number != container_ports(x).get("http"):
+                problems.append(f"{name}: Service port {port} is not {x.owner}'s http port")
+        if f"PD_PROXY_{role.upper()}_DNS" in env:
+            problems.append(f"PD_PROXY_{role.upper()}_DNS set as well: one source per role")
+    problems += _proxy_identity(objs, t)
     files = files_provided(t, container)
     want = {
         "PD_PROXY_API_KEY_FILE": ("secret", "pcp-pd-kit-secrets", "api_keys"),
@@ -488,10 +527,44 @@ def check_proxy(objs: list[Obj]) -> list[str]:
         got = provides(files, env.get(name, "?"))
         if got != source:
             problems.append(f"{name}={env.get(name)!r} is provided by {got}, want {source}")
+    tmp = mounts(container).get("/tmp")
+    if tmp is None or "emptyDir" not in volume(t, tmp):
+        problems.append("pd-proxy has no writable /tmp (an emptyDir) on its read-only root")
     if "/health" != (container.get("readinessProbe", {}).get("httpGet", {}).get("path")):
         problems.append("pd-proxy readiness is not GET /health")
     if "httpGet" in container.get("livenessProbe", {}):
         problems.append("pd-proxy liveness must not depend on backends (/health): use tcpSocket")
+    return problems
+
+
+def _proxy_identity(objs: list[Obj], t: PodTemplate) -> list[str]:
+    """The proxy's ServiceAccount exists, its token is mounted, and the Roles bound to it grant
+    exactly PROXY_RULES (one Role, no ClusterRole)."""
+    problems = []
+    account = t.spec.get("serviceAccountName")
+    if account != PROXY_ACCOUNT or not find(objs, "ServiceAccount", PROXY_ACCOUNT):
+        problems.append(
+            f"pd-proxy runs as {account!r}, want its own ServiceAccount {PROXY_ACCOUNT}"
+        )
+    if t.spec.get("automountServiceAccountToken") is not True:
+        problems.append("pd-proxy needs its ServiceAccount token mounted to use the API")
+    bound = [
+        b
+        for b in find(objs, "RoleBinding") + find(objs, "ClusterRoleBinding")
+        if any(
+            s.get("kind") == "ServiceAccount" and s.get("name") == PROXY_ACCOUNT
+            for s in b.get("subjects", [])
+        )
+    ]
+    if len(bound) != 1 or bound[0]["kind"] != "RoleBinding":
+        problems.append(f"{len(bound)} bindings for {PROXY_ACCOUNT}, want one RoleBinding")
+        return problems
+    ref = bound[0]["roleRef"]
+    role = find(objs, ref["kind"], ref["name"]) if ref.get("kind") == "Role" else []
+    if not role:
+        problems.append(f"RoleBinding {bound[0]['metadata']['name']} names no rendered Role")
+    elif role[0].get("rules") != PROXY_RULES:
+        problems.append(f"Role {ref['name']} grants {role[0].get('rules')}, want {PROXY_RULES}")
     return problems
 
 
@@ -521,10 +594,15 @@ def check_hardening(objs: list[Obj]) -> list[str]:
 
 
 def check_references(objs: list[Obj]) -> list[str]:
-    """Every ConfigMap a pod uses is rendered; every Secret is one of the documented ones."""
+    """Every ConfigMap and ServiceAccount a pod uses is rendered; every Secret is one of the
+    documented ones."""
     problems = []
     configmaps = {o["metadata"]["name"] for o in find(objs, "ConfigMap")}
+    accounts = {o["metadata"]["name"] for o in find(objs, "ServiceAccount")}
     for t in pod_templates(objs):
+        account = t.spec.get("serviceAccountName")
+        if account is not None and account not in accounts:
+            problems.append(f"{t.owner}: ServiceAccount {account} not rendered")
         for v in t.spec.get("volumes", []):
             if "configMap" in v and v["configMap"]["name"] not in configmaps:
                 problems.append(
@@ -549,12 +627,20 @@ def check_references(objs: list[Obj]) -> list[str]:
 # ----------------------------------------------------------------------------- monitoring
 
 
-def check_podmonitors(objs: list[Obj]) -> list[str]:
-    """One PodMonitor per job the alert rules and the dashboard use, each on a real port."""
+# kube-prometheus-stack's Prometheus selects PodMonitors labelled release=<its Helm release>; the
+# kit's default release name (an operator input, docs/kubernetes.md).
+PROMETHEUS_RELEASE = "kube-prometheus-stack"
+
+
+def check_podmonitors(objs: list[Obj], release: str = PROMETHEUS_RELEASE) -> list[str]:
+    """One PodMonitor per job the alert rules and the dashboard use, each on a real port, each
+    with the label kube-prometheus-stack's podMonitorSelector matches."""
     problems = []
     jobs = []
     for pm in find(objs, "PodMonitor"):
         name = pm["metadata"]["name"]
+        if pm["metadata"].get("labels", {}).get("release") != release:
+            problems.append(f"PodMonitor {name} lacks release: {release}")
         chosen = [
             t
             for t in pod_templates(objs)
@@ -583,8 +669,9 @@ def alert_jobs() -> set[str]:
 
 
 def check_prometheus_config(objs: list[Obj]) -> list[str]:
-    """The plain Prometheus: alerts.yml is compose's, every dns_sd name is a rendered headless
-    Service, its port the selected pods' container port, and the jobs are the alert rules'."""
+    """The plain Prometheus: alerts.yml is compose's, every dns_sd name is the SRV record of a
+    named port of a rendered headless Service that the selected pods have, and the jobs are the
+    alert rules'."""
     problems = []
     cm = generated(objs, "ConfigMap", "pcp-pd-prometheus-config")
     data = cm.get("data", {})
@@ -599,20 +686,36 @@ def check_prometheus_config(objs: list[Obj]) -> list[str]:
         job_names.add(job["job_name"])
         for sd in job.get("dns_sd_configs", []):
             for dns in sd["names"]:
-                svc = services.get(dns.split(".")[0])
-                if svc is None or svc["spec"].get("clusterIP") != "None":
-                    problems.append(f"job {job['job_name']}: {dns} is no headless Service")
-                    continue
-                chosen = [
-                    t for t in pod_templates(objs) if selects(svc["spec"]["selector"], t.labels)
-                ]
-                for t in chosen:
-                    if sd.get("port") not in container_ports(t).values():
-                        problems.append(
-                            f"job {job['job_name']}: port {sd.get('port')} not in {t.owner}"
-                        )
+                problems += _srv_problems(job["job_name"], sd, dns, services, objs)
     if not alert_jobs() <= job_names:
         problems.append(f"jobs {sorted(job_names)} miss alert jobs {sorted(alert_jobs())}")
+    return problems
+
+
+def _srv_problems(
+    job: str, sd: Obj, name: str, services: dict[str, Obj], objs: list[Obj]
+) -> list[str]:
+    """An SRV name _<port>._tcp.<service>: a headless Service with that named port, whose target
+    is a container port of every pod it selects (the SRV answers carry those pod ports)."""
+    match = re.fullmatch(r"_([a-z0-9-]+)\._tcp\.([a-z0-9-]+)", name)
+    if sd.get("type") != "SRV" or match is None:
+        return [f"job {job}: {name} is not an SRV name _<port>._tcp.<service> (port-independent)"]
+    port, svc_name = match.groups()
+    svc = services.get(svc_name)
+    if svc is None and job == "proxy" and proxy_template(objs) is None:
+        return []  # llm-d-router replaced pd-proxy: its job has nothing to find (documented)
+    if svc is None or svc["spec"].get("clusterIP") != "None":
+        return [f"job {job}: {svc_name} is no headless Service"]
+    entry = next((p for p in svc["spec"].get("ports", []) if p.get("name") == port), None)
+    if entry is None:
+        return [f"job {job}: Service {svc_name} has no port named {port}"]
+    target = entry.get("targetPort", entry["port"])
+    problems = []
+    for t in pod_templates(objs):
+        if selects(svc["spec"]["selector"], t.labels):
+            ports = container_ports(t)
+            if (target not in ports) if isinstance(target, str) else (target not in ports.values()):
+                problems.append(f"job {job}: target {target} of {svc_name} not in {t.owner}")
     return problems
 
 
@@ -650,8 +753,21 @@ def check_transport_rdma(objs: list[Obj]) -> list[str]:
         c = t.container(VLLM_CONTAINER)
         if "IPC_LOCK" not in c.get("securityContext", {}).get("capabilities", {}).get("add", []):
             problems.append(f"{t.owner}: no IPC_LOCK")
-        if not any(k.startswith("rdma/") for k in c.get("resources", {}).get("limits", {})):
-            problems.append(f"{t.owner}: no rdma/* resource")
+        resources = c.get("resources", {})
+        extra = {
+            k: v
+            for k, v in resources.get("limits", {}).items()
+            if k not in ("cpu", "memory", "ephemeral-storage", "nvidia.com/gpu")
+            and not k.startswith("hugepages-")
+        }
+        if len(extra) != 1:
+            problems.append(
+                f"{t.owner}: {sorted(extra) or 'no'} RDMA device resource(s), want exactly one "
+                "(your device plugin's; an overlay component adds it: overlays/xpyd/rdma-resource)"
+            )
+        for name, value in extra.items():
+            if resources.get("requests", {}).get(name) != value:
+                problems.append(f"{t.owner}: {name} requested != limit")
     return problems
 
 
@@ -704,7 +820,7 @@ def check_router(objs: list[Obj], values: Mapping[str, Any]) -> list[str]:
     problems = []
     router = values.get("router", {})
     match = router.get("modelServers", {}).get("matchLabels", {})
-    targets = {p["number"] for p in router.get("inferencePool", {}).get("targetPorts", [])}
+    targets = {p["number"] for p in router.get("modelServers", {}).get("targetPorts", [])}
     if find(objs, "Deployment", PROXY_DEPLOYMENT) or find(objs, "PodMonitor", PROXY_DEPLOYMENT):
         problems.append("pd-proxy (or its PodMonitor) is still deployed next to the router")
     for role in ("prefill", "decode"):
@@ -740,11 +856,15 @@ def check_router(objs: list[Obj], values: Mapping[str, Any]) -> list[str]:
 # Compose-only environment: GPU selection by host index (the device plugin does it on Kubernetes)
 # and the side-channel host, which is the compose service name there and the pod IP here.
 COMPOSE_ONLY_ENV = {"KIT_ROLE_GPUS", "KIT_ALL_GPUS", "VLLM_NIXL_SIDE_CHANNEL_HOST"}
-# pd-proxy: compose lists fixed backend URLs, Kubernetes the headless Services' DNS names; compose
+# pd-proxy: compose lists fixed backend URLs, Kubernetes the Services it watches; compose
 # sets the client key file only when secrets/api_keys is non-empty (its entrypoint), Kubernetes
 # always (docs/kubernetes.md).
 PROXY_COMPOSE_ONLY = {"PD_PROXY_PREFILL", "PD_PROXY_DECODE"}
-PROXY_K8S_ONLY = {"PD_PROXY_PREFILL_DNS", "PD_PROXY_DECODE_DNS", "PD_PROXY_API_KEY_FILE"}
+PROXY_K8S_ONLY = {
+    "PD_PROXY_PREFILL_K8S_SERVICE",
+    "PD_PROXY_DECODE_K8S_SERVICE",
+    "PD_PROXY_API_KEY_FILE",
+}
 
 
 def compose_argv(service: Mapping[str, Any]) -> list[str]:
@@ -768,9 +888,12 @@ def argv_differences(k8s: list[str], compose: list[str]) -> list[str]:
     return problems
 
 
-def check_vllm_argv_parity(objs: list[Obj], compose: Mapping[str, Any]) -> list[str]:
+def check_vllm_argv_parity(
+    objs: list[Obj], compose: Mapping[str, Any], ignore: frozenset[str] = frozenset()
+) -> list[str]:
     """The vLLM pods run exactly what the compose services run: the argv the kit's entrypoint
-    execs in each (program, flags and the --kv-transfer-config it builds from the environment)."""
+    execs in each (program, flags and the --kv-transfer-config it builds from the environment),
+    apart from the flags in ``ignore`` (compared by a test of their own)."""
     problems = []
     for role in ("prefill", "decode"):
         templates = [t for t in role_templates(objs, role) if t.role == "pod"]
@@ -787,7 +910,11 @@ def check_vllm_argv_parity(objs: list[Obj], compose: Mapping[str, Any]) -> list[
             except ValueError as exc:
                 problems.append(f"{t.owner}: the entrypoint refuses to start: {exc}")
                 continue
-            problems += [f"{t.owner}: {d}" for d in argv_differences(got, want)]
+            problems += [
+                f"{t.owner}: {d}"
+                for d in argv_differences(got, want)
+                if d.split(":", 1)[0] not in ignore
+            ]
     return problems
 
 
@@ -864,8 +991,11 @@ def check_image_parity(objs: list[Obj], compose: Mapping[str, Any]) -> list[str]
             if image != services[role]["image"]:
                 problems.append(f"{t.owner}: image {image} != compose {services[role]['image']}")
     proxy = proxy_template(objs)
-    if proxy is not None and proxy.spec["containers"][0]["image"] != services["proxy"]["image"]:
-        problems.append(f"pd-proxy image != compose {services['proxy']['image']}")
+    if proxy is not None:
+        # An overlay puts it in the operator's registry: same repository path and tag.
+        image, want = proxy.spec["containers"][0]["image"], services["proxy"]["image"]
+        if image != want and not image.endswith("/" + want):
+            problems.append(f"pd-proxy image {image} is not compose's {want} (in some registry)")
     for o in find(objs, "Deployment", "pcp-pd-prometheus"):
         c = o["spec"]["template"]["spec"]["containers"][0]
         base = (services["prometheus"].get("build") or {}).get("args", {}).get("BASE_IMAGE")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import json
 import os
 import re
@@ -36,8 +37,8 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 # The Kubernetes version the manifests are validated against (kubernetes-validate's schemas).
 KUBERNETES_VERSION = "1.32.0"
-# Kustomize must read files outside each kustomization's root (connector/, compose/): one copy.
-KUSTOMIZE_FLAGS = ("--load-restrictor", "LoadRestrictionsNone")
+# Rendered exactly as `kubectl apply -k` does: kustomize's default load restrictions (no file
+# outside a kustomization's folder), which is why deploy/k8s carries generated copies.
 COMPOSE_PLUGIN = Path("/usr/local/lib/docker/cli-plugins/docker-compose")
 
 Obj = dict[str, Any]
@@ -60,14 +61,13 @@ class RenderError(RuntimeError):
     """`kubectl kustomize` failed; the message carries its stderr."""
 
 
-def kustomize(path: Path, restrict: bool = False) -> str:
-    """`kubectl kustomize` of ``path`` as text (``restrict`` keeps kustomize's load restrictor)."""
+def kustomize(path: Path) -> str:
+    """`kubectl kustomize` of ``path`` as text, with kustomize's default load restrictions."""
     exe = kubectl()
     if exe is None:
         raise RenderError("kubectl not found")
-    flags = () if restrict else KUSTOMIZE_FLAGS
     proc = subprocess.run(
-        [exe, "kustomize", *flags, str(path)], capture_output=True, text=True, timeout=120
+        [exe, "kustomize", str(path)], capture_output=True, text=True, timeout=120
     )
     if proc.returncode != 0:
         raise RenderError(f"kubectl kustomize {path} failed:\n{proc.stderr.strip()}")
@@ -88,24 +88,56 @@ _SCRATCH = Path(tempfile.mkdtemp(prefix="pcp-pd-k8s-"))
 atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
 
 
+def component_dir(name: str) -> Path:
+    """deploy/k8s/components/<name>, or a component elsewhere in deploy/k8s by its path there
+    (an overlay's own, e.g. overlays/xpyd/rdma-resource)."""
+    return DEPLOY / name if "/" in name else COMPONENTS_DIR / name
+
+
 @functools.cache
-def _composed_dir(names: tuple[str, ...]) -> str:
-    """A throwaway overlay: the base plus the named components, in order."""
-    folder = _SCRATCH / ("base+" + "+".join(names) if names else "base-only")
+def _composed_dir(names: tuple[str, ...], images: str = "", patches: str = "") -> str:
+    """A throwaway overlay: the base plus the named components, in order (and ``images`` and
+    ``patches``, YAML lists for kustomize's fields of those names)."""
+    slug = "+".join(n.replace("/", "_") for n in names) or "only"
+    digest = hashlib.sha1((images + patches).encode()).hexdigest()[:8]
+    folder = _SCRATCH / f"base+{slug}+{digest}"
     folder.mkdir(parents=True, exist_ok=True)
-    doc = {
+    doc: Obj = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [os.path.relpath(BASE, folder)],
-        "components": [os.path.relpath(COMPONENTS_DIR / n, folder) for n in names],
+        "components": [os.path.relpath(component_dir(n), folder) for n in names],
     }
+    if images:
+        doc["images"] = yaml.safe_load(images)
+    if patches:
+        doc["patches"] = yaml.safe_load(patches)
     (folder / "kustomization.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return str(folder)
 
 
 def render_with(*names: str) -> list[Obj]:
-    """The base with the named components (deploy/k8s/components/<name>), as an overlay would."""
+    """The base with the named components (see ``component_dir``), as an overlay would."""
     return render(Path(_composed_dir(tuple(names))))
+
+
+def overlay_components(overlay: str) -> tuple[list[str], list[Obj]]:
+    """An overlay's components (as ``component_dir`` names) and its images field."""
+    folder = OVERLAYS_DIR / overlay
+    doc = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    names = [str((folder / c).resolve().relative_to(DEPLOY)) for c in doc.get("components", [])]
+    names = [n.removeprefix("components/") for n in names]
+    return names, doc.get("images", [])
+
+
+def render_overlay_plus(
+    overlay: str, *extra: str, images: str | None = None, patches: str = ""
+) -> list[Obj]:
+    """An overlay with more components appended, as its comment tells operators to do (and
+    optionally other images and extra patches, as an operator's copy of it would have)."""
+    names, own_images = overlay_components(overlay)
+    chosen = images if images is not None else yaml.safe_dump(own_images)
+    return render(Path(_composed_dir((*names, *extra), chosen, patches)))
 
 
 # ----------------------------------------------------------------------------- objects

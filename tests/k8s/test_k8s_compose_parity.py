@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from tests.k8s import checks as ck
+from tests.k8s import operations as op
 from tests.k8s.manifests import compose_command, compose_file, compose_model, find
 from tests.k8s.renders import needs_kubectl, rendered
 
@@ -22,6 +23,8 @@ pytestmark = [
 ]
 
 ARGV_RENDERS = ["base", "overlay:1p1d", "overlay:xpyd", "tcp", "rdma", "monitoring"]
+# Compared on their own (test_drain_equals_compose): compose gains it with stop_grace_period.
+DRAIN_FLAGS = frozenset({"--shutdown-timeout"})
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,50 @@ def compose() -> dict:
 
 @pytest.mark.parametrize("name", ARGV_RENDERS)
 def test_vllm_argv_equals_compose(name: str, compose: dict) -> None:
-    assert ck.check_vllm_argv_parity(rendered(name), compose) == []
+    assert ck.check_vllm_argv_parity(rendered(name), compose, ignore=DRAIN_FLAGS) == []
+
+
+def drain_differences(compose: dict) -> tuple[list[str], list[str]]:
+    """(services lacking the drain settings, differences from the pods')."""
+    k8s = op.timings(rendered("base"))
+    want_grace = k8s["grace_s"] - k8s["prestop_s"]
+    missing, problems = [], []
+    for role in ("prefill", "decode"):
+        service = compose["services"][role]
+        timeout = ck.flag(ck.compose_argv(service), "--shutdown-timeout")
+        grace = service.get("stop_grace_period")
+        if timeout is None or grace is None:
+            missing.append(role)
+            continue
+        if int(timeout) != k8s["shutdown_timeout_s"]:
+            problems.append(f"{role}: --shutdown-timeout {timeout} != {k8s['shutdown_timeout_s']}")
+        if ck.duration_seconds(grace) != want_grace:
+            problems.append(f"{role}: stop_grace_period {grace} != {want_grace}s")
+    return missing, problems
+
+
+def test_drain_equals_compose(compose: dict) -> None:
+    """Compose drains vLLM as the pods do: the same --shutdown-timeout (60), and a
+    stop_grace_period equal to the pods' grace period less their preStop sleep (80 s: compose
+    has no endpoints to leave). An expected failure, naming what is missing, until compose.yaml
+    sets both."""
+    missing, problems = drain_differences(compose)
+    if missing:
+        pytest.xfail(
+            f"compose.yaml's {', '.join(missing)} lack --shutdown-timeout 60 / "
+            "stop_grace_period 80s (issue 21, compose side)"
+        )
+    assert problems == []
+
+
+def test_drain_comparison_reads_compose(compose: dict) -> None:
+    changed = copy.deepcopy(compose)
+    for role in ("prefill", "decode"):
+        changed["services"][role]["command"] += ["--shutdown-timeout", "60"]
+        changed["services"][role]["stop_grace_period"] = "1m20s"
+    assert drain_differences(changed) == ([], [])
+    changed["services"]["decode"]["stop_grace_period"] = "10s"
+    assert drain_differences(changed)[1] == ["decode: stop_grace_period 10s != 80s"]
 
 
 def test_vllm_environment_equals_compose(compose: dict) -> None:
@@ -81,11 +127,11 @@ def test_argv_comparison_sees_the_built_kv_config(compose: dict) -> None:
     side's environment, so a role that differs is a --kv-transfer-config difference."""
     changed = copy.deepcopy(compose)
     changed["services"]["decode"]["environment"]["KIT_KV_ROLE"] = "kv_producer"
-    problems = ck.check_vllm_argv_parity(rendered("base"), changed)
+    problems = ck.check_vllm_argv_parity(rendered("base"), changed, ignore=DRAIN_FLAGS)
     assert len(problems) == 1 and "--kv-transfer-config" in problems[0], problems
     assert ck.check_vllm_env_parity(rendered("base"), changed)
     del changed["services"]["decode"]["environment"]["KIT_KV_ROLE"]
-    problems = ck.check_vllm_argv_parity(rendered("base"), changed)
+    problems = ck.check_vllm_argv_parity(rendered("base"), changed, ignore=DRAIN_FLAGS)
     assert problems == [
         "compose decode: the entrypoint refuses to start: KIT_KV_ROLE='': want one of "
         "kv_producer, kv_consumer (prefill produces, decode consumes)"

@@ -44,13 +44,13 @@ def test_dashboard_configmap_is_the_compose_dashboard(name: str) -> None:
     assert ck.check_dashboards(rendered(name), DASHBOARDS) == []
 
 
-@pytest.mark.parametrize("name", ["standalone-prometheus", "overlay:1p1d"])
+@pytest.mark.parametrize("name", ["standalone-prometheus", "overlay:1p1d", "router-standalone"])
 def test_plain_prometheus_config(name: str) -> None:
     assert ck.check_prometheus_config(rendered(name)) == []
 
 
 @needs_promtool
-@pytest.mark.parametrize("name", ["standalone-prometheus", "overlay:1p1d"])
+@pytest.mark.parametrize("name", ["standalone-prometheus", "overlay:1p1d", "router-standalone"])
 def test_promtool_accepts_the_config_and_rules(name: str, tmp_path: Path) -> None:
     cm = generated(rendered(name), "ConfigMap", "pcp-pd-prometheus-config")
     proc = promtool_check(cm, tmp_path)
@@ -66,7 +66,7 @@ def test_promtool_accepts_the_config_and_rules(name: str, tmp_path: Path) -> Non
 def test_promtool_rejects_a_broken_config(tmp_path: Path) -> None:
     cm = generated(rendered("standalone-prometheus"), "ConfigMap", "pcp-pd-prometheus-config")
     config = yaml.safe_load(cm["data"]["prometheus.yml"])
-    config["scrape_configs"][0]["dns_sd_configs"][0]["type"] = "AAAAA"
+    config["scrape_configs"][0]["dns_sd_configs"][0]["type"] = "SRVX"
     cm["data"]["prometheus.yml"] = yaml.safe_dump(config)
     assert promtool_check(cm, tmp_path).returncode != 0
 
@@ -81,8 +81,22 @@ def test_promtool_rejects_broken_rules(tmp_path: Path) -> None:
 def test_prometheus_check_fails_on_an_unknown_service_or_port() -> None:
     objs = rendered("standalone-prometheus")
     cm = generated(objs, "ConfigMap", "pcp-pd-prometheus-config")
-    cm["data"]["prometheus.yml"] = cm["data"]["prometheus.yml"].replace("port: 8200", "port: 8000")
-    assert ck.check_prometheus_config(objs)
+    text = cm["data"]["prometheus.yml"]
+    cm["data"]["prometheus.yml"] = text.replace(
+        "_http._tcp.pcp-pd-decode", "_api._tcp.pcp-pd-decode"
+    )
+    assert any("no port named api" in p for p in ck.check_prometheus_config(objs))
+    # A fixed port is what broke with the router (prefill moves to 8000): refused.
+    objs = rendered("router-standalone")
+    cm = generated(objs, "ConfigMap", "pcp-pd-prometheus-config")
+    config = yaml.safe_load(cm["data"]["prometheus.yml"])
+    config["scrape_configs"][0]["dns_sd_configs"][0] = {
+        "names": ["pcp-pd-prefill"],
+        "type": "A",
+        "port": 8100,
+    }
+    cm["data"]["prometheus.yml"] = yaml.safe_dump(config)
+    assert any("not an SRV name" in p for p in ck.check_prometheus_config(objs))
     objs = rendered("standalone-prometheus")
     cm = generated(objs, "ConfigMap", "pcp-pd-prometheus-config")
     cm["data"]["alerts.yml"] = cm["data"]["alerts.yml"].replace(
@@ -91,7 +105,12 @@ def test_prometheus_check_fails_on_an_unknown_service_or_port() -> None:
     assert ck.check_prometheus_config(objs)
 
 
-def test_podmonitor_check_fails_on_a_wrong_port_or_job() -> None:
+def test_podmonitor_check_fails_on_a_wrong_port_job_or_release() -> None:
+    objs = rendered("monitoring")
+    del find(objs, "PodMonitor", "pcp-pd-decode")[0]["metadata"]["labels"]["release"]
+    assert ck.check_podmonitors(objs) == [
+        "PodMonitor pcp-pd-decode lacks release: kube-prometheus-stack"
+    ]
     objs = rendered("monitoring")
     find(objs, "PodMonitor", "pcp-pd-proxy")[0]["spec"]["podMetricsEndpoints"][0]["port"] = "http2"
     assert ck.check_podmonitors(objs)

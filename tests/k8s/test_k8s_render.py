@@ -8,9 +8,11 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
 
 from tests.k8s.manifests import (
     BASE,
+    DEPLOY,
     KUBERNETES_VERSION,
     SCHEMAS,
     RenderError,
@@ -72,6 +74,9 @@ def test_there_are_overlays_1p1d_and_xpyd() -> None:
 
 def test_combos_use_every_component() -> None:
     used = {c for combo in COMBOS.values() for c in combo}
+    base = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    used |= {c.rsplit("/", 1)[1] for c in base.get("components", [])}  # in every render
+    assert "network-policy" in used
     assert {p.name for p in components()} - {"copy-pod-spec"} <= used
 
 
@@ -98,13 +103,31 @@ def test_overlay_shapes() -> None:
     many = rendered("overlay:xpyd")
     assert find(many, "Deployment", "pcp-pd-prefill")[0]["spec"]["replicas"] == 2
     assert find(many, "Deployment", "pcp-pd-decode")[0]["spec"]["replicas"] == 2
+    assert find(many, "Deployment", "pcp-pd-proxy")[0]["spec"]["replicas"] == 2
 
 
-def test_the_load_restrictor_flag_is_needed() -> None:
-    """Without --load-restrictor LoadRestrictionsNone kustomize refuses the connector's files:
-    the one-copy rule is why the docs and tests pass that flag."""
+def test_xpyd_with_lws_keeps_two_prefill_instances() -> None:
+    """The overlay's comment says: append lws-prefill. It renders, and the Deployment's 2
+    replicas become 2 LWS groups (not 1)."""
+    objs = rendered("xpyd+lws")
+    assert not find(objs, "Deployment", "pcp-pd-prefill")
+    assert [o["spec"]["replicas"] for o in find(objs, "LeaderWorkerSet")] == [2]
+    assert find(objs, "Deployment", "pcp-pd-decode")[0]["spec"]["replicas"] == 2
+
+
+def test_renders_use_kustomize_default_load_restrictions(tmp_path: Path) -> None:
+    """Every render here is what `kubectl apply -k` does (no --load-restrictor flag), and that
+    restrictor is on: a kustomization reading a file outside its folder is refused."""
+    for path in DEPLOY.rglob("kustomization.yaml"):
+        assert "LoadRestrictionsNone" not in path.read_text(), path
+    (tmp_path / "outside.txt").write_text("x")
+    inner = tmp_path / "k"
+    inner.mkdir()
+    (inner / "kustomization.yaml").write_text(
+        "configMapGenerator:\n  - name: x\n    files:\n      - ../outside.txt\n"
+    )
     with pytest.raises(RenderError, match="not in or below"):
-        kustomize(BASE, restrict=True)
+        kustomize(inner)
 
 
 # ------------------------------------------------------------------ the validators can fail

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.k8s import checks as ck
-from tests.k8s.manifests import COMPONENTS_DIR, REPO, find, generated, role_templates
+from tests.k8s.manifests import COMPONENTS_DIR, REPO, find, generated, render_with, role_templates
 from tests.k8s.renders import ALL_RENDERS, OVERLAY_NAMES, needs_kubectl, rendered
 
 pytestmark = needs_kubectl
@@ -19,7 +19,7 @@ pytestmark = needs_kubectl
 SHM_BYTES = 16 * 2**30  # .env.example SHM_SIZE=16g (test_k8s_params ties the two)
 START_PERIOD_S = 30 * 60  # .env.example VLLM_START_PERIOD=30m (likewise)
 VLLM_RENDERS = ALL_RENDERS
-PROXY_RENDERS = [r for r in ALL_RENDERS if not r.startswith("router")]
+PROXY_RENDERS = [r for r in ALL_RENDERS if "router" not in r]
 
 
 @pytest.mark.parametrize("name", ALL_RENDERS)
@@ -74,7 +74,7 @@ def test_references_resolve(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", PROXY_RENDERS)
-def test_proxy_discovers_backends_by_dns_and_reads_key_files(name: str) -> None:
+def test_proxy_watches_the_services_with_least_rbac_and_reads_key_files(name: str) -> None:
     assert ck.check_proxy(rendered(name)) == []
 
 
@@ -89,7 +89,7 @@ def vllm_environment_variables() -> set[str] | None:
     return set(re.findall(r'^\s+"(VLLM_[A-Z0-9_]+)": ', envs.read_text(), re.M))
 
 
-@pytest.mark.parametrize("name", ["base", "overlay:xpyd", "lws"])
+@pytest.mark.parametrize("name", ["base", "overlay:xpyd", "lws", "router"])
 def test_only_known_vllm_variables(name: str) -> None:
     known = vllm_environment_variables()
     if not known:
@@ -100,9 +100,16 @@ def test_only_known_vllm_variables(name: str) -> None:
     assert ck.known_vllm_env({"VLLM_EXTRA_ARGS"}, known)
 
 
-@pytest.mark.parametrize("name", ["rdma", "lws", "overlay:xpyd", "router-lws-monitoring"])
+@pytest.mark.parametrize(
+    "name", ["rdma", "lws", "overlay:xpyd", "xpyd+lws", "router-lws-monitoring"]
+)
 def test_rdma_transport(name: str) -> None:
     assert ck.check_transport_rdma(rendered(name)) == []
+
+
+def test_rdma_transport_without_the_operators_resource_is_reported() -> None:
+    problems = ck.check_transport_rdma(render_with("transport-rdma"))
+    assert problems and all("RDMA device resource" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("name", ["tcp", "overlay:1p1d", "router"])
@@ -110,7 +117,7 @@ def test_tcp_transport(name: str) -> None:
     assert ck.check_transport_tcp(rendered(name)) == []
 
 
-@pytest.mark.parametrize("name", ["lws", "router-lws-monitoring"])
+@pytest.mark.parametrize("name", ["lws", "xpyd+lws", "router-lws-monitoring"])
 def test_leaderworkerset(name: str) -> None:
     assert ck.check_lws(rendered(name)) == []
 
@@ -119,7 +126,9 @@ def router_values() -> dict:
     return yaml.safe_load((COMPONENTS_DIR / "llm-d-router" / "router.values.yaml").read_text())
 
 
-@pytest.mark.parametrize("name", ["router", "router-lws-monitoring"])
+@pytest.mark.parametrize(
+    "name", ["router", "router-standalone", "router-lws-monitoring", "xpyd+router+lws"]
+)
 def test_llm_d_router_component(name: str) -> None:
     assert ck.check_router(rendered(name), router_values()) == []
 
@@ -195,6 +204,14 @@ def test_connector_check_fails_on_a_missing_or_changed_file() -> None:
     objs = base()
     generated(objs, "ConfigMap", "pcp-pd-connector")["data"]["stats.py"] += "\n# drift\n"
     assert ck.check_connector_configmap(objs)
+
+
+def test_connector_check_fails_when_an_item_is_missing() -> None:
+    objs = base()
+    for v in deployment(objs, "pcp-pd-decode")["spec"]["template"]["spec"]["volumes"]:
+        if v["name"] == "connector":
+            v["configMap"]["items"].pop()
+    assert any("missing" in p for p in ck.check_vllm_connector(objs))
 
 
 def test_connector_check_fails_without_pythonpath_or_with_another_mount() -> None:
@@ -288,11 +305,27 @@ def test_secret_check_fails_on_a_literal_key_or_a_missing_mount() -> None:
     assert ck.check_vllm_secrets(objs)
 
 
-def test_proxy_check_fails_on_a_wrong_port_or_key_file() -> None:
+def test_proxy_check_fails_on_a_wrong_port_rbac_or_key_file() -> None:
     objs = base()
     env = deployment(objs, "pcp-pd-proxy")["spec"]["template"]["spec"]["containers"][0]["env"]
-    next(e for e in env if e["name"] == "PD_PROXY_DECODE_DNS")["value"] = "pcp-pd-decode:8000"
+    item = next(e for e in env if e["name"] == "PD_PROXY_DECODE_K8S_SERVICE")
+    item["value"] = "pcp-pd-decode:metrics"
+    assert any("has no port 'metrics'" in p for p in ck.check_proxy(objs))
+    objs = base()
+    find(objs, "Role", "pcp-pd-proxy-endpointslices")[0]["rules"][0]["verbs"].append("get")
+    find(objs, "Role", "pcp-pd-proxy-endpointslices")[0]["rules"].append(
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+    )
+    assert any("grants" in p for p in ck.check_proxy(objs))
+    objs = base()
+    deployment(objs, "pcp-pd-proxy")["spec"]["template"]["spec"]["serviceAccountName"] = "default"
     assert ck.check_proxy(objs)
+    objs = base()
+    spec = deployment(objs, "pcp-pd-proxy")["spec"]["template"]["spec"]
+    spec["containers"][0]["volumeMounts"] = [
+        m for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] != "/tmp"
+    ]
+    assert any("/tmp" in p for p in ck.check_proxy(objs))
     objs = base()
     env = deployment(objs, "pcp-pd-proxy")["spec"]["template"]["spec"]["containers"][0]["env"]
     next(e for e in env if e["name"] == "PD_PROXY_BACKEND_API_KEY_FILE")["value"] = "/tmp/key"

