@@ -134,10 +134,12 @@ class FakeHost:
         self.tmp = tmp
         self.fake_dir = tmp / "fake"
         self.bin = tmp / "bin"
-        for folder in (self.fake_dir, self.bin, tmp / "docker-root"):
+        # Where the fake dockerd finds the NVIDIA hooks (none: hooks() installs them).
+        self.daemon_bin = tmp / "daemon-bin"
+        for folder in (self.fake_dir, self.bin, tmp / "docker-root", self.daemon_bin):
             folder.mkdir(parents=True, exist_ok=True)
         write_executable(self.bin / "docker", FAKE_DOCKER)
-        for tool in ("nvidia-smi", "ip"):
+        for tool in ("nvidia-smi", "ip", "nvidia-ctk"):
             write_executable(self.bin / tool, FAKE_TOOL.replace("__NAME__", tool))
         self.cache = tmp / "hf"
         cache_model(self.cache, MODEL, DSV2_LITE_CONFIG, blob_bytes=32 * 10**9)
@@ -195,6 +197,7 @@ class FakeHost:
             {"dst": "192.0.2.0/24", "dev": "eth0"},
         ]
         self.ps = ""
+        self.cdi_list: list[str] | None = None  # `nvidia-ctk cdi list` (None: it fails)
         self.compose_real: Path | None = None
         self.compose_file = tmp / "compose.yaml"
         self.compose_file.write_text("# stands in for the repo's compose.yaml\n")
@@ -207,8 +210,16 @@ class FakeHost:
             "PREFLIGHT_DOCKER": str(self.bin / "docker"),
             "PREFLIGHT_NVIDIA_SMI": str(self.bin / "nvidia-smi"),
             "PREFLIGHT_IP": str(self.bin / "ip"),
+            "PREFLIGHT_NVIDIA_CTK": str(self.bin / "nvidia-ctk"),
+            "PREFLIGHT_DAEMON_PATH": str(self.daemon_bin),
             "PREFLIGHT_COMPOSE_FILE": str(self.compose_file),
         }
+
+    def hooks(self, *names: str) -> None:
+        """Install the NVIDIA hooks dockerd would find: nvidia-cdi-hook and/or
+        nvidia-container-runtime-hook (empty executables: only their presence counts)."""
+        for name in names:
+            write_executable(self.daemon_bin / name, "#!/bin/sh\nexit 0\n")
 
     # -- answers -----------------------------------------------------------------------------
     def _answer(self, name: str, text: str | None, rc: int = 0) -> None:
@@ -249,6 +260,8 @@ class FakeHost:
         gpus = None if self.gpus is None else "".join(row + "\n" for row in self.gpus)
         self._answer("nvidia-smi", gpus)
         self._answer("ip", None if self.routes is None else json.dumps(self.routes))
+        listing = None if self.cdi_list is None else "".join(n + "\n" for n in self.cdi_list)
+        self._answer("nvidia-ctk", listing)
 
     def calls(self) -> list[str]:
         path = self.fake_dir / "calls"

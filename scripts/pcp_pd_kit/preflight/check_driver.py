@@ -34,12 +34,8 @@ def driver_cuda(ctx: Context) -> list[Result]:
         )
         return [warn(CHECK, msg)]
     if cuda.driver_at_least(driver, minimum):
-        return [
-            ok(
-                CHECK,
-                f"driver {driver} runs {image} (CUDA {label} from {source} needs >= {minimum})",
-            )
-        ]
+        msg = f"driver {driver} runs {image} (CUDA {label} from {source} needs >= {minimum})"
+        return [ok(CHECK, msg)]
     usable = [
         v for v, least in sorted(cuda.MIN_DRIVER.items()) if cuda.driver_at_least(driver, least)
     ]

@@ -3,14 +3,45 @@ PREFILL_GPUS / DECODE_GPUS name existing, distinct GPUs (by index or UUID) in th
 
 from __future__ import annotations
 
+import math
 import shutil
+from dataclasses import dataclass
 
 from pcp_pd_kit.preflight import gpus, proc
 from pcp_pd_kit.preflight.context import QUICK_S, Context
 from pcp_pd_kit.preflight.report import Result, fail, ok
 from pcp_pd_kit.preflight.settings import Settings, SettingsError
 
-ROLES = ("prefill", "decode")
+
+@dataclass(frozen=True)
+class Role:
+    """A server's settings: its GPU list, the sizes whose product is its GPU count (TP first;
+    expert parallelism spreads the routed experts over all of them), its memory fraction, and
+    how to give it more GPUs."""
+
+    name: str
+    gpus: str
+    sizes: tuple[str, ...]
+    fraction: str
+    more_gpus: str
+
+    def shape(self, s: Settings) -> list[int]:
+        return [s.positive_int(key) for key in self.sizes]
+
+    def why(self, s: Settings) -> str:
+        """`PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE = 1 x 2 = 2`, `DECODER_TP_SIZE = 1`."""
+        values = self.shape(s)
+        text = " x ".join(s.env(k) for k in self.sizes) + " = " + " x ".join(map(str, values))
+        return text + (f" = {math.prod(values)}" if len(values) > 1 else "")
+
+
+ROLES = (
+    Role("prefill", "prefill_gpus", ("prefill_tp_size", "prefill_pcp_size"),
+         "prefill_gpu_memory_utilization",
+         "raise PREFILLER_PCP_SIZE or PREFILLER_TP_SIZE (more GPUs share the weights)"),
+    Role("decode", "decode_gpus", ("decode_tp_size",), "decode_gpu_memory_utilization",
+         "raise DECODER_TP_SIZE (more GPUs share the weights)"),
+)  # fmt: skip
 
 
 def inventory(ctx: Context) -> list[Result]:
@@ -45,28 +76,16 @@ def inventory(ctx: Context) -> list[Result]:
         return [fail("gpus", str(exc))]
 
 
-def _sizes(s: Settings) -> tuple[int, int, int]:
-    return (
-        s.positive_int("prefill_tp_size"),
-        s.positive_int("prefill_pcp_size"),
-        s.positive_int("decode_tp_size"),
-    )
-
-
 def _count(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
-    tp, pcp, dtp = _sizes(ctx.need_settings())
-    need = tp * pcp + dtp
+    s = ctx.need_settings()
+    need = sum(math.prod(role.shape(s)) for role in ROLES)
     if len(found) >= need:
-        return [
-            ok(
-                "gpus",
-                f"{len(found)} GPU(s) for {need} needed (prefill {tp} x {pcp}, decode {dtp})",
-            )
-        ]
+        shapes = ", ".join(f"{r.name} {' x '.join(map(str, r.shape(s)))}" for r in ROLES)
+        return [ok("gpus", f"{len(found)} GPU(s) for {need} needed ({shapes})")]
+    needs = " and ".join(f"{role.name} needs {role.why(s)}" for role in ROLES)
     msg = (
-        f"found {len(found)} GPU(s) but prefill needs PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE = "
-        f"{tp} x {pcp} = {tp * pcp} and decode DECODER_TP_SIZE = {dtp}, {need} in all: use a "
-        f"bigger host or lower those sizes in {ctx.env_label}."
+        f"found {len(found)} GPU(s) but {needs}, {need} in all: use a bigger host or lower those "
+        f"sizes in {ctx.env_label}."
     )
     return [fail("gpus", msg)]
 
@@ -74,27 +93,17 @@ def _count(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
 def _ids(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
     """Resolve both id lists; fills ctx.assigned with the GPUs that resolved cleanly."""
     s = ctx.need_settings()
-    tp, pcp, dtp = _sizes(s)
-    wants = {
-        "prefill": (
-            "prefill_gpus",
-            tp * pcp,
-            f"PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE = {tp} x {pcp} = {tp * pcp}",
-        ),
-        "decode": ("decode_gpus", dtp, f"DECODER_TP_SIZE = {dtp}"),
-    }
     listing = ", ".join(str(g.index) for g in found) or "none"
     owner: dict[int, str] = {}
     problems: list[str] = []
     placed: list[str] = []
     for role in ROLES:
-        key, want, why = wants[role]
-        env, ids = s.env(key), s.id_list(key)
-        ctx.assigned[role] = []
+        env, ids, want = s.env(role.gpus), s.id_list(role.gpus), math.prod(role.shape(s))
+        ctx.assigned[role.name] = []
         if len(ids) != want:
             problems.append(
-                f"{env}='{s.text(key)}' lists {len(ids)} GPU(s) but {why}: list exactly {want} "
-                f"GPU id(s) in {env} in {ctx.env_label}."
+                f"{env}='{s.text(role.gpus)}' lists {len(ids)} GPU(s) but {role.why(s)}: list "
+                f"exactly {want} GPU id(s) in {env} in {ctx.env_label}."
             )
         names = []
         for gpu_id in ids:
@@ -118,9 +127,9 @@ def _ids(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
                 )
             else:
                 owner[gpu.index] = env
-                ctx.assigned[role].append(gpu)
+                ctx.assigned[role.name].append(gpu)
                 names.append(gpus.describe(gpu_id, gpu))
-        placed.append(f"{role} on {', '.join(names)}")
+        placed.append(f"{role.name} on {', '.join(names)}")
     if problems:
         return [fail("gpu-ids", msg) for msg in problems]
     return [ok("gpu-ids", "; ".join(placed))]

@@ -3,6 +3,8 @@ rank's weights plus the runtime and KV reserves; when it does not, print the fra
 
 from __future__ import annotations
 
+import math
+
 from pcp_pd_kit.preflight import memory
 from pcp_pd_kit.preflight.check_gpu import ROLES
 from pcp_pd_kit.preflight.context import Context
@@ -10,10 +12,6 @@ from pcp_pd_kit.preflight.report import Result, fail, ok, warn
 from pcp_pd_kit.preflight.settings import SettingsError
 
 CHECK = "memory"
-_MORE_GPUS = {
-    "prefill": "raise PREFILLER_PCP_SIZE or PREFILLER_TP_SIZE (more GPUs share the weights)",
-    "decode": "raise DECODER_TP_SIZE (more GPUs share the weights)",
-}
 
 
 def gpu_memory(ctx: Context) -> list[Result]:
@@ -27,24 +25,22 @@ def gpu_memory(ctx: Context) -> list[Result]:
         )
         return [warn(CHECK, msg)]
     try:
-        tp, pcp = s.positive_int("prefill_tp_size"), s.positive_int("prefill_pcp_size")
-        dtp, max_len = s.positive_int("decode_tp_size"), s.positive_int("max_model_len")
+        shapes = {role.name: role.shape(s) for role in ROLES}
+        max_len = s.positive_int("max_model_len")
     except SettingsError as exc:
         return [fail(CHECK, str(exc))]
-    # (TP, ranks sharing the routed experts): expert parallelism spreads them over TP x PCP.
-    shapes = {"prefill": (tp, tp * pcp), "decode": (dtp, dtp)}
     results = []
     for role in ROLES:
-        key = f"{role}_gpu_memory_utilization"
         try:
-            fraction = s.fraction(key)
+            fraction = s.fraction(role.fraction)
         except SettingsError as exc:
             results.append(fail(CHECK, str(exc)))
             continue
-        sized = [g for g in ctx.assigned.get(role, []) if g.memory_mib]
+        sized = [g for g in ctx.assigned.get(role.name, []) if g.memory_mib]
         if not sized:
             continue  # no valid GPU ids (already a FAIL), or nvidia-smi showed no memory size
-        tp_size, expert_ranks = shapes[role]
+        # TP splits the dense weights; expert parallelism spreads the routed experts over all.
+        tp_size, expert_ranks = shapes[role.name][0], math.prod(shapes[role.name])
         size = info.size
         weights = memory.weights_per_rank(
             size.total_params, size.expert_params, size.bytes_per_param, tp_size, expert_ranks
@@ -54,25 +50,26 @@ def gpu_memory(ctx: Context) -> list[Result]:
         gpu = min(sized, key=lambda g: g.memory_mib or 0)
         mib = gpu.memory_mib or 0
         verdict = memory.judge(need.total, mib, fraction)
-        env, least = s.env(key), memory.ceil2(verdict.required)
+        env, least = s.env(role.fraction), memory.ceil2(verdict.required)
         if verdict.fits:
             msg = (
-                f"{role} fits: {env}={fraction:g} of {gpu.label}'s {mib} MiB = "
+                f"{role.name} fits: {env}={fraction:g} of {gpu.label}'s {mib} MiB = "
                 f"{int(fraction * mib)} MiB holds {need.describe()} (needs >= {least:.2f}; "
                 f"sizes from {info.source})"
             )
             results.append(ok(CHECK, msg))
         elif verdict.suggested is not None:
             msg = (
-                f"{role} needs >= {least:.2f} of {gpu.label}'s {mib} MiB for {need.describe()}, "
-                f"but {env}={fraction:g}: set {env}={verdict.suggested:.2f} in {ctx.env_label}."
+                f"{role.name} needs >= {least:.2f} of {gpu.label}'s {mib} MiB for "
+                f"{need.describe()}, but {env}={fraction:g}: set {env}={verdict.suggested:.2f} "
+                f"in {ctx.env_label}."
             )
             results.append(fail(CHECK, msg))
         else:
             msg = (
-                f"{model} does not fit {gpu.label} at this TP: a {role} rank needs "
+                f"{model} does not fit {gpu.label} at this TP: a {role.name} rank needs "
                 f"{need.describe()}, {least:.2f} of its {mib} MiB, more than "
-                f"{memory.MAX_FRACTION}: {_MORE_GPUS[role]} or use GPUs with more memory."
+                f"{memory.MAX_FRACTION}: {role.more_gpus} or use GPUs with more memory."
             )
             results.append(fail(CHECK, msg))
     return results

@@ -1,5 +1,7 @@
-"""MOE_BACKEND against vLLM 0.32.0: a name it knows, one it accepts for an unquantized MoE model,
-and a kernel that runs on the assigned GPUs' compute capability (else vLLM raises at start-up)."""
+"""The GPU servers' kernel settings against vLLM 0.32.0. MOE_BACKEND: a name it knows, one it
+accepts for an unquantized MoE model, and a kernel that runs on the assigned GPUs' compute
+capability (else vLLM raises at start-up). ENFORCE_EAGER: 1 or empty (compose adds
+--enforce-eager for any non-empty value, so `0` would not mean off)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def moe_backend(ctx: Context) -> list[Result]:
             f"there: set MOE_BACKEND=auto in {where}."
         )
         return [fail(CHECK, msg)]
-    placed = [g for role in ROLES for g in ctx.assigned.get(role, []) if g.compute_cap]
+    placed = [g for role in ROLES for g in ctx.assigned.get(role.name, []) if g.compute_cap]
     if not placed:
         return [ok(CHECK, f"MOE_BACKEND={backend} is valid (no GPU compute capability to compare)")]
     if backend in moe.FALLS_BACK_TO_AUTO:
@@ -69,3 +71,17 @@ def _auto_line(backend: str, placed: list[Gpu]) -> Result:
         if any(c[0] == 9 for c in caps):
             text += ", though vLLM's own oracle ranks FlashInfer behind Triton on Hopper"
     return ok(CHECK, text)
+
+
+def enforce_eager(ctx: Context) -> list[Result]:
+    """Silent when empty (vLLM's compiled default); one line when eager; FAIL on other values."""
+    value = ctx.need_settings().text("enforce_eager")
+    if value == "1":
+        return [ok("enforce-eager", "ENFORCE_EAGER=1: both GPU servers run eager (no CUDA graphs)")]
+    if not value:
+        return []
+    msg = (
+        f"ENFORCE_EAGER='{value}' still adds --enforce-eager (compose adds it for any non-empty "
+        f"value): set ENFORCE_EAGER=1 for eager servers, or leave it empty, in {ctx.env_label}."
+    )
+    return [fail("enforce-eager", msg)]

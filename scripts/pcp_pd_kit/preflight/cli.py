@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pcp_pd_kit import repo_root
 from pcp_pd_kit.preflight import (
+    check_cdi,
     check_disk,
     check_docker,
     check_driver,
@@ -31,17 +32,43 @@ USAGE_ERROR = 100
 
 DESCRIPTION = """\
 Checks a GPU host before `docker compose up`: Docker Compose v2, the NVIDIA runtime, the GPUs
-named by PREFILL_GPUS/DECODE_GPUS, the MoE backend for their compute capability, GPU memory for
-the weights, the driver for the image's CUDA, NIXL in the image, PD_SUBNET, free disk, the model
-and its token, and free host ports. Settings are the ones Compose resolves from compose.yaml's
-x-kit-settings (environment > env file > defaults). Each result is one line, ok/WARN/FAIL, and
+named by PREFILL_GPUS/DECODE_GPUS, the MoE backend for their compute capability, ENFORCE_EAGER,
+GPU memory for the weights, the driver for the image's CUDA, NIXL in the image, CDI devices for
+compose's GPU requests, PD_SUBNET, free disk, the model and its token, and free host ports.
+Settings are the ones Compose resolves from compose.yaml's x-kit-settings (environment > env
+file > defaults). Each result is one line, ok/WARN/FAIL, and
 every FAIL names the fix; the exit status is the number of FAILs (at most 100).
 """
 EPILOG = """\
 COMPOSE_PROFILES=cpu (or --profile cpu) skips the GPU checks. Test hooks: PREFLIGHT_DOCKER,
-PREFLIGHT_NVIDIA_SMI and PREFLIGHT_IP name the commands to call, PREFLIGHT_COMPOSE_FILE the
-compose file. See docs/preflight.md.
+PREFLIGHT_NVIDIA_SMI, PREFLIGHT_NVIDIA_CTK and PREFLIGHT_IP name the commands to call,
+PREFLIGHT_DAEMON_PATH where dockerd finds the NVIDIA hooks, PREFLIGHT_COMPOSE_FILE the compose
+file. See docs/preflight.md.
 """
+#: The checks in dependency order (later ones read what earlier ones found), each with the Context
+#: flag an earlier check must have set for it to run ("" = always). WITH_SETTINGS read
+#: compose.yaml's settings and run only when they loaded.
+BEFORE_SETTINGS = (
+    (check_docker.compose, ""), (check_docker.load_settings, "compose_ok"),
+    (check_profile.choose_mode, ""), (check_docker.daemon, "docker_found"),
+    (check_gpu.inventory, "gpu_mode"),
+)  # fmt: skip
+WITH_SETTINGS = (
+    (check_moe.moe_backend, "gpu_mode"), (check_moe.enforce_eager, "gpu_mode"),
+    (check_memory.gpu_memory, "gpu_mode"), (check_driver.driver_cuda, "gpu_mode"),
+    (check_docker.nixl, "gpu_mode"), (check_cdi.cdi, "gpu_mode"), (check_subnet.subnet, ""),
+    (check_disk.disk, ""), (check_model.model, ""), (check_model.secret_files, ""),
+    (check_ports.ports, ""),
+)  # fmt: skip
+#: The command line's options.
+OPTIONS = (
+    ("--env-file", {"type": Path, "metavar": "FILE",
+                    "help": "env file Compose reads instead of the repo's .env"}),
+    ("--profile", {"action": "append", "default": [], "metavar": "NAME",
+                   "help": "Compose profile to check (repeatable; default: COMPOSE_PROFILES)"}),
+    ("--json", {"action": "store_true",
+                "help": "print a JSON list of {check, status, message} instead of lines"}),
+)  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,54 +85,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--env-file",
-        type=Path,
-        metavar="FILE",
-        help="env file Compose reads instead of the repo's .env",
-    )
-    parser.add_argument(
-        "--profile",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="Compose profile to check (repeatable; default: COMPOSE_PROFILES)",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print a JSON list of {check, status, message} instead of lines",
-    )
+    for flag, options in OPTIONS:
+        parser.add_argument(flag, **options)
     return parser.parse_args(argv)
 
 
 def run_checks(ctx: Context) -> list[Result]:
     """All checks in dependency order; those needing the settings stop if they did not load."""
-    results = check_docker.compose(ctx)
-    if ctx.compose_ok:
-        results += check_docker.load_settings(ctx)
-    results += check_profile.choose_mode(ctx)
-    if ctx.docker_found:
-        results += check_docker.daemon(ctx)
-    if ctx.gpu_mode:
-        results += check_gpu.inventory(ctx)
+    results = _run(BEFORE_SETTINGS, ctx)
     if ctx.settings is None:
         msg = (
             "the other checks read compose.yaml's settings, so they did not run: fix the FAIL "
             "lines above, then run scripts/preflight.sh again."
         )
         return results + [report.warn("settings", msg)]
-    if ctx.gpu_mode:
-        results += check_moe.moe_backend(ctx)
-        results += check_memory.gpu_memory(ctx)
-        results += check_driver.driver_cuda(ctx)
-        results += check_docker.nixl(ctx)
-    results += check_subnet.subnet(ctx)
-    results += check_disk.disk(ctx)
-    results += check_model.model(ctx)
-    results += check_model.secret_files(ctx)
-    results += check_ports.ports(ctx)
-    return results
+    return results + _run(WITH_SETTINGS, ctx)
+
+
+def _run(
+    checks: Sequence[tuple[Callable[[Context], list[Result]], str]], ctx: Context
+) -> list[Result]:
+    return [r for check, flag in checks if not flag or getattr(ctx, flag) for r in check(ctx)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         nvidia_smi=environ.get("PREFLIGHT_NVIDIA_SMI") or "nvidia-smi",
         ip=environ.get("PREFLIGHT_IP") or "ip",
         environ=environ,
+        nvidia_ctk=environ.get("PREFLIGHT_NVIDIA_CTK") or "nvidia-ctk",
+        daemon_path=environ.get("PREFLIGHT_DAEMON_PATH") or "",
     )
     results = run_checks(ctx)
     if args.json:

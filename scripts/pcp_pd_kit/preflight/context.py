@@ -38,6 +38,8 @@ class Context:
     nvidia_smi: str
     ip: str
     environ: Mapping[str, str]
+    nvidia_ctk: str = "nvidia-ctk"
+    daemon_path: str = ""  # where the Docker daemon finds the NVIDIA hooks ('' = DAEMON_PATH)
     docker_found: bool = False
     compose_ok: bool = False
     view: ComposeView | None = None
@@ -93,22 +95,20 @@ class Context:
     def _look_up_model(self) -> ModelInfo:
         model = self.model_name()
         cache = self.need_settings().path("hf_cache_dir")
-        config_path = hfcache.cached_config(cache, model)
-        if config_path is not None:
-            config = weights.read_config(config_path)
-            if config is not None:
-                quantized = bool(config.get("quantization_config"))
-                size = weights.estimate(config)
-                if size is not None:
-                    return ModelInfo(size, f"its config.json in {cache}", quantized)
-                table = weights.from_table(model)
-                if table is not None:
-                    return ModelInfo(table, "preflight's table of known models", quantized)
-                why = "quantized" if quantized else "an architecture preflight cannot count"
-                return ModelInfo(None, f"its config.json in {cache} describes {why}", quantized)
+        path = hfcache.cached_config(cache, model)
+        config = weights.read_config(path) if path is not None else None
         table = weights.from_table(model)
+        if config is None:
+            if table is not None:
+                return ModelInfo(table, "preflight's table of known models", False)
+            return ModelInfo(
+                None, f"its config.json is not in {cache} and preflight's table lacks it", None
+            )
+        quantized = bool(config.get("quantization_config"))
+        size = weights.estimate(config)
+        if size is not None:
+            return ModelInfo(size, f"its config.json in {cache}", quantized)
         if table is not None:
-            return ModelInfo(table, "preflight's table of known models", False)
-        return ModelInfo(
-            None, f"its config.json is not in {cache} and preflight's table lacks it", None
-        )
+            return ModelInfo(table, "preflight's table of known models", quantized)
+        why = "quantized" if quantized else "an architecture preflight cannot count"
+        return ModelInfo(None, f"its config.json in {cache} describes {why}", quantized)

@@ -27,16 +27,12 @@ def cached_config(cache: Path, model: str) -> Path | None:
 
 def cached_bytes(cache: Path, model: str) -> int:
     """Bytes of the model's finished blobs (partial `.incomplete` downloads do not count)."""
-    total = 0
-    blobs = repo_dir(cache, model) / "blobs"
     try:
-        entries = list(blobs.iterdir())
+        blobs = list((repo_dir(cache, model) / "blobs").iterdir())
+        done = [b for b in blobs if b.is_file() and not b.name.endswith(".incomplete")]
+        return sum(b.stat().st_size for b in done)
     except OSError:
         return 0
-    for blob in entries:
-        if blob.is_file() and not blob.name.endswith(".incomplete"):
-            total += blob.stat().st_size
-    return total
 
 
 def is_gated(model: str) -> bool:

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 #: vllm/config/kernel.py `MoEBackend`, in its order.
 BACKENDS = (
     "auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass",
@@ -23,23 +25,22 @@ def normalize(value: str) -> str:
     return value.strip().lower().replace("-", "_")
 
 
+#: The GPUs each bf16 kernel runs on, and how a FAIL line says it (any other backend: any CUDA GPU).
+KERNEL_GPUS: dict[str, tuple[Callable[[tuple[int, int]], bool], str]] = {
+    # SM 9.0 exactly, 10.x, 12.x (SM 11.x excluded)
+    "flashinfer_cutlass": (lambda cap: cap == (9, 0) or cap[0] in (10, 12), "SM 9.0, 10.x or 12.x"),
+    "flashinfer_trtllm": (lambda cap: cap[0] == 10, "SM 10.x (Blackwell)"),
+    "aiter": (lambda cap: False, "an AMD GPU (ROCm)"),
+}
+
+
 def runs_on(backend: str, cap: tuple[int, int]) -> bool:
     """Whether the bf16 kernel of `backend` supports a GPU of compute capability `cap`."""
-    if backend == "flashinfer_cutlass":  # SM 9.0 exactly, 10.x, 12.x (SM 11.x excluded)
-        return cap == (9, 0) or cap[0] in (10, 12)
-    if backend == "flashinfer_trtllm":  # Blackwell family only
-        return cap[0] == 10
-    if backend == "aiter":  # ROCm
-        return False
-    return True  # triton, batched_triton: any CUDA GPU vLLM runs on
+    return KERNEL_GPUS[backend][0](cap) if backend in KERNEL_GPUS else True
 
 
 def requirement(backend: str) -> str:
-    return {
-        "flashinfer_cutlass": "SM 9.0, 10.x or 12.x",
-        "flashinfer_trtllm": "SM 10.x (Blackwell)",
-        "aiter": "an AMD GPU (ROCm)",
-    }.get(backend, "a CUDA GPU")
+    return KERNEL_GPUS[backend][1] if backend in KERNEL_GPUS else "a CUDA GPU"
 
 
 def auto_choice(cap: tuple[int, int]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,24 +111,49 @@ def parse_config(text: str) -> ComposeView:
     )
 
 
+def device_requests(service: dict[str, Any]) -> list[dict[str, Any]]:
+    """A service's device requests: its deploy reservations, and `gpus:` (GPU requests)."""
+    deploy = service.get("deploy") or {}
+    devices = ((deploy.get("resources") or {}).get("reservations") or {}).get("devices") or []
+    gpus = service.get("gpus")
+    gpus = [{"count": "all"}] if gpus == "all" else gpus if isinstance(gpus, list) else []
+    devices = [*devices, *({"capabilities": ["gpu"], **g} for g in gpus if isinstance(g, dict))]
+    return [d for d in devices if isinstance(d, dict)]
+
+
 def gpu_services(view: ComposeView) -> list[str]:
     """Services that reserve NVIDIA GPUs (deploy device reservations or `gpus:`), sorted."""
-    names = []
-    for name, service in view.services.items():
-        if not isinstance(service, dict):
-            continue
-        if service.get("gpus"):
-            names.append(name)
-            continue
-        deploy = service.get("deploy") or {}
-        devices = ((deploy.get("resources") or {}).get("reservations") or {}).get("devices") or []
-        for device in devices:
-            if not isinstance(device, dict):
-                continue
-            if device.get("driver") == "nvidia" or "gpu" in (device.get("capabilities") or []):
-                names.append(name)
-                break
-    return sorted(names)
+    return sorted(
+        name
+        for name, service in view.services.items()
+        if isinstance(service, dict)
+        and any(
+            d.get("driver") == "nvidia" or "gpu" in (d.get("capabilities") or [])
+            for d in device_requests(service)
+        )
+    )
+
+
+def _valid(value: Any, good: bool) -> Any:
+    if not good:
+        raise ValueError(value)
+    return value
+
+
+#: The typed settings, one row each: how a value is read (ValueError: unusable), what it is not
+#: then ({why}: the parser's reason) and how the FAIL sentence ends ({where}: the env file).
+KINDS: dict[str, tuple[Callable[[str], Any], str, str]] = {
+    "positive_int": (lambda t: _valid(int(t), t.isdigit() and int(t) > 0), "a positive integer",
+                     "fix it in {where}"),
+    "fraction": (lambda t: _valid(float(t), 0.0 < float(t) <= 1.0),
+                 "a fraction of GPU memory in (0, 1]", "fix it in {where}"),
+    "port": (lambda t: _valid(int(t), t.isdigit() and 0 < int(t) < 65536), "a TCP port",
+             "set it in {where}"),
+    "network": (lambda t: ipaddress.ip_network(t, strict=True), "a network in CIDR form ({why})",
+                "set it in {where}, e.g. {env}=172.28.0.0/24"),
+    "address": (lambda t: str(ipaddress.ip_address(t)), "an IP address",
+                "set it in {where}, e.g. {env}=127.0.0.1"),
+}  # fmt: skip
 
 
 class Settings:
@@ -149,34 +175,32 @@ class Settings:
     def text(self, key: str) -> str:
         return self.raw.get(key, "").strip()
 
-    def positive_int(self, key: str) -> int:
-        value = self.text(key)
-        if not value.isdigit() or int(value) < 1:
+    def typed(self, kind: str, key: str) -> Any:
+        """`key`'s value read as KINDS[kind]; SettingsError naming the variable and the fix."""
+        parse, what, fix = KINDS[kind]
+        value, env = self.text(key), self.env(key)
+        try:
+            return parse(value)
+        except ValueError as exc:
+            where = fix.format(where=self.env_label, env=env)
             raise SettingsError(
-                f"{self.env(key)}='{value}' is not a positive integer: fix it in {self.env_label}."
-            )
-        return int(value)
+                f"{env}='{value}' is not {what.format(why=exc)}: {where}."
+            ) from None
+
+    def positive_int(self, key: str) -> int:
+        return int(self.typed("positive_int", key))
 
     def fraction(self, key: str) -> float:
-        value = self.text(key)
-        try:
-            number = float(value)
-        except ValueError:
-            number = -1.0
-        if not 0.0 < number <= 1.0:
-            raise SettingsError(
-                f"{self.env(key)}='{value}' is not a fraction of GPU memory in (0, 1]: "
-                f"fix it in {self.env_label}."
-            )
-        return number
+        return float(self.typed("fraction", key))
 
     def port(self, key: str) -> int:
-        value = self.text(key)
-        if not value.isdigit() or not 1 <= int(value) <= 65535:
-            raise SettingsError(
-                f"{self.env(key)}='{value}' is not a TCP port: set it in {self.env_label}."
-            )
-        return int(value)
+        return int(self.typed("port", key))
+
+    def network(self, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        return self.typed("network", key)
+
+    def address(self, key: str) -> str:
+        return str(self.typed("address", key))
 
     def id_list(self, key: str) -> list[str]:
         """A comma list of GPU indices or GPU-UUIDs, blanks dropped."""
@@ -194,26 +218,6 @@ class Settings:
             return path, f"HF_TOKEN_FILE ({path})"
         path = self.path("secrets_dir") / "hf_token"
         return path, f"the hf_token file in KIT_SECRETS_DIR ({path})"
-
-    def network(self, key: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-        value = self.text(key)
-        try:
-            return ipaddress.ip_network(value, strict=True)
-        except ValueError as exc:
-            raise SettingsError(
-                f"{self.env(key)}='{value}' is not a network in CIDR form ({exc}): set it in "
-                f"{self.env_label}, e.g. {self.env(key)}=172.28.0.0/24."
-            ) from None
-
-    def address(self, key: str) -> str:
-        value = self.text(key)
-        try:
-            return str(ipaddress.ip_address(value))
-        except ValueError:
-            raise SettingsError(
-                f"{self.env(key)}='{value}' is not an IP address: set it in {self.env_label}, "
-                f"e.g. {self.env(key)}=127.0.0.1."
-            ) from None
 
 
 def _as_text(value: Any) -> str:
