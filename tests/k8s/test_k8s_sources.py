@@ -56,6 +56,7 @@ def copy_of_the_tree(tmp_path: Path) -> tuple[ModuleType, Path]:
 
 def test_drift_is_reported_and_fixed(copy_of_the_tree) -> None:
     sources, root = copy_of_the_tree
+    sources.write()  # start in sync, whatever state the working tree is in
     assert sources.problems() == []
     pkg = root / "connector/pcp_nixl_connector"
     (pkg / "stats.py").write_text((pkg / "stats.py").read_text() + "\n# changed\n")
