@@ -141,8 +141,10 @@ async def wait_ready(url: str, timeout: float = 60.0) -> None:
             await asyncio.sleep(0.1)
 
 
-def check_stream(raw: bytes, tokens: int) -> bool:
-    return raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: ") == tokens + 1
+def check_stream(raw: bytes, tokens: int, chat: bool) -> bool:
+    """All tokens and [DONE] (a chat stream starts with a role-only chunk)."""
+    events = tokens + 1 + chat
+    return raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: ") == events
 
 
 def client_body(endpoint: str, tokens: int) -> dict:
@@ -191,7 +193,7 @@ async def run_round(
                 raw = await one()
             except (aiohttp.ClientError, ValueError, KeyError):
                 raw = b""
-            if check_stream(raw, args.tokens):
+            if check_stream(raw, args.tokens, endpoint == "chat"):
                 latencies.append(time.perf_counter() - t0)
             else:
                 errors += 1

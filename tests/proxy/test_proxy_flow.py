@@ -40,12 +40,13 @@ async def test_streaming_completion_legs_and_byte_exact_relay():
         for leg in (p, d):
             assert leg.headers["X-Request-Id"] == "client-rid-1"
             assert "Authorization" not in leg.headers  # the client's key is for the proxy only
-        # Relayed byte for byte, 16 tokens and [DONE].
+        # Relayed byte for byte: 16 tokens, the usage chunk and [DONE].
         assert raw == s.decode.sent["client-rid-1"]
         events = sse_events(raw)
         assert events[-1] == "[DONE]"
-        texts = [json.loads(e)["choices"][0]["text"] for e in events[:-1]]
+        texts = [json.loads(e)["choices"][0]["text"] for e in events[:-2]]
         assert texts == [f" t{i}" for i in range(16)]
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == 16
 
 
 async def test_chat_completion_streaming_and_json():
@@ -66,7 +67,9 @@ async def test_chat_completion_streaming_and_json():
         rid = p.headers["X-Request-Id"]
         assert s.decode.seen[0].body == {**body, "kv_transfer_params": s.prefill.issued[rid]}
         assert raw == s.decode.sent[rid]
-        deltas = [json.loads(e)["choices"][0]["delta"]["content"] for e in sse_events(raw)[:-1]]
+        role, *chunks = sse_events(raw)[:-1]
+        assert json.loads(role)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        deltas = [json.loads(e)["choices"][0]["delta"]["content"] for e in chunks]
         assert deltas == [f" t{i}" for i in range(5)]
 
         status, headers, raw = await s.post(

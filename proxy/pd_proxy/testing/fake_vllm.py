@@ -15,6 +15,20 @@ plain) fake answers the prompt's last ``Question: ...`` with ``#### <number>``, 
 ``knobs.gsm8k_mode`` (``POST /fake/mode {"mode": ...}`` switches it). ``/version`` and a
 vLLM-looking ``/metrics`` give the eval's topology probe something real to read. Run standalone
 with ``python -m pd_proxy.testing.fake_vllm --role decode --port 0``.
+
+Its "model" is deterministic in the token context, so a continuation is exact the way vLLM's is:
+prompts are tokenized (``tokenize``; chat messages through a small template), generated token
+``k`` has id ``GEN_BASE + k`` and text `` t{k}``, and a prompt that ends in generated tokens
+(prompt + token 1, as a first-token-from-prefill decode gets it) continues from the next ``k``.
+``knobs.eos_at`` makes token ``k`` EOS. It honours ``stop`` (strings), ``stop_token_ids``,
+``min_tokens``, ``ignore_eos``, ``max_tokens`` / ``max_completion_tokens`` (chat without either:
+``knobs.max_model_len`` minus the prompt, when set), ``return_token_ids``, ``stream_options``
+(``include_usage``, ``continuous_usage_stats``), a chat stream's first role-only chunk, and
+vLLM 0.32's decode-side token reuse (``kv_transfer_params.prompt_token_ids`` on chat). A prefill
+answers ``remote_block_ids`` per KV group and ``remote_num_tokens`` for ``knobs.block_size``
+(also its ``/metrics`` ``vllm:cache_config_info``), and a decode enforces vLLM's NIXL invariant
+that its prompt fits the blocks it pulls: where vLLM's engine would die on an assertion, it
+answers 500 and counts ``crashes``.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ import re
 import signal
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +54,10 @@ from multidict import CIMultiDict
 DEFAULT_SECRET = b"pd-proxy-fake-vllm"
 PREFILL, DECODE, PLAIN = "prefill", "decode", "plain"
 VERSION = "0.32.0-fake"
-PROMPT_TOKENS = 4  # usage.prompt_tokens of every answer
+PROMPT_TOKENS = 4  # prompt tokens per request in the /metrics counters
+BOS_ID, EOS_ID = 1, 2
+GEN_BASE = 100_000  # generated token k has id GEN_BASE + k
+VOCAB = 200_000
 GSM8K_MODES = ("correct", "wrong", "mixed")
 UNKNOWN_ANSWER = " I do not know."
 _QUESTION = re.compile(r"Question: (.*?)\nAnswer:", re.S)
@@ -97,13 +115,46 @@ def prompt_text(body: dict[str, Any]) -> str | None:
     return prompt if isinstance(prompt, str) else None
 
 
-def metrics_text(role: str, ok: int, rejected: int, unknown: int) -> str:
+def tokenize(text: str) -> list[int]:
+    """The fake tokenizer: BOS, then one id per whitespace-separated word (below GEN_BASE)."""
+    return [BOS_ID, *(1000 + zlib.crc32(w.encode()) % 90_000 for w in text.split())]
+
+
+def render_chat(body: dict[str, Any]) -> str:
+    """The fake chat template."""
+    parts = []
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        role = message.get("role") if isinstance(message, dict) else None
+        parts.append(f"<|{role}|> {content or ''}\n")
+    if body.get("add_generation_prompt", True):
+        parts.append("<|assistant|>")
+    return "".join(parts)
+
+
+def token_text(token_id: int) -> str:
+    return f" t{token_id - GEN_BASE}" if token_id >= GEN_BASE else ""
+
+
+@dataclass
+class Generation:
+    """What one request generates: token ids, their texts, and how it ended."""
+
+    token_ids: list[int]
+    pieces: list[str]
+    finish: str
+    stop_reason: int | str | None = None
+
+
+def metrics_text(role: str, ok: int, rejected: int, unknown: int, block_size: int = 128) -> str:
     """The vLLM series the eval's topology probe reads (KV arrived over NIXL on a decode), plus
     the fake's own request counts, which a test reads to prove no request was rejected."""
     source = "local_compute" if role == PREFILL else "external_kv_transfer"
     lines = [
         "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{block_size="128",engine="0",role="{role}"}} 1.0',
+        f'vllm:cache_config_info{{block_size="{block_size}",engine="0",role="{role}"}} 1.0',
         f'vllm:prompt_tokens_by_source_total{{engine="0",source="{source}"}} {ok * PROMPT_TOKENS}',
         f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {ok}',
         'vllm:nixl_num_failed_transfers_total{engine="0"} 0',
@@ -140,6 +191,10 @@ class Knobs:
     die_after: int | None = None  # streaming decode: drop the connection after N tokens
     healthy: bool = True  # GET /health answers 200 or 503
     gsm8k_mode: str = "mixed"  # with answers: correct | wrong | mixed (see is_right)
+    eos_at: int | None = None  # generated token k = eos_at is EOS (min_tokens, ignore_eos apply)
+    block_size: int = 128  # KV block size: prefill's remote_block_ids, decode's check, /metrics
+    max_model_len: int | None = None  # chat without a limit: generate up to this (None: tokens)
+    metrics: bool = True  # serve /metrics (False: 404, as a server without Prometheus metrics)
 
 
 @dataclass
@@ -165,6 +220,8 @@ class FakeVLLM:
     completed: int = 0
     rejected: int = 0  # answered 400: bad JSON or a broken protocol
     unknown_questions: int = 0  # completed, but the question was not in ``answers``
+    crashes: int = 0  # decode requests a real vLLM engine would have died on (block mismatch)
+    metrics_reads: int = 0  # GET /metrics answered
     engine_id: str = ""
     prefill_engine_id: str | None = None  # decode: accept only this prefill's handles
     answers: Answers | None = None  # answer GSM8K questions (see load_answers)
@@ -271,38 +328,117 @@ class FakeVLLM:
             return "one text prompt per request expected"
         return None
 
-    def _prefill_params(self, rid: str) -> dict[str, Any]:
+    def _prefill_params(self, rid: str, prompt_len: int) -> dict[str, Any]:
+        """The KV handles of a prefilled prompt: its blocks (one KV cache group), as vLLM 0.32."""
+        count = max(1, -(-prompt_len // self.knobs.block_size))
         first = next(self._blocks)
+        for _ in range(count - 1):
+            next(self._blocks)
         params: dict[str, Any] = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": [first, first + 1],
+            "remote_block_ids": [list(range(first, first + count))],
             "remote_engine_id": self.engine_id,
             "remote_request_id": rid,
             "remote_host": "127.0.0.1",
             "remote_port": 5600,
             "tp_size": 1,
+            "remote_num_tokens": prompt_len,
         }
         params["fake_signature"] = self.sign(params)
         return params
 
-    def _reply(self, body: dict[str, Any]) -> tuple[list[str], str]:
-        """The generated pieces and finish reason: a GSM8K answer when answering (a prefill's one
-        token is thrown away, so it never answers), else numbered tokens up to the length limit."""
-        if self.answers is None or self.role == PREFILL:
-            return [f" t{i}" for i in range(self._token_count(body))], "length"
-        mode = self.knobs.gsm8k_mode
-        text = gsm8k_reply(self.answers, mode, prompt_text(body) or "")
-        if text is None:
-            self.unknown_questions += 1
-            text = UNKNOWN_ANSWER
-        return [text], "stop"
+    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        """The request's prompt as token ids; ``ValueError`` says what vLLM would refuse."""
+        kv = body.get("kv_transfer_params")
+        if chat:
+            ids = kv.pop("prompt_token_ids", None) if isinstance(kv, dict) else None
+            if ids is None:
+                return tokenize(render_chat(body))
+            if not isinstance(ids, list) or not ids or any(type(x) is not int for x in ids):
+                raise ValueError("`kv_transfer_params['prompt_token_ids']` must be a list of ints")
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+                prompt = prompt[0]  # a batch: the fake answers its first prompt
+            if isinstance(prompt, str):
+                return tokenize(prompt)
+            ids = prompt
+            if not isinstance(ids, list) or not ids or any(type(x) is not int for x in ids):
+                raise ValueError("prompt must be a string or token ids")
+        if any(not 0 <= x < VOCAB for x in ids):
+            raise ValueError(f"token id out of vocabulary (0-{VOCAB - 1})")
+        return ids
 
-    def _token_count(self, body: dict[str, Any]) -> int:
+    def _block_mismatch(self, body: dict[str, Any], prompt_len: int) -> str | None:
+        """vLLM's NIXL decode asserts its prompt's blocks are no more than the prefill's it reads
+        (``_apply_prefix_caching``); the engine dies when they are not."""
+        kv = body.get("kv_transfer_params")
+        if self.role != DECODE or not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
+            return None
+        groups = kv.get("remote_block_ids") or []
+        needed = -(-prompt_len // self.knobs.block_size)
+        for group in groups:
+            if isinstance(group, list) and needed > len(group):
+                return f"AssertionError: {needed} decode blocks > {len(group)} prefill blocks"
+        return None
+
+    def _limit(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
         if self.role == PREFILL:
             return 1
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        return max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else self.knobs.tokens
+        value = body.get("max_completion_tokens") if chat else None
+        if value is None:
+            value = body.get("max_tokens")
+        if isinstance(value, int) and value > 0:
+            return value
+        if chat and self.knobs.max_model_len is not None:
+            return self.knobs.max_model_len - prompt_len
+        return self.knobs.tokens
+
+    def _generate(self, body: dict[str, Any], prompt_ids: list[int], chat: bool) -> Generation:
+        """The fake model: a GSM8K answer when answering (a prefill's one token is thrown away,
+        so it never answers), else numbered tokens, continuing the prompt's own, up to a stop."""
+        if self.answers is not None and self.role != PREFILL:
+            text = gsm8k_reply(self.answers, self.knobs.gsm8k_mode, prompt_text(body) or "")
+            if text is None:
+                self.unknown_questions += 1
+                text = UNKNOWN_ANSWER
+            return Generation([GEN_BASE], [text], "stop")
+        last = prompt_ids[-1]
+        k = last - GEN_BASE + 1 if last >= GEN_BASE else 0
+        limit = self._limit(body, chat, len(prompt_ids))
+        min_tokens = body.get("min_tokens") or 0
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        stop_ids = body.get("stop_token_ids") or []
+        keep_stop = bool(body.get("include_stop_str_in_output"))
+        gen = Generation([], [], "length")
+        text = ""
+        while len(gen.token_ids) < limit:
+            count = len(gen.token_ids)  # this request's tokens so far
+            token = GEN_BASE + k
+            eos = k == self.knobs.eos_at and not body.get("ignore_eos")
+            if count >= min_tokens and (eos or token in stop_ids):
+                gen.token_ids.append(EOS_ID if eos else token)
+                gen.pieces.append(token_text(token) if keep_stop and not eos else "")
+                gen.finish, gen.stop_reason = "stop", None if eos else token
+                break
+            piece = token_text(token)
+            gen.token_ids.append(token)
+            k += 1
+            before = len(text)
+            text += piece
+            if count + 1 > min_tokens:
+                found = [(text.find(s, max(0, before - len(s) + 1)), s) for s in stop if s]
+                found = [(i, s) for i, s in found if i >= 0]
+                if found:
+                    i, string = min(found)
+                    end = i + len(string) if keep_stop else i
+                    gen.pieces.append(piece[: max(0, end - before)])
+                    gen.finish, gen.stop_reason = "stop", string
+                    break
+            gen.pieces.append(piece)
+        return gen
 
     # ------------------------------------------------------------------ handlers
     @web.middleware
@@ -332,8 +468,13 @@ class FakeVLLM:
         return web.json_response({"version": VERSION})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.knobs.metrics:
+            return web.Response(status=404)
+        self.metrics_reads += 1
         ok = self.completed - self.unknown_questions
-        text = metrics_text(self.role, ok, self.rejected, self.unknown_questions)
+        text = metrics_text(
+            self.role, ok, self.rejected, self.unknown_questions, self.knobs.block_size
+        )
         return web.Response(text=text)
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -387,7 +528,7 @@ class FakeVLLM:
         except ValueError:
             return self._reject("invalid JSON")
         if self.record:
-            self.seen.append(Seen(request.path, CIMultiDict(request.headers), body))
+            self.seen.append(Seen(request.path, CIMultiDict(request.headers), json_copy(body)))
             self._notify()
         if self.knobs.delay:
             await asyncio.sleep(self.knobs.delay)
@@ -398,91 +539,139 @@ class FakeVLLM:
         if problem:
             return self._reject(problem)
         chat = request.path.endswith("/chat/completions")
-        pieces, finish = self._reply(body)
-        kv = self._prefill_params(rid) if self.role == PREFILL else None
+        try:
+            prompt_ids = self._prompt_ids(body, chat)
+        except ValueError as exc:
+            return self._reject(str(exc))
+        crash = self._block_mismatch(body, len(prompt_ids))
+        if crash is not None:
+            self.crashes += 1
+            self._notify()
+            return self._error(500, f"EngineCore died: {crash}")
+        if self.knobs.max_model_len is not None and len(prompt_ids) >= self.knobs.max_model_len:
+            return self._reject(f"prompt of {len(prompt_ids)} tokens leaves no room")
+        gen = self._generate(body, prompt_ids, chat)
+        kv = self._prefill_params(rid, len(prompt_ids)) if self.role == PREFILL else None
         if kv is not None and self.record:
             self.issued[rid] = kv
+        answer = Answer(rid, chat, body, prompt_ids, gen)
         if body.get("stream"):
-            resp = await self._stream(request, rid, chat, pieces, finish)
+            resp = await self._stream(request, answer)
         else:
-            resp = self._json(rid, chat, pieces, finish, kv)
+            resp = self._json(answer, kv)
         self.completed += 1
         self._notify()
         return resp
 
-    def _json(
-        self, rid: str, chat: bool, pieces: list[str], finish: str, kv: dict[str, Any] | None
-    ) -> web.Response:
-        text = "".join(pieces)
+    def _json(self, a: Answer, kv: dict[str, Any] | None) -> web.Response:
+        text = "".join(a.gen.pieces)
+        ids = a.body.get("return_token_ids")
         choice: dict[str, Any] = (
             {"index": 0, "message": {"role": "assistant", "content": text}}
-            if chat
+            if a.chat
             else {"index": 0, "text": text}
         )
-        choice["finish_reason"] = finish
-        n = len(pieces)
-        data = {
-            "id": ("chatcmpl-" if chat else "cmpl-") + rid,
-            "object": "chat.completion" if chat else "text_completion",
+        choice["finish_reason"] = a.gen.finish
+        choice["stop_reason"] = a.gen.stop_reason
+        choice["token_ids"] = a.gen.token_ids if ids else None
+        if not a.chat:
+            choice["prompt_token_ids"] = a.prompt_ids if ids else None
+        data: dict[str, Any] = {
+            "id": ("chatcmpl-" if a.chat else "cmpl-") + a.rid,
+            "object": "chat.completion" if a.chat else "text_completion",
             "created": int(time.time()),
             "model": self.model,
             "choices": [choice],
-            "usage": {
-                "prompt_tokens": PROMPT_TOKENS,
-                "completion_tokens": n,
-                "total_tokens": PROMPT_TOKENS + n,
-            },
+            "usage": a.usage(len(a.gen.token_ids)),
             "kv_transfer_params": kv,
         }
+        if a.chat:
+            data["prompt_token_ids"] = a.prompt_ids if ids else None
         payload = json.dumps(data).encode()
         if self.record:
-            self.sent[rid] = payload
+            self.sent[a.rid] = payload
         return web.Response(body=payload, content_type="application/json")
 
-    def _chunk_head(self, rid: str, chat: bool) -> str:
-        """An SSE event up to the piece's text, which every chunk of the stream shares."""
-        if chat:
-            return (
-                f'data: {{"id":"chatcmpl-{rid}","object":"chat.completion.chunk",'
-                f'"created":{int(time.time())},"model":"{self.model}","choices":[{{"index":0,'
-                '"delta":{"content":"'
-            )
-        return (
-            f'data: {{"id":"cmpl-{rid}","object":"text_completion",'
-            f'"created":{int(time.time())},"model":"{self.model}","choices":[{{"index":0,'
-            '"text":"'
-        )
-
-    async def _stream(
-        self, request: web.Request, rid: str, chat: bool, pieces: list[str], finish: str
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, a: Answer) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
-        head = self._chunk_head(rid, chat)
-        close = '"},"finish_reason":' if chat else '","finish_reason":'
+        kind = "chat.completion.chunk" if a.chat else "text_completion"
+        head = (
+            f'data: {{"id":"{"chatcmpl-" if a.chat else "cmpl-"}{a.rid}","object":"{kind}",'
+            f'"created":{int(time.time())},"model":"{self.model}","choices":['
+        )
+        options = a.body.get("stream_options") or {}
+        usage = bool(options.get("include_usage"))
+        continuous = usage and bool(options.get("continuous_usage_stats"))
         knobs = self.knobs
         sent: list[bytes] | None = [] if self.record else None
+
+        def event(choice: str, completion_tokens: int | None) -> bytes:
+            tail = ""
+            if completion_tokens is not None:
+                tail = ',"usage":' + json.dumps(a.usage(completion_tokens))
+            return f"{head}{choice}]{tail}}}\n\n".encode()
+
+        async def send(data: bytes) -> None:
+            await resp.write(data)
+            if sent is not None:
+                sent.append(data)
+
+        if a.chat:  # vLLM's first chat chunk: the role alone
+            role = '{"index":0,"delta":{"role":"assistant","content":""}}'
+            await send(event(role, 0 if continuous else None))
+        pieces = a.gen.pieces
+        key = '{"index":0,"delta":{"content":' if a.chat else '{"index":0,"text":'
+        close = "}," if a.chat else ","
         for i, piece in enumerate(pieces):
             if knobs.die_after is not None and i == knobs.die_after:
                 # Half an event, then the connection drops without the closing chunk.
                 await resp.write(b'data: {"id":"broken')
                 if sent is not None:
-                    self.sent[rid] = b"".join(sent) + b'data: {"id":"broken'
+                    self.sent[a.rid] = b"".join(sent) + b'data: {"id":"broken'
                 assert request.transport is not None
                 request.transport.close()
                 return resp
-            reason = json.dumps(finish) if i == len(pieces) - 1 else "null"
-            chunk = f"{head}{json.dumps(piece)[1:-1]}{close}{reason}}}]}}\n\n".encode()
-            await resp.write(chunk)
-            if sent is not None:
-                sent.append(chunk)
+            if i == len(pieces) - 1:
+                end = f'"finish_reason":"{a.gen.finish}","stop_reason":'
+                end += json.dumps(a.gen.stop_reason) + "}"
+            else:
+                end = '"finish_reason":null}'
+            choice = f"{key}{json.dumps(piece)}{close}{end}"
+            await send(event(choice, i + 1 if continuous else None))
             if knobs.token_delay:
                 await asyncio.sleep(knobs.token_delay)
-        await resp.write(b"data: [DONE]\n\n")
+        if usage:
+            await send(event("", len(pieces)))
+        await send(b"data: [DONE]\n\n")
         if sent is not None:
-            self.sent[rid] = b"".join(sent) + b"data: [DONE]\n\n"
+            self.sent[a.rid] = b"".join(sent)
         await resp.write_eof()
         return resp
+
+
+@dataclass
+class Answer:
+    """One request being answered."""
+
+    rid: str
+    chat: bool
+    body: dict[str, Any]
+    prompt_ids: list[int]
+    gen: Generation
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        n = len(self.prompt_ids)
+        return {
+            "prompt_tokens": n,
+            "total_tokens": n + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
+
+
+def json_copy(obj: Any) -> Any:
+    """A deep copy of a JSON value (what a request looked like before it was served)."""
+    return json.loads(json.dumps(obj))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
