@@ -45,6 +45,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_in_flight_requests",
     "pd_proxy_prefill_duration_seconds",
     "pd_proxy_decode_ttfb_seconds",
+    "pd_proxy_time_to_first_byte_seconds",
     "pd_proxy_request_duration_seconds",
     BACKEND_ERRORS_TOTAL,
     "pd_proxy_backend_healthy",
@@ -150,6 +151,13 @@ class ProxyMetrics:
         self.decode_ttfb = Histogram(
             "pd_proxy_decode_ttfb_seconds",
             "Decode leg time to first body byte (includes the KV transfer).",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.time_to_first_byte = Histogram(
+            "pd_proxy_time_to_first_byte_seconds",
+            "Client request received to the first byte of a 200 answer sent back (a stream's "
+            "first event, or a whole JSON answer): the client-visible time to first token.",
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )

@@ -51,10 +51,11 @@ T = TypeVar("T")
 class Trace:
     """Per-request facts for the log line."""
 
-    __slots__ = ("rid", "prefill", "decode", "prefill_s", "ttfb_s", "status")
+    __slots__ = ("rid", "start", "prefill", "decode", "prefill_s", "ttfb_s", "status")
 
-    def __init__(self, rid: str) -> None:
+    def __init__(self, rid: str, start: float = 0.0) -> None:
         self.rid = rid
+        self.start = start  # perf_counter() when the request arrived
         self.prefill = "-"
         self.decode = "-"
         self.prefill_s = -1.0
@@ -142,7 +143,7 @@ class PdFlow:
         metrics = self.metrics
         metrics.in_flight_count += 1
         # 32 hex chars like uuid4().hex, for a fraction of its cost.
-        trace = Trace(request.headers.get("X-Request-Id") or os.urandom(16).hex())
+        trace = Trace(request.headers.get("X-Request-Id") or os.urandom(16).hex(), start)
         try:
             try:
                 response = await self._two_legs(request, endpoint, trace)
@@ -349,7 +350,7 @@ class PdFlow:
         if resp.status != 200 or not content_type.startswith("text/event-stream"):
             # Read failures (timeout, broken connection) are mapped by _exchange, as for prefill.
             data = await resp.read()
-            self._first_byte(start, trace)
+            now = self._first_byte(start, trace)
             if resp.status == 401:
                 raise backend_refused_key(self.metrics, self.backend_key, "decode", backend)
             if 400 <= resp.status < 500:
@@ -359,6 +360,7 @@ class PdFlow:
                 raise ProxyError(
                     502, f"decode backend {backend.url} returned {resp.status}: {_snippet(data)}"
                 )
+            self.sent(trace, now)
             return web.Response(
                 body=data, headers={"Content-Type": content_type, "X-Request-Id": trace.rid}
             )
@@ -370,12 +372,22 @@ class PdFlow:
             backend,
             self.metrics,
             self.config.decode_timeout,
-            lambda: self._first_byte(start, trace),
+            lambda: self._first_byte(start, trace, sent=True),
         )
         if client_left:
             trace.status = CLIENT_GONE
         return out
 
-    def _first_byte(self, start: float, trace: Trace) -> None:
-        trace.ttfb_s = elapsed = time.perf_counter() - start
+    def _first_byte(self, start: float, trace: Trace, sent: bool = False) -> float:
+        """The decode leg's first byte arrived (``start``: the leg was sent); returns now.
+        ``sent``: it goes on to the client at once (a relayed stream), see ``sent``."""
+        now = time.perf_counter()
+        trace.ttfb_s = elapsed = now - start
         self.metrics.decode_ttfb.observe(elapsed)
+        if sent:
+            self.metrics.time_to_first_byte.observe(now - trace.start)
+        return now
+
+    def sent(self, trace: Trace, now: float) -> None:
+        """The client gets the first byte of a 200 answer at ``now``."""
+        self.metrics.time_to_first_byte.observe(now - trace.start)

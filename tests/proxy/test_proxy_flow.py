@@ -154,6 +154,7 @@ async def test_metrics_expose_every_family_and_count_traffic():
         assert s.sample("pd_proxy_requests_total", bad) == 1
         assert s.sample("pd_proxy_prefill_duration_seconds_count") == 3
         assert s.sample("pd_proxy_decode_ttfb_seconds_count") == 3
+        assert s.sample("pd_proxy_time_to_first_byte_seconds_count") == 3  # not the 400
         assert s.sample("pd_proxy_request_duration_seconds_count") == 4
         assert s.sample("pd_proxy_in_flight_requests") == 0
         healthy = {"role": "decode", "backend": s.decode.url}
