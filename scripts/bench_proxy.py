@@ -15,6 +15,7 @@ compare changes by, since it barely moves when the machine is busy.
     python scripts/bench_proxy.py --workers 1 2       # one proxy and a 2-worker proxy, side by side
     python scripts/bench_proxy.py --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
     python scripts/bench_proxy.py --port-base 16000   # fixed ports from 16000, not ephemeral
+    python scripts/bench_proxy.py --first-token       # also a proxy with --first-token-from-prefill
 
 ``--proxy-cmd`` is a template with ``{port}``, ``{prefill}``, ``{decode}`` (base URLs) and
 ``{workers}``; ``--also NAME=CMD`` adds another proxy (same placeholders but ``{workers}``) to the
@@ -315,6 +316,10 @@ def main() -> int:
         "--port-base", type=int, default=0,
         help="listen on this port and the next ones (prefill, decode, proxies); 0: ephemeral",
     )  # fmt: skip
+    parser.add_argument(
+        "--first-token", action="store_true",
+        help="also run the default proxy with --first-token-from-prefill (named first-token)",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the summary here")
     parser.add_argument("--keep-log", action="store_true", help="keep the proxy's log file")
     parser.add_argument(
@@ -332,9 +337,14 @@ def main() -> int:
         )
         for n in args.workers
     }
+    if args.first_token:
+        proxies["first-token"] = (
+            DEFAULT_PROXY_CMD.replace("{workers}", "1") + " --first-token-from-prefill"
+        )
     for item in args.also:
         name, sep, cmd = item.partition("=")
-        if not sep or not name or ":" in name or name in ("floor", "prefill", "decode", *proxies):
+        reserved = ("floor", "prefill", "decode", *proxies)
+        if not sep or not name or ":" in name or name in reserved:
             parser.error(f"--also {item!r}: expected a new NAME=CMD (NAME without ':')")
         proxies[name] = cmd
     sides = ["floor", *proxies]

@@ -69,6 +69,8 @@ class ProxyConfig:
     workers: int = 1
     # Export a ``_created`` series beside each counter and histogram (prometheus_client's default).
     metrics_created: bool = False
+    # Token 1 from the prefill leg, the rest from decode (pd_proxy.first_token).
+    first_token_from_prefill: bool = False
 
     def __post_init__(self) -> None:
         for role in ROLES:
@@ -462,6 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also export a _created series beside each counter and histogram (default: off) "
         "[PD_PROXY_METRICS_CREATED=true|false]",
     )
+    parser.add_argument(
+        "--first-token-from-prefill",
+        dest="first_token_from_prefill",
+        action="store_true",
+        default=None,
+        help="send the client token 1 as soon as the prefill leg has it, then let decode continue "
+        "from the prompt plus that token (default: off) "
+        "[PD_PROXY_FIRST_TOKEN_FROM_PREFILL=true|false]",
+    )
     return parser
 
 
@@ -474,6 +485,7 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, object]:
     converters = [(d, e, c) for d, _f, e, c, _t in _OPTIONS] + [
         ("metrics", "METRICS", _bool),
         ("metrics_created", "METRICS_CREATED", _bool),
+        ("first_token_from_prefill", "FIRST_TOKEN_FROM_PREFILL", _bool),
     ]
     for dest, env, conv in converters:
         raw = environ.get(f"{ENV_PREFIX}{env}")

@@ -51,6 +51,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_backend_healthy",
     "pd_proxy_backends",
     "pd_proxy_discovery_errors_total",
+    "pd_proxy_first_token_requests_total",
 )
 BACKEND_STATES = ("healthy", "unhealthy", "draining")
 
@@ -193,6 +194,14 @@ class ProxyMetrics:
             "Failed discovery polls (DNS name not resolving or empty, endpoints file unreadable, "
             "malformed or missing a role); the last known backends stay.",
             ("role", "source"),
+            registry=reg,
+        )
+        self.first_token = Counter(
+            "pd_proxy_first_token_requests",
+            "Requests under --first-token-from-prefill by outcome: continued (token 1 from "
+            "prefill, the rest from decode), finished (token 1 ended the request), normal (the "
+            "normal flow; reason: the request parameter or prefill answer that needed it).",
+            ("outcome", "reason"),
             registry=reg,
         )
         self._request_children: dict[tuple[str, int], Counter] = {}

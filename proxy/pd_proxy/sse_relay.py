@@ -3,7 +3,9 @@
 This is the proxy's one loop per token, so it does as little as it can. Once the headers have
 gone out, a broken or silent backend can no longer become an HTTP error: the stream then ends with
 an SSE error event and ``[DONE]``, as vLLM ends its own. Only the last chunk is kept, to know
-whether that event needs a separator first.
+whether that event needs a separator first. ``relay_events`` is the variant for a stream whose
+first events the proxy wrote itself (``--first-token-from-prefill``): each chunk passes through a
+transform that keeps whole events.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ async def relay_stream(
     backend: Backend,
     metrics: ProxyMetrics,
     decode_timeout: float,
-    first_byte: Callable[[], None],
+    first_byte: Callable[[], object],
 ) -> tuple[web.StreamResponse, bool]:
     """Relay the event stream ``resp`` from ``backend`` to the client; true when the client left.
 
@@ -98,3 +100,50 @@ async def relay_stream(
     except CLIENT_LEFT:
         return out, True
     return out, False
+
+
+async def relay_events(
+    out: web.StreamResponse,
+    resp: Connection,
+    transform: Callable[[bytes], bytes],
+    rid: str,
+    backend: Backend,
+    metrics: ProxyMetrics,
+    decode_timeout: float,
+    first_byte: Callable[[], object],
+) -> bool:
+    """Relay ``resp``'s event stream into ``out``, already sent to the client (its first events
+    came from elsewhere), through ``transform``; true when the client left.
+
+    ``transform`` gets each chunk and returns the bytes to send (whole events); what it holds back
+    when the stream breaks is dropped, so the error event needs no separator. Failures end the
+    stream as ``relay_stream``'s do.
+    """
+    chunk = await _read_chunk(resp)
+    if isinstance(chunk, bytes):
+        first_byte()
+    while isinstance(chunk, bytes) and chunk:
+        data = transform(chunk)
+        if data:
+            try:
+                await out.write(data)
+            except CLIENT_LEFT:
+                return True
+        chunk = await _read_chunk(resp)
+    if not isinstance(chunk, bytes):
+        metrics.backend_error("decode", backend.url)
+        if isinstance(chunk, UpstreamTimeout):
+            status = 504
+            message = f"decode backend {backend.url} sent nothing for {decode_timeout:g}s"
+        else:
+            status, message = 502, f"decode backend {backend.url} broke the stream: {chunk}"
+        log.warning("rid=%s %s", rid, message)
+        try:
+            await out.write(sse_error_event(status, message, False))
+        except CLIENT_LEFT:
+            return True
+    try:
+        await out.write_eof()
+    except CLIENT_LEFT:
+        return True
+    return False
