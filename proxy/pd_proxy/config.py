@@ -20,6 +20,7 @@ from pd_proxy.auth import KeyFileError, read_key_file
 from pd_proxy.endpoints import EndpointsFileError, read_endpoints_file
 from pd_proxy.k8s_endpoints import parse_service_ref
 from pd_proxy.kube_api import InCluster
+from pd_proxy.timeouts import PROXY_NAMES, ProxyLimits, timeout_problems
 
 ENV_PREFIX = "PD_PROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -71,6 +72,9 @@ class ProxyConfig:
     metrics_created: bool = False
     # Token 1 from the prefill leg, the rest from decode (pd_proxy.first_token).
     first_token_from_prefill: bool = False
+    # The prefill's KV lease (vLLM's kv_lease_duration): when set, limits that could let decode
+    # read expired KV blocks are refused (pd_proxy.timeouts).
+    kv_lease_s: float | None = None
 
     def __post_init__(self) -> None:
         for role in ROLES:
@@ -111,6 +115,7 @@ class ProxyConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        self._check_lease()
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ConfigError(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
         if self.max_body_bytes <= 0:
@@ -134,6 +139,19 @@ class ProxyConfig:
                 raise ConfigError(
                     "--metrics-port (PD_PROXY_METRICS_PORT) is set but metrics are off"
                 )
+
+    def _check_lease(self) -> None:
+        if self.kv_lease_s is not None:
+            if self.kv_lease_s <= 0:
+                raise ConfigError(f"kv_lease_s must be > 0, got {self.kv_lease_s}")
+            problems = timeout_problems(self.kv_lease_s, self.limits(), names=PROXY_NAMES)
+            if problems:
+                raise ConfigError(problems[0])
+
+    def limits(self) -> ProxyLimits:
+        """The limits the KV-lease rule reads (pd_proxy.timeouts)."""
+        wait = self.health_timeout if self.first_token_from_prefill else 0.0
+        return ProxyLimits(self.connect_timeout, self.prefill_timeout, self.decode_timeout, wait)
 
     @property
     def logging_level(self) -> int:
@@ -415,6 +433,16 @@ _OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "proxy processes serving the one port (SO_REUSEPORT), each with its own backend pools and "
         "health checks, under a supervising parent; for hosts with many cores (default 1: one "
         "process)",
+    ),
+    (
+        "kv_lease_s",
+        "--kv-lease-s",
+        "KV_LEASE_S",
+        float,
+        "the prefill's KV lease in seconds (vLLM's kv_connector_extra_config.kv_lease_duration, "
+        "default 30): when given, the proxy refuses to start unless it exceeds --decode-timeout "
+        "+ 2 x --connect-timeout (+ --health-timeout with --first-token-from-prefill), so decode "
+        "never reads KV blocks the prefill already freed (default: not checked)",
     ),
 )
 
