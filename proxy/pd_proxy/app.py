@@ -22,6 +22,7 @@ import aiohttp
 from aiohttp import web
 
 from pd_proxy.auth import BackendKey, ClientKeys, KeyFileError
+from pd_proxy.canary import Canary
 from pd_proxy.config import ConfigError, ProxyConfig
 from pd_proxy.discovery import Discovery, Resolver
 from pd_proxy.errors import error_response, unauthorized_response
@@ -47,6 +48,7 @@ class Proxy:
     flow: PdFlow
     side: SideEndpoints
     checker: HealthChecker | None = None  # set when the app starts
+    canary: Canary | None = None  # --canary-minutes
 
 
 PROXY_KEY = web.AppKey("pd_proxy", Proxy)
@@ -60,10 +62,13 @@ FIRST_ROUND_MARGIN_S = 1.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Application:
+def build_app(
+    config: ProxyConfig, resolver: Resolver | None = None, *, canary: bool = True
+) -> web.Application:
     """A ready-to-run proxy application; its metrics live in ``app[PROXY_KEY].metrics``.
 
     ``resolver`` resolves the ``*_dns`` names (default: the event loop's ``getaddrinfo``).
+    ``canary=False`` leaves the canary out even with ``--canary-minutes`` (workers 2..N).
     """
     prefill = BackendPool("prefill", config.prefill)
     decode = BackendPool("decode", config.decode)
@@ -77,6 +82,10 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
     flow = PdFlow(config, metrics, prefill, decode, backend_key)
     side = SideEndpoints(config, metrics, prefill, decode, backend_key)
     proxy = Proxy(config, metrics, prefill, decode, client_keys, discovery, flow, side)
+    if canary and config.canary_minutes:
+        proxy.canary = Canary(
+            flow, metrics.registry, config.canary_minutes * 60, config.canary_timeout
+        )
 
     def guard(handler: Handler, endpoint: str | None = None) -> Handler:
         if client_keys is None:
@@ -130,8 +139,12 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
                 tasks.append(asyncio.create_task(discovery.run(), name="pd-proxy-discovery"))
             if metrics.multiprocess_dir is not None:  # --workers: other workers read our gauges
                 tasks.append(asyncio.create_task(_sync_metrics(metrics), name="pd-proxy-metrics"))
+            if proxy.canary is not None:
+                proxy.canary.start()
             yield
         finally:
+            if proxy.canary is not None:
+                await proxy.canary.stop()
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -144,6 +157,8 @@ def build_app(config: ProxyConfig, resolver: Resolver | None = None) -> web.Appl
 
     async def on_shutdown(app: web.Application) -> None:
         side.draining = True  # /health turns 503 so load balancers stop sending
+        if proxy.canary is not None:
+            await proxy.canary.stop()  # no new canary legs while in-flight requests drain
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(on_shutdown)

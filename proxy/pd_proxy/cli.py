@@ -47,9 +47,10 @@ async def serve(
     """Serve until SIGTERM/SIGINT, then drain.
 
     ``reuse_port`` binds with SO_REUSEPORT (workers share the port); ``announce`` logs the
-    listening address, the backends and the open-proxy warning; ``on_ready`` runs once listening.
+    listening address, the backends and the open-proxy warning, and runs the canary when one is
+    configured (worker 1 only); ``on_ready`` runs once listening.
     """
-    app = build_app(config)
+    app = build_app(config, canary=announce)  # one canary per proxy: worker 1's
     runner = make_runner(app, config)
     metrics_app = build_metrics_app(app)
     metrics_runner = None if metrics_app is None else web.AppRunner(metrics_app, access_log=None)

@@ -75,6 +75,9 @@ class ProxyConfig:
     # The prefill's KV lease (vLLM's kv_lease_duration): when set, limits that could let decode
     # read expired KV blocks are refused (pd_proxy.timeouts).
     kv_lease_s: float | None = None
+    # The canary (pd_proxy.canary): minutes between runs (None or 0: off) and one run's limit.
+    canary_minutes: float | None = None
+    canary_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         for role in ROLES:
@@ -115,7 +118,7 @@ class ProxyConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        self._check_lease()
+        self._check_lease_and_canary()
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ConfigError(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
         if self.max_body_bytes <= 0:
@@ -140,13 +143,17 @@ class ProxyConfig:
                     "--metrics-port (PD_PROXY_METRICS_PORT) is set but metrics are off"
                 )
 
-    def _check_lease(self) -> None:
+    def _check_lease_and_canary(self) -> None:
         if self.kv_lease_s is not None:
             if self.kv_lease_s <= 0:
                 raise ConfigError(f"kv_lease_s must be > 0, got {self.kv_lease_s}")
             problems = timeout_problems(self.kv_lease_s, self.limits(), names=PROXY_NAMES)
             if problems:
                 raise ConfigError(problems[0])
+        if self.canary_minutes is not None and self.canary_minutes < 0:
+            raise ConfigError(f"canary_minutes must be >= 0 (0: off), got {self.canary_minutes}")
+        if self.canary_timeout <= 0:
+            raise ConfigError(f"canary_timeout must be > 0, got {self.canary_timeout}")
 
     def limits(self) -> ProxyLimits:
         """The limits the KV-lease rule reads (pd_proxy.timeouts)."""
@@ -443,6 +450,21 @@ _OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "default 30): when given, the proxy refuses to start unless it exceeds --decode-timeout "
         "+ 2 x --connect-timeout (+ --health-timeout with --first-token-from-prefill), so decode "
         "never reads KV blocks the prefill already freed (default: not checked)",
+    ),
+    (
+        "canary_minutes",
+        "--canary-minutes",
+        "CANARY_MINUTES",
+        float,
+        "every N minutes send a fixed greedy prompt through P/D and to a prefill alone and count "
+        "a mismatch in pd_proxy_canary_mismatches_total (default: off)",
+    ),
+    (
+        "canary_timeout",
+        "--canary-timeout",
+        "CANARY_TIMEOUT",
+        float,
+        "seconds one canary run may take; longer counts as an error (default 60)",
     ),
 )
 

@@ -4,10 +4,12 @@ Used by the proxy tests, the benchmark and the GSM8K eval tests. A ``prefill`` f
 requests that do not ask for a remote decode (or that stream, or generate more than one token) and
 returns signed ``kv_transfer_params``; a ``decode`` fake rejects requests whose params were not
 signed by a prefill fake for the same ``X-Request-Id`` (nor, with ``prefill_engine_id``, by that
-engine). Knobs (mutable at run time through ``fake.knobs``) add delay, per-token delay, failures
-and a stream that dies mid-way. With ``api_key`` set it guards ``/v1/*`` like ``vllm serve
---api-key`` (401 ``{"error": "Unauthorized"}``); with ``record`` every ``/v1`` request, rejected
-ones included, lands in ``received``.
+engine). Knobs (mutable at run time through ``fake.knobs``) add delay, per-token delay, failures,
+a stream that dies mid-way, a prefill serving requests without ``kv_transfer_params`` in full
+(``plain_requests``, as vLLM does) and a decode answering wrong text with HTTP 200 (``corrupt``).
+With ``api_key`` set it guards ``/v1/*`` like ``vllm serve --api-key`` (401 ``{"error":
+"Unauthorized"}``); with ``record`` every ``/v1`` request, rejected ones included, lands in
+``received``.
 
 With ``answers`` (``--gsm8k-data DIR``, DIR/test.jsonl) it plays the server an eval harness
 drives: it rejects a request for another model or with more than one prompt, and a decode (or
@@ -195,6 +197,11 @@ class Knobs:
     block_size: int = 128  # KV block size: prefill's remote_block_ids, decode's check, /metrics
     max_model_len: int | None = None  # chat without a limit: generate up to this (None: tokens)
     metrics: bool = True  # serve /metrics (False: 404, as a server without Prometheus metrics)
+    # prefill: serve a request without kv_transfer_params in full, as vLLM's kv_producer does
+    # (the canary's reference); off, such a request is rejected as a broken prefill leg.
+    plain_requests: bool = False
+    # decode: answer with other text than the model's (as from another request's KV), still 200.
+    corrupt: bool = False
 
 
 @dataclass
@@ -301,7 +308,7 @@ class FakeVLLM:
         kv = kv if isinstance(kv, dict) else {}
         if self.answers is not None and (problem := self._eval_problem(body)):
             return problem
-        if self.role == PREFILL:
+        if self.role == PREFILL and not self._plain(body):
             return prefill_problem(body, kv)
         if self.role == DECODE:
             return self._decode_problem(kv, rid)
@@ -319,6 +326,10 @@ class FakeVLLM:
         if not hmac.compare_digest(str(kv.get("fake_signature")), self.sign(kv)):
             return "decode kv_transfer_params were not issued by a prefill"
         return None
+
+    def _plain(self, body: dict[str, Any]) -> bool:
+        """A prefill serving a request without kv_transfer_params in full (knobs.plain_requests)."""
+        return self.knobs.plain_requests and body.get("kv_transfer_params") is None
 
     def _eval_problem(self, body: dict[str, Any]) -> str | None:
         """A harness asking for another model, or batching prompts, would score garbage."""
@@ -384,7 +395,7 @@ class FakeVLLM:
         return None
 
     def _limit(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
-        if self.role == PREFILL:
+        if self.role == PREFILL and not self._plain(body):
             return 1
         value = body.get("max_completion_tokens") if chat else None
         if value is None:
@@ -424,6 +435,8 @@ class FakeVLLM:
                 gen.finish, gen.stop_reason = "stop", None if eos else token
                 break
             piece = token_text(token)
+            if self.knobs.corrupt and self.role == DECODE:
+                piece = piece.replace(" t", " x", 1)
             gen.token_ids.append(token)
             k += 1
             before = len(text)
@@ -551,7 +564,8 @@ class FakeVLLM:
         if self.knobs.max_model_len is not None and len(prompt_ids) >= self.knobs.max_model_len:
             return self._reject(f"prompt of {len(prompt_ids)} tokens leaves no room")
         gen = self._generate(body, prompt_ids, chat)
-        kv = self._prefill_params(rid, len(prompt_ids)) if self.role == PREFILL else None
+        full = self.role != PREFILL or self._plain(body)
+        kv = None if full else self._prefill_params(rid, len(prompt_ids))
         if kv is not None and self.record:
             self.issued[rid] = kv
         answer = Answer(rid, chat, body, prompt_ids, gen)
