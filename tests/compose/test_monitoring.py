@@ -113,6 +113,54 @@ def test_alerts_cover_dedup_nixl_failures_and_targets(alert_rules) -> None:
         assert job in by_name["PdTargetDown"]
 
 
+def test_alerts_cover_the_signs_of_wrong_or_lost_answers(alert_rules) -> None:
+    """Issue 20: expired leases, reads after expiry, failed transfers and notifications, a decode
+    whose KV pulls hang, and the proxy's canary."""
+    from pd_proxy.canary import METRIC_NAMES as CANARY_METRIC_NAMES
+
+    reads = {r["alert"]: mn.metrics_in_query(r["expr"]) for r in alert_rules}
+    assert reads["NixlKvLeaseExpired"] == {"vllm:nixl_num_kv_expired_reqs_total"}
+    assert reads["NixlNotificationsAfterExpiry"] == {
+        "vllm:nixl_num_notifications_after_expiry_total"
+    }
+    assert reads["NixlTransferFailures"] == {"vllm:nixl_num_failed_transfers_total"}
+    assert reads["NixlNotificationFailures"] == {"vllm:nixl_num_failed_notifications_total"}
+    assert reads["DecodeKvPullStalled"] == {
+        "vllm:num_requests_kv_fetch_by_stage",
+        "vllm:nixl_xfer_time_seconds_count",
+    }
+    assert reads["PdCanaryMismatch"] == {"pd_proxy_canary_mismatches_total"}
+    assert "pd_proxy_canary_mismatches_total" in CANARY_METRIC_NAMES
+
+
+def test_stall_alert_counts_the_pending_stages_vllm_exports(alert_rules) -> None:
+    """waiting_to_start and in_progress are vLLM 0.32's pending stages (v1/metrics/stats.py);
+    completed_waiting (KV arrived, waiting for a step) must not count as a hang."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    stats = Path(next(iter(spec.submodule_search_locations))) / "v1" / "metrics" / "stats.py"
+    stages = dict(re.findall(r'^(KV_FETCH_\w+) = "(\w+)"', stats.read_text(), re.M))
+    assert stages["KV_FETCH_WAITING_TO_START"] == "waiting_to_start"
+    assert stages["KV_FETCH_IN_PROGRESS"] == "in_progress"
+    assert stages["KV_FETCH_COMPLETED_WAITING"] == "completed_waiting"
+    expr = next(r["expr"] for r in alert_rules if r["alert"] == "DecodeKvPullStalled")
+    assert 'stage=~"waiting_to_start|in_progress"' in expr
+    assert "unless on (job, instance, engine)" in expr  # no transfer series at all still fires
+
+
+def test_every_alert_says_what_to_do(alert_rules) -> None:
+    actions = ("check", "set ", "raise", "restart", "run ", "treat", "recreate", "drain")
+    for rule in alert_rules:
+        annotations = rule["annotations"]
+        assert annotations["summary"], rule["alert"]
+        text = annotations["description"].lower()
+        assert any(word in text for word in actions), rule["alert"]
+
+
 def test_dedup_alert_reads_the_connector_gauge_not_the_pcp_size_label(alert_rules) -> None:
     """p comes from the connector (0 in world_size mode, PCP1, consumers), not a scrape label
     that the cpu profile's PCP1 prefill shares with the PCP2 one."""
