@@ -263,6 +263,7 @@ def test_lm_eval_call_and_its_failure(capsys, proxy, tmp_path, monkeypatch, offl
         "tokenized_requests": False,
         "tokenizer_backend": None,
         "max_gen_toks": 64,
+        "timeout": 600,  # EVAL_REQUEST_TIMEOUT_S
     }
     assert (kwargs["num_fewshot"], kwargs["limit"], kwargs["log_samples"]) == (5, 7, True)
     if offline_data:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pcp_pd_kit.gsm8k import EvalError
+from pd_proxy.timeouts import KIT_NAMES, ProxyLimits, timeout_problems
 
 USAGE = """\
 GSM8K accuracy through the P/D proxy: lm-eval `local-completions` against the proxy's
@@ -16,11 +17,12 @@ servers, env, score, verdict). Exit 0 = score within the expected band, 1 = outs
 
 Usage: scripts/eval_gsm8k.sh [--base-url URL] [--model NAME] [--limit N] [--num-concurrent N]
          [--num-fewshot N] [--output-dir DIR] [--data-dir DIR] [--prefill-url URL]
-         [--decode-url URL] [--max-gen-toks N]
+         [--decode-url URL] [--max-gen-toks N] [--request-timeout SECONDS]
    (or: pcp-pd-kit eval [same flags])
 Env (flags win; defaults in the repo's .env.example, under .env and the environment):
   EVAL_BASE_URL (empty: http://127.0.0.1:$PROXY_PORT), EVAL_MODEL (empty: the model the proxy
-  serves), LIMIT, NUM_CONCURRENT, NUM_FEWSHOT, MAX_GEN_TOKS, EVAL_OUTPUT_DIR (default
+  serves), LIMIT, NUM_CONCURRENT, NUM_FEWSHOT, MAX_GEN_TOKS, EVAL_REQUEST_TIMEOUT_S (each
+  request's timeout; must exceed the kit proxy's PROXY_* limits), EVAL_OUTPUT_DIR (default
   results/gsm8k-<UTC time>), GSM8K_DATA_DIR (offline: local train.jsonl/test.jsonl),
   EXPECTED_SCORE, SCORE_TOLERANCE, PREFILL_URL / DECODE_URL (empty: http://127.0.0.1:$PREFILL_PORT
   / $DECODE_PORT), OPENAI_API_KEY (the proxy's API key, if it wants one), PYTHON (the wrapper's
@@ -35,6 +37,7 @@ FLAGS = {
     "--num-concurrent": "num_concurrent",
     "--num-fewshot": "num_fewshot",
     "--max-gen-toks": "max_gen_toks",
+    "--request-timeout": "request_timeout",
     "--output-dir": "output_dir",
     "--data-dir": "data_dir",
     "--prefill-url": "prefill_url",
@@ -52,6 +55,7 @@ class Settings:
     num_concurrent: str
     num_fewshot: str
     max_gen_toks: str
+    request_timeout: str  # seconds, lm-eval's per-request timeout
     output_dir: str  # "" = results/gsm8k-<UTC time>
     data_dir: str  # "" = the Hugging Face hub
     prefill_url: str
@@ -63,6 +67,7 @@ REQUIRED_ENV = (
     "NUM_CONCURRENT",
     "NUM_FEWSHOT",
     "MAX_GEN_TOKS",
+    "EVAL_REQUEST_TIMEOUT_S",
     "PROXY_PORT",
     "PREFILL_PORT",
     "DECODE_PORT",
@@ -89,6 +94,7 @@ def env_defaults(env: Mapping[str, str]) -> dict[str, str]:
         "num_concurrent": env["NUM_CONCURRENT"],
         "num_fewshot": env["NUM_FEWSHOT"],
         "max_gen_toks": env["MAX_GEN_TOKS"],
+        "request_timeout": env["EVAL_REQUEST_TIMEOUT_S"],
         "output_dir": get("EVAL_OUTPUT_DIR"),
         "data_dir": get("GSM8K_DATA_DIR"),
         "prefill_url": get("PREFILL_URL", local.format(env["PREFILL_PORT"])),
@@ -100,6 +106,20 @@ def _uint(value: str, flag: str, *, positive: bool) -> None:
     if not re.fullmatch(r"[0-9]+", value) or (positive and int(value) == 0):
         kind = "a positive" if positive else "a non-negative"
         raise EvalError(f"{flag} must be {kind} integer, got '{value}'")
+
+
+def check_request_timeout(timeout: int, env: Mapping[str, str]) -> None:
+    """The eval is a client of the kit's pd-proxy: it must wait longer than the proxy's limits
+    (PROXY_*_S in the same layered env), or it times out before the proxy's own error arrives."""
+    names = ("PROXY_CONNECT_TIMEOUT_S", "PROXY_PREFILL_TIMEOUT_S", "PROXY_DECODE_TIMEOUT_S")
+    try:
+        connect, prefill, decode = (float(env[name]) for name in names)
+    except (KeyError, ValueError):
+        return  # the kit's proxy is not configured here: nothing to compare with
+    named = {**KIT_NAMES, "client": "--request-timeout/EVAL_REQUEST_TIMEOUT_S"}
+    problems = timeout_problems(None, ProxyLimits(connect, prefill, decode), timeout, named)
+    if problems:
+        raise EvalError(problems[0])
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str]) -> Settings | None:
@@ -122,6 +142,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Settings | None:
     _uint(values["num_concurrent"], "--num-concurrent", positive=True)
     _uint(values["num_fewshot"], "--num-fewshot", positive=False)
     _uint(values["max_gen_toks"], "--max-gen-toks", positive=True)
+    _uint(values["request_timeout"], "--request-timeout", positive=True)
+    check_request_timeout(int(values["request_timeout"]), env)
     if not re.match(r"https?://[^/]", values["base_url"]):
         raise EvalError(f"--base-url must be an http(s) URL, got '{values['base_url']}'")
     values["base_url"] = values["base_url"].rstrip("/")

@@ -91,7 +91,7 @@ def evaluate(s: cli.Settings, env: Mapping[str, str]) -> int:
         task=task,
         include_path=include_path,
         model_args=harness.model_args(
-            served, s.base_url, int(s.num_concurrent), int(s.max_gen_toks)
+            served, s.base_url, int(s.num_concurrent), int(s.max_gen_toks), int(s.request_timeout)
         ),
         num_fewshot=int(s.num_fewshot),
         limit=int(s.limit) if s.limit else None,
@@ -106,6 +106,7 @@ def evaluate(s: cli.Settings, env: Mapping[str, str]) -> int:
         "num_concurrent": s.num_concurrent,
         "num_fewshot": s.num_fewshot,
         "max_gen_toks": s.max_gen_toks,
+        "request_timeout_s": s.request_timeout,
         "data_dir": s.data_dir or "hub",
     }
     servers = {"prefill": s.prefill_url, "decode": s.decode_url}

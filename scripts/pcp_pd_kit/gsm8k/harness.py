@@ -22,8 +22,11 @@ from pcp_pd_kit.gsm8k import EvalError
 LOG_FORMAT = "%(asctime)s %(levelname)-8s [%(name)s:%(lineno)d] %(message)s"
 
 
-def model_args(served_model: str, base_url: str, num_concurrent: int, max_gen_toks: int) -> dict:
-    """local-completions against the proxy; prompts as text, so no tokenizer is loaded."""
+def model_args(
+    served_model: str, base_url: str, num_concurrent: int, max_gen_toks: int, timeout: int
+) -> dict:
+    """local-completions against the proxy; prompts as text, so no tokenizer is loaded.
+    ``timeout``: seconds per request (lm-eval's own default is 300)."""
     return {
         "model": served_model,
         "base_url": f"{base_url.rstrip('/')}/v1/completions",
@@ -32,6 +35,7 @@ def model_args(served_model: str, base_url: str, num_concurrent: int, max_gen_to
         "tokenized_requests": False,
         "tokenizer_backend": None,
         "max_gen_toks": max_gen_toks,
+        "timeout": timeout,
     }
 
 
