@@ -13,14 +13,22 @@ from tests.preflight.fake_host import REPO, FakeHost, python_for
 
 KIT = REPO / "scripts" / "pcp_pd_kit"
 PACKAGE = KIT / "preflight"
-# What `python3 -m pcp_pd_kit.preflight` loads: the kit package's __init__ and preflight itself.
-SOURCES = [KIT / "__init__.py", *sorted(PACKAGE.glob("*.py"))]
+PROXY = REPO / "proxy" / "pd_proxy"
+# What `python3 -m pcp_pd_kit.preflight` loads: the kit package's __init__ and preflight itself,
+# plus pd-proxy's timeout rule (check_timeouts imports it from the checkout's proxy/).
+SOURCES = [
+    KIT / "__init__.py",
+    *sorted(PACKAGE.glob("*.py")),
+    PROXY / "__init__.py",
+    PROXY / "timeouts.py",
+]
 
 
 def test_the_portability_checks_see_the_package() -> None:
     """Guards the parametrized checks below against passing vacuously on a moved package."""
     names = {p.name for p in SOURCES}
     assert {"__init__.py", "__main__.py", "cli.py", "memory.py", "settings.py"} <= names
+    assert {"timeouts.py", "check_timeouts.py"} <= names
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
@@ -35,6 +43,7 @@ def test_imports_only_the_standard_library(path: Path) -> None:
             continue
         for root in roots:
             own = root == "pcp_pd_kit" or root.startswith("pcp_pd_kit.preflight")
+            own = own or root == "pd_proxy.timeouts"
             assert own or root.split(".")[0] in sys.stdlib_module_names, (path.name, root)
 
 
