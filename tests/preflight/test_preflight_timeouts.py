@@ -80,17 +80,20 @@ def test_a_decode_wait_the_lease_does_not_cover_fails(
 
 def test_the_proxy_must_be_told_the_lease_prefill_keeps(host: FakeHost) -> None:
     """NIXL_KV_LEASE_S raised for the proxy but not reaching the prefill: the proxy's own check
-    would pass against a lease the prefill does not keep."""
+    would pass against a lease the prefill does not keep, so that is the FAIL, named first."""
     stack(host, proxy={"PD_PROXY_KV_LEASE_S": "60"}, lease="30")
     out = consistent(host.run())
     assert out.status("timeouts") == ["FAIL"]
-    assert "a KV lease of 60 s (PD_PROXY_KV_LEASE_S), but prefill keeps KV for 30 s" in out.text(
-        "timeouts"
-    )
+    text = out.text("timeouts")
+    assert "a KV lease of 60 s (PD_PROXY_KV_LEASE_S), but prefill keeps KV for 30 s" in text
+    assert "(KIT_KV_LEASE_S): both must get the lease NIXL_KV_LEASE_S sets in .env." in text
     stack(host, proxy={"PD_PROXY_KV_LEASE_S": "60", "PD_PROXY_DECODE_TIMEOUT": "40"})
     out = consistent(host.run())  # no KIT_KV_LEASE_S on prefill: vLLM's 30 s
-    assert "but prefill keeps KV for 30 s (vLLM's default)" not in out.text("timeouts")
-    assert "NIXL_KV_LEASE_S=30 s is not longer than" in out.text("timeouts")
+    assert out.status("timeouts") == ["FAIL"]
+    assert (
+        "but prefill keeps KV for 30 s (vLLM's default; compose passes it no KIT_KV_LEASE_S)"
+        in out.text("timeouts")
+    )
 
 
 def test_a_value_that_is_not_seconds_fails(host: FakeHost) -> None:
@@ -147,10 +150,40 @@ def test_repo_compose_refuses_a_long_decode_timeout(host: FakeHost) -> None:
     assert out.status("timeouts") == ["FAIL"], out.dump()
     assert "NIXL_KV_LEASE_S=30 s" in out.text("timeouts")
     assert "PROXY_DECODE_TIMEOUT_S=60 s" in out.text("timeouts")
-    out = run_repo_compose(
-        host, {"PROXY_DECODE_TIMEOUT_S": "60", "NIXL_KV_LEASE_S": "90"}, "--profile", "cpu"
-    )
-    assert out.status("timeouts") == ["ok"], out.dump()
+    # A longer lease fixes it where compose hands the lease to the prefill (KIT_KV_LEASE_S); where
+    # it does not, the prefill keeps vLLM's 30 s and preflight says so.
+    raised = {"PROXY_DECODE_TIMEOUT_S": "60", "NIXL_KV_LEASE_S": "90"}
+    for profile in ((), ("--profile", "cpu")):
+        out = run_repo_compose(host, raised, *profile)
+        services = repo_services(raised, profile)
+        prefill = next(p for p in ("prefill-cpu", "prefill") if p in services)
+        gets_lease = "KIT_KV_LEASE_S" in services[prefill]["environment"]
+        if gets_lease:
+            assert out.status("timeouts") == ["ok"], out.dump()
+        else:
+            assert out.status("timeouts") == ["FAIL"], out.dump()
+            assert "keeps KV for 30 s (vLLM's default; compose passes it no KIT_KV_LEASE_S)" in (
+                out.text("timeouts")
+            )
+
+
+def repo_services(overrides: dict[str, str], profile: tuple[str, ...]) -> dict:
+    """The repo's compose.yaml resolved by the real Compose with .env.example + ``overrides``."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env_file = Path(tmp) / "site.env"
+        env_file.write_text(
+            (REPO / ".env.example").read_text()
+            + "".join(f"{k}={v}\n" for k, v in overrides.items())
+        )
+        argv = [str(REAL_COMPOSE), "--env-file", str(env_file), *profile]
+        argv += ["-f", str(REPO_COMPOSE), "config", "--format", "json"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["services"]
 
 
 def test_path_of_the_rule_is_the_proxys() -> None:

@@ -105,16 +105,19 @@ def _one_proxy(
             return ok(CHECK, f"{name}: no prefill service selected, no KV lease to check against")
         leases = {"the prefill": (told_s, "PD_PROXY_KV_LEASE_S")}
     producer, (lease, how) = min(leases.items(), key=lambda item: item[1][0])
-    problems = timeout_problems(lease, limits, names=KIT_NAMES)
-    if problems:
-        return fail(CHECK, f"{name} in front of {producer} ({ctx.env_label}): {problems[0]}")
+    # First what the proxy was told: its own start-up check trusts it, and a lease that never
+    # reached the prefill is the cause to name, not the rule it then breaks.
     if told_s is not None and told_s != lease:
+        unset = "; compose passes it no KIT_KV_LEASE_S" if how == "vLLM's default" else ""
         return fail(
             CHECK,
             f"{name} checks its limits against a KV lease of {told_s:g} s (PD_PROXY_KV_LEASE_S), "
-            f"but {producer} keeps KV for {lease:g} s ({how}): give both the lease "
+            f"but {producer} keeps KV for {lease:g} s ({how}{unset}): both must get the lease "
             f"{KIT_NAMES['lease']} sets in {ctx.env_label}.",
         )
+    problems = timeout_problems(lease, limits, names=KIT_NAMES)
+    if problems:
+        return fail(CHECK, f"{name} in front of {producer} ({ctx.env_label}): {problems[0]}")
     return ok(
         CHECK,
         f"{name}: the KV lease on {producer} ({lease:g} s) outlasts the longest the proxy waits "
