@@ -11,6 +11,7 @@ layouts and roles behave as stock vLLM.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, cast
 
 from vllm.config import VllmConfig
@@ -37,13 +38,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
 )
 from vllm.logger import init_logger
 
+from . import handover
 from .amx import ensure_amx_permission
 from .cpu_tuning import CpuKnobs, is_cpu_platform, tuned_worker_init
 from .stats import PcpNixlKVConnectorStats, PcpNixlPromMetrics
 from .topology import PcpLayout, layout_from_config, pcp_rank_from_global_rank
 
 if TYPE_CHECKING:
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 logger = init_logger(__name__)
 
@@ -84,6 +91,10 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
             self.kv_transfer_config.kv_connector_extra_config
         )
         self.pcp_rank = 0
+        # Handover events the scheduler side stamps (the worker's go on its xfer_stats).
+        self._sched_stats = PcpNixlKVConnectorStats()
+        self._awaiting_first_step: set[str] = set()
+        self._in_first_step: set[str] = set()
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = NixlPullConnectorScheduler(
                 vllm_config, self.engine_id, kv_cache_config
@@ -129,17 +140,92 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
     def get_finished_count(self) -> int | None:
         return self.pcp_layout.finished_count()
 
+    def _stamp(self, request_id: str, event: str) -> None:
+        self._sched_stats.record_handover([handover.stamp(request_id, event)])
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        params = request.kv_transfer_params or {}
+        if num_external_tokens > 0 and params.get("do_remote_prefill"):
+            self._stamp(request.request_id, handover.ADMITTED)
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        super().update_connector_output(connector_output)
+        for request_id in connector_output.finished_recving or ():
+            self._stamp(request_id, handover.SCHEDULER_SEEN)
+            self._awaiting_first_step.add(request_id)
+        for request_id in connector_output.finished_sending or ():
+            self._stamp(request_id, handover.BLOCKS_FREED)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> Any:
+        # A request's first step ran between the previous call and this one (the scheduler
+        # builds the next step after processing the last one's output).
+        for request_id in self._in_first_step:
+            self._stamp(request_id, handover.FIRST_TOKEN)
+        self._in_first_step.clear()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for request_id in [r for r in self._awaiting_first_step if scheduled.get(r)]:
+            self._awaiting_first_step.discard(request_id)
+            self._in_first_step.add(request_id)
+        return super().build_connector_meta(scheduler_output)
+
+    def _finished(self, request: Request, delay_free: bool) -> None:
+        request_id = request.request_id
+        if delay_free and (request.kv_transfer_params or {}).get("do_remote_decode"):
+            self._stamp(request_id, handover.PREFILL_DONE)
+        if request_id in self._in_first_step:  # ended by its first step (one token)
+            self._in_first_step.discard(request_id)
+            self._stamp(request_id, handover.FIRST_TOKEN)
+        self._awaiting_first_step.discard(request_id)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        delay_free, params = super().request_finished(request, block_ids)
+        self._finished(request, delay_free)
+        return delay_free, params
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        delay_free, params = super().request_finished_all_groups(request, block_ids)
+        self._finished(request, delay_free)
+        return delay_free, params
+
+    def get_kv_connector_stats(self) -> PcpNixlKVConnectorStats | None:
+        if self.connector_worker is not None:
+            return cast(PcpNixlKVConnectorStats | None, super().get_kv_connector_stats())
+        if self._sched_stats.is_empty():
+            return None
+        stats, self._sched_stats = self._sched_stats, PcpNixlKVConnectorStats()
+        return stats
+
     # ---- worker side ------------------------------------------------------
     def _stats(self) -> PcpNixlKVConnectorStats:
         assert self.connector_worker is not None
         # Set to ours in __init__; vLLM never replaces it (clone_and_reset copies, keeps self).
         return cast(PcpNixlKVConnectorStats, self.connector_worker.xfer_stats)
 
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        super().start_load_kv(forward_context, **kwargs)
+        metadata = self._connector_metadata
+        to_recv = getattr(metadata, "reqs_to_recv", None)
+        if to_recv:
+            now = time.monotonic()
+            events = [handover.stamp(rid, handover.READ_POSTED, now) for rid in to_recv]
+            self._stats().record_handover(events)
+
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         assert self.connector_worker is not None
         # The worker drains and cleans its own state (notifications, leases,
         # replicated-PCP bookkeeping) whatever happens to the reports.
         results = self.connector_worker.get_transfer_results()
+        if results.finished_recving:
+            self._stats().record_handover(
+                [handover.stamp(rid, handover.TRANSFER_DONE) for rid in results.finished_recving]
+            )
         sent = results.finished_sending
         if sent:
             if self._suppresses:

@@ -40,3 +40,16 @@ STATS_KEYS: tuple[str, ...] = (
     "num_pcp_finished_sending_suppressed",
     "num_pcp_canonical_completions",
 )
+
+# The per-request handover breakdown (handover.py): one histogram, a ``phase`` label per step of
+# the P/D handover, and the configured KV lease the prefill-side hold time is measured against.
+HANDOVER_SECONDS = "vllm:nixl_handover_seconds"
+KV_LEASE_SECONDS = "vllm:nixl_kv_lease_seconds"
+HANDOVER_METRIC_NAMES: tuple[str, ...] = (
+    f"{HANDOVER_SECONDS}_bucket",
+    f"{HANDOVER_SECONDS}_sum",
+    f"{HANDOVER_SECONDS}_count",
+    KV_LEASE_SECONDS,
+)
+# Stats payload key of the handover events (scheduler and worker -> API server).
+HANDOVER_EVENTS_KEY = "kit_handover_events"

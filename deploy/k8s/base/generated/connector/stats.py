@@ -19,15 +19,25 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
+from .handover import PHASES, Event, HandoverTracker
 from .metric_names import (
     CANONICAL_COMPLETIONS,
     COUNTER_BASE_NAMES,
     EXPECTED_SUPPRESSED_PER_COMPLETION,
     FINISHED_SENDING_SUPPRESSED,
+    HANDOVER_EVENTS_KEY,
+    HANDOVER_SECONDS,
     HANDSHAKE_PUBLICATIONS_SKIPPED,
+    KV_LEASE_SECONDS,
     STATS_KEYS,
 )
 from .topology import layout_from_config
+
+HANDOVER_BUCKETS = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+]  # fmt: skip
+DEFAULT_LEASE_S = 30  # vLLM 0.32's kv_lease_duration default (nixl/base_scheduler.py)
 
 SKIPPED_KEY, SUPPRESSED_KEY, CANONICAL_KEY = STATS_KEYS
 _STOCK_KEYS: tuple[str, ...] = tuple(NixlKVConnectorStats().data)
@@ -42,6 +52,12 @@ _DOCS = {
     EXPECTED_SUPPRESSED_PER_COMPLETION: "Suppressed finished_sending reports expected per "
     "canonical completion: PCP size - 1 for a replicated-PCP producer in canonical mode, "
     "0 otherwise (world_size mode, PCP=1, consumers).",
+    HANDOVER_SECONDS: "Per-request P/D handover, by phase: on decode admitted (waiting for "
+    "remote KV) -> read posted -> transfer done -> seen by the scheduler -> first token "
+    "(and admitted_to_first_token overall); on prefill prefill_kv_hold, request finished -> "
+    "its KV blocks freed.",
+    KV_LEASE_SECONDS: "How long a prefill keeps a finished request's KV for decode to pull "
+    "(kv_connector_extra_config.kv_lease_duration) before freeing it as expired.",
 }
 
 
@@ -51,7 +67,7 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
 
     def reset(self) -> None:
         super().reset()
-        for key in STATS_KEYS:
+        for key in (*STATS_KEYS, HANDOVER_EVENTS_KEY):
             self.data[key] = []
 
     def _add(self, key: str, n: int) -> None:
@@ -67,13 +83,19 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
     def record_canonical_completions(self, n: int) -> None:
         self._add(CANONICAL_KEY, n)
 
+    def record_handover(self, events: list[Event]) -> None:
+        if events:
+            self.data.setdefault(HANDOVER_EVENTS_KEY, []).extend(events)
+
     def dedup_totals(self) -> dict[str, int]:
         return {key: int(sum(self.data.get(key, ()))) for key in STATS_KEYS}
 
     def is_empty(self) -> bool:
         # The parent ignores unknown keys; an interval with only dedup events
         # must still be shipped.
-        return super().is_empty() and not any(self.data.get(key) for key in STATS_KEYS)
+        return super().is_empty() and not any(
+            self.data.get(key) for key in (*STATS_KEYS, HANDOVER_EVENTS_KEY)
+        )
 
     def aggregate(self, other: Any) -> PcpNixlKVConnectorStats:
         if not other.is_empty():
@@ -126,6 +148,32 @@ class PcpNixlPromMetrics(NixlPromMetrics):
         )
         for child in self.pcp_expected_gauge.values():
             child.set(self.expected_suppressed_per_completion)
+        handover = self._histogram_cls(
+            name=HANDOVER_SECONDS,
+            documentation=_DOCS[HANDOVER_SECONDS],
+            buckets=HANDOVER_BUCKETS,
+            labelnames=[*labelnames, "phase"],
+        )
+        # Children for every phase at startup, so the series exist (at 0) before traffic.
+        self.handover: dict[int, dict[str, Any]] = {
+            idx: {phase: handover.labels(*values, phase) for phase in PHASES}
+            for idx, values in self.per_engine_labelvalues.items()
+        }
+        self.handover_trackers = {idx: HandoverTracker() for idx in self.per_engine_labelvalues}
+        lease = self._gauge_cls(
+            name=KV_LEASE_SECONDS,
+            documentation=_DOCS[KV_LEASE_SECONDS],
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
+        transfer = vllm_config.kv_transfer_config
+        lease_s = (
+            transfer.get_from_extra_config("kv_lease_duration", DEFAULT_LEASE_S)
+            if transfer is not None
+            else DEFAULT_LEASE_S
+        )
+        for child in create_metric_per_engine(lease, self.per_engine_labelvalues).values():
+            child.set(lease_s)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         base = transfer_stats_data
@@ -138,3 +186,9 @@ class PcpNixlPromMetrics(NixlPromMetrics):
             total = sum(transfer_stats_data.get(key, ()))
             if total:
                 per_engine[engine_idx].inc(total)
+        events = transfer_stats_data.get(HANDOVER_EVENTS_KEY)
+        if events:
+            tracker = self.handover_trackers[engine_idx]
+            # The payload crossed a process boundary: tuples may arrive as lists.
+            for phase, seconds in tracker.add(tuple(e) for e in events):
+                self.handover[engine_idx][phase].observe(seconds)

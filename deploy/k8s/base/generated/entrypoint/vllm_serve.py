@@ -34,7 +34,12 @@ KV_ENV = {
     "role": "KIT_KV_ROLE",  # kv_producer (prefill) | kv_consumer (decode)
     "buffer_device": "KIT_KV_BUFFER_DEVICE",  # unset: vLLM's default (the GPU); cpu: CPU buffers
     "progress_delay": "KIT_NIXL_PROGRESS_DELAY_US",  # cpu only: .env NIXL_PROGRESS_DELAY_US
+    "lease": "KIT_KV_LEASE_S",  # optional: .env NIXL_KV_LEASE_S (vLLM's default: 30 s)
 }
+# A CPU server's topology (compose's cpu profile): PCP ranks, expert parallelism over them. The
+# cores are the container's cpuset, split evenly over the ranks.
+CPU_PCP_ENV = "KIT_CPU_PCP_SIZE"
+CPU_EP_ENV = "KIT_CPU_EXPERT_PARALLEL"
 KV_ROLES = ("kv_producer", "kv_consumer")
 # KIT_ALL_GPUS value for a container that sees every host GPU.
 ALL_GPUS = "all"
@@ -126,6 +131,7 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
     }
     if device:
         config["kv_buffer_device"] = device
+    extra: dict[str, object] = {}
     if device == "cpu":
         delay = values["progress_delay"]
         if not (delay.isascii() and delay.isdigit()):
@@ -135,11 +141,38 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
             )
         # The connector's CPU opt-ins (docs/cpu.md): a sleeping NIXL progress thread, and no
         # re-pinning of the model thread (it fails inside a container with a cpuset).
-        config["kv_connector_extra_config"] = {
-            "cpu_nixl_progress_delay_us": int(delay),
-            "cpu_skip_kv_core_pinning": True,
-        }
+        extra["cpu_nixl_progress_delay_us"] = int(delay)
+        extra["cpu_skip_kv_core_pinning"] = True
+    lease = values["lease"]
+    if lease:
+        if not (lease.isascii() and lease.isdigit() and int(lease) >= 6):
+            raise ValueError(
+                f"{KV_ENV['lease']}={lease!r} (NIXL_KV_LEASE_S): want whole seconds >= 6 "
+                "(vLLM renews a lease every lease/6 seconds)"
+            )
+        extra["kv_lease_duration"] = int(lease)
+    if extra:
+        config["kv_connector_extra_config"] = extra
     return config
+
+
+def cpu_topology(env: Mapping[str, str], cores: Sequence[int]) -> tuple[list[str], dict[str, str]]:
+    """vLLM flags and environment for a CPU server with KIT_CPU_PCP_SIZE ranks on ``cores``
+    (none when the variable is unset: the GPU services), from the connector's one launch rule."""
+    raw = env.get(CPU_PCP_ENV, "").strip()
+    if not raw:
+        return [], {}
+    if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+        raise ValueError(f"{CPU_PCP_ENV}={raw!r} (CPU_PREFILL_PCP_SIZE): want an integer >= 1")
+    ep = env.get(CPU_EP_ENV, "0").strip()
+    if ep not in ("0", "1"):
+        raise ValueError(f"{CPU_EP_ENV}={ep!r} (CPU_PREFILL_EXPERT_PARALLEL): want 1 or 0")
+    from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch
+
+    try:
+        return cpu_server_launch(int(raw), ep == "1", cores)
+    except ValueError as exc:
+        raise ValueError(f"{CPU_PCP_ENV}={raw} on this container's CPUs: {exc}") from None
 
 
 def gives_kv_flag(argv: Sequence[str]) -> bool:
@@ -171,7 +204,9 @@ def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> li
 def main(argv: Sequence[str]) -> None:
     try:
         env = serve_environment(os.environ)
-        cmd = vllm_command(argv, env, sys.executable)
+        flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)))
+        env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
+        cmd = vllm_command([*argv, *flags], env, sys.executable)
     except ValueError as exc:
         sys.exit(f"vllm_serve: {exc}")
     devices = env.get("CUDA_VISIBLE_DEVICES", "(unset)")
