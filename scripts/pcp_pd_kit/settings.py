@@ -20,6 +20,7 @@ from pathlib import Path
 from dotenv.parser import parse_stream
 
 from pcp_pd_kit import repo_root
+from pd_proxy.timeouts import KIT_NAMES, ProxyLimits, timeout_problems
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -102,6 +103,10 @@ class StackSettings:
     prefill_cpu_bind: str
     decode_cpu_bind: str
     nixl_progress_delay_us: int
+    proxy_connect_timeout_s: float
+    proxy_prefill_timeout_s: float
+    proxy_decode_timeout_s: float
+    eval_request_timeout_s: float
     kv_connector: str
     kv_connector_module_path: str
     startup_timeout_s: float
@@ -144,6 +149,10 @@ ENV_KEYS: dict[str, str] = {
     "PREFILL_CPUS": "prefill_cpu_bind",
     "DECODE_CPUS": "decode_cpu_bind",
     "NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
+    "PROXY_CONNECT_TIMEOUT_S": "proxy_connect_timeout_s",
+    "PROXY_PREFILL_TIMEOUT_S": "proxy_prefill_timeout_s",
+    "PROXY_DECODE_TIMEOUT_S": "proxy_decode_timeout_s",
+    "EVAL_REQUEST_TIMEOUT_S": "eval_request_timeout_s",
     "KV_CONNECTOR": "kv_connector",
     "KV_CONNECTOR_MODULE_PATH": "kv_connector_module_path",
     "LOCAL_STARTUP_TIMEOUT_S": "startup_timeout_s",
@@ -201,6 +210,13 @@ def settings_from_env(env: Mapping[str, str]) -> StackSettings:
     return settings
 
 
+def proxy_limits(s: StackSettings) -> ProxyLimits:
+    """The local proxy's limits (pd_proxy.timeouts), as commands.proxy_spec passes them."""
+    return ProxyLimits(
+        s.proxy_connect_timeout_s, s.proxy_prefill_timeout_s, s.proxy_decode_timeout_s
+    )
+
+
 def validate(s: StackSettings) -> None:
     """Reject values that would only fail later inside a server log."""
     ports = s.ports()
@@ -222,9 +238,22 @@ def validate(s: StackSettings) -> None:
         raise SettingsError("MAX_MODEL_LEN must be at least one block")
     if s.nixl_progress_delay_us < 0:
         raise SettingsError("NIXL_PROGRESS_DELAY_US must be >= 0")
-    for name in ("startup_timeout_s", "prometheus_scrape_interval_s"):
+    for name in (
+        "startup_timeout_s",
+        "prometheus_scrape_interval_s",
+        "proxy_connect_timeout_s",
+        "proxy_prefill_timeout_s",
+        "proxy_decode_timeout_s",
+        "eval_request_timeout_s",
+    ):
         if getattr(s, name) <= 0:
             env_key = next(k for k, v in ENV_KEYS.items() if v == name)
             raise SettingsError(f"{env_key} must be > 0")
+    # The demo's eval must not give up before the proxy answers (pd_proxy.timeouts).
+    problems = timeout_problems(
+        None, proxy_limits(s), client_s=s.eval_request_timeout_s, names=KIT_NAMES
+    )
+    if problems:
+        raise SettingsError(" ".join(problems))
     if s.demo_limit < 1:
         raise SettingsError("DEMO_LIMIT must be >= 1")

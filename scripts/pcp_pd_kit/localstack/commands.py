@@ -134,6 +134,13 @@ def proxy_spec(settings: StackSettings) -> ProcessSpec:
         settings.url(settings.prefill_port),
         "--decode",
         settings.url(settings.decode_port),
+        # The proxy's limits (pd_proxy.timeouts; the settings check them against the eval's).
+        "--connect-timeout",
+        f"{settings.proxy_connect_timeout_s:g}",
+        "--prefill-timeout",
+        f"{settings.proxy_prefill_timeout_s:g}",
+        "--decode-timeout",
+        f"{settings.proxy_decode_timeout_s:g}",
     ]
     return ProcessSpec(
         name="proxy", argv=argv, health_url=f"{settings.url(settings.proxy_port)}/health"

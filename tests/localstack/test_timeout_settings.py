@@ -1,0 +1,53 @@
+"""pd-proxy's limits and the eval's timeout in the local stack's settings: .env.example's defaults
+agree (pinned here), the local stack refuses settings that do not, and the local proxy gets the
+limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from pcp_pd_kit.localstack.commands import proxy_spec
+from pcp_pd_kit.settings import SettingsError, proxy_limits, settings_from_env
+from pd_proxy.config import load_config
+from pd_proxy.timeouts import KIT_NAMES, timeout_problems
+from tests.support.env import example_env, example_settings
+
+
+def test_env_example_defaults_agree() -> None:
+    env = example_env()
+    settings = settings_from_env(env)
+    limits = proxy_limits(settings)
+    client = float(env["EVAL_REQUEST_TIMEOUT_S"])
+    # vLLM's default lease (30 s) and compose's NIXL_KV_LEASE_S default.
+    assert timeout_problems(30, limits, client_s=client, names=KIT_NAMES) == []
+    # With a margin a loaded machine can live with: the proxy gives up on a silent decode at
+    # least 4 s before the lease can run out, and the eval waits well past the proxy.
+    assert 30 - limits.decode_wait_s() >= 4
+    assert client - limits.answer_wait_s() >= 60
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        ({"EVAL_REQUEST_TIMEOUT_S": "300"}, "EVAL_REQUEST_TIMEOUT_S=300 s is not longer than"),
+        ({"PROXY_PREFILL_TIMEOUT_S": "600"}, "PROXY_PREFILL_TIMEOUT_S=600 s"),
+        ({"PROXY_DECODE_TIMEOUT_S": "0"}, "PROXY_DECODE_TIMEOUT_S must be > 0"),
+        ({"EVAL_REQUEST_TIMEOUT_S": "soon"}, "EVAL_REQUEST_TIMEOUT_S='soon': expected a number"),
+    ],
+    ids=["short-client", "long-prefill", "0", "nan"],
+)
+def test_settings_that_disagree_are_refused(overrides: dict[str, str], said: str) -> None:
+    env = {**example_env(), **overrides}
+    with pytest.raises(SettingsError) as err:
+        settings_from_env(env)
+    assert said in str(err.value)
+
+
+def test_the_local_proxy_gets_the_limits() -> None:
+    settings = example_settings(proxy_decode_timeout_s=12.5)
+    argv = proxy_spec(settings).argv
+    flags = dict(zip(argv[3::2], argv[4::2], strict=True))
+    assert flags["--decode-timeout"] == "12.5"
+    assert flags["--connect-timeout"] == "3" and flags["--prefill-timeout"] == "300"
+    config = load_config(argv[3:], {})
+    assert (config.decode_timeout, config.connect_timeout) == (12.5, 3)
