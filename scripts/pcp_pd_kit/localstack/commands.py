@@ -120,8 +120,10 @@ def vllm_server_spec(
     return ProcessSpec(name=role, argv=argv, env=env, health_url=f"{settings.url(port)}/health")
 
 
-def proxy_spec(settings: StackSettings) -> ProcessSpec:
-    """The kit's pd-proxy in front of the pair."""
+def proxy_spec(settings: StackSettings, first_token_port: int | None = None) -> ProcessSpec:
+    """The kit's pd-proxy in front of the pair. With ``first_token_port`` a second one on that
+    port, with ``--first-token-from-prefill`` (token 1 from the prefill leg, decode continues)."""
+    port = settings.proxy_port if first_token_port is None else first_token_port
     argv = [
         sys.executable,
         "-m",
@@ -129,7 +131,7 @@ def proxy_spec(settings: StackSettings) -> ProcessSpec:
         "--host",
         settings.host,
         "--port",
-        str(settings.proxy_port),
+        str(port),
         "--prefill",
         settings.url(settings.prefill_port),
         "--decode",
@@ -142,8 +144,12 @@ def proxy_spec(settings: StackSettings) -> ProcessSpec:
         "--decode-timeout",
         f"{settings.proxy_decode_timeout_s:g}",
     ]
+    if first_token_port is not None:
+        argv.append("--first-token-from-prefill")
     return ProcessSpec(
-        name="proxy", argv=argv, health_url=f"{settings.url(settings.proxy_port)}/health"
+        name="proxy" if first_token_port is None else "proxy-first-token",
+        argv=argv,
+        health_url=f"{settings.url(port)}/health",
     )
 
 

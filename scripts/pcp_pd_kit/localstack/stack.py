@@ -27,6 +27,8 @@ log = logging.getLogger("pcp_pd_kit.localstack")
 T = TypeVar("T")
 PD_PARTS = ("prefill", "decode", "proxy", "prometheus")
 REFERENCE_PARTS = ("reference",)
+# Opt-in (the bench): a second pd-proxy with --first-token-from-prefill, on its own port.
+FIRST_TOKEN_PROXY = "proxy-first-token"
 
 
 class Stack:
@@ -38,14 +40,17 @@ class Stack:
         parts: Sequence[str] = PD_PARTS,
         repo: Path | None = None,
         work_dir: Path | None = None,
+        first_token_proxy_port: int | None = None,
     ) -> None:
-        unknown = set(parts) - set(PD_PARTS) - set(REFERENCE_PARTS)
+        unknown = set(parts) - set(PD_PARTS) - set(REFERENCE_PARTS) - {FIRST_TOKEN_PROXY}
         if unknown:
             raise ValueError(f"unknown stack parts: {sorted(unknown)}")
         self.settings = settings
         self.parts = tuple(parts)
         self.repo = repo or repo_root()
         self.work_dir = work_dir or run_dir(self.repo)
+        # The first-token proxy's port (default: the proxy's + 1), used only with that part.
+        self.first_token_proxy_port = first_token_proxy_port or settings.proxy_port + 1
         self.log_dir = self.work_dir / "logs"
         self.model: ResolvedModel | None = None
         self.processes: dict[str, ManagedProcess] = {}
@@ -61,6 +66,7 @@ class Stack:
             "proxy": s.url(s.proxy_port),
             "prometheus": s.url(s.prometheus_port),
             "reference": s.url(s.reference_port),
+            FIRST_TOKEN_PROXY: s.url(self.first_token_proxy_port),
         }
         return {name: url for name, url in all_urls.items() if name in self.parts}
 
@@ -79,6 +85,8 @@ class Stack:
         wanted.update(
             {name: port for name, port in s.ports().items() if name.split()[0] in self.parts}
         )
+        if FIRST_TOKEN_PROXY in self.parts:
+            wanted[FIRST_TOKEN_PROXY] = self.first_token_proxy_port
         return wanted
 
     def _spec(self, part: str) -> commands.ProcessSpec:
@@ -94,6 +102,8 @@ class Stack:
             )
         if part == "proxy":
             return commands.proxy_spec(s)
+        if part == FIRST_TOKEN_PROXY:
+            return commands.proxy_spec(s, first_token_port=self.first_token_proxy_port)
         if part == "prometheus":
             binary = shutil.which("prometheus")
             if binary is None:
@@ -167,7 +177,7 @@ class Stack:
 
     def stop(self) -> None:
         """Stop every part, proxy first so no request lands on a half-stopped pair."""
-        order = ["proxy", "prometheus", "decode", "prefill", "reference"]
+        order = [FIRST_TOKEN_PROXY, "proxy", "prometheus", "decode", "prefill", "reference"]
         for part in sorted(self.processes, key=order.index):
             try:
                 self.processes[part].stop()
