@@ -3,6 +3,7 @@ fake proxy (vLLM's real bench client), and the whole thing end to end on the rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,7 +21,16 @@ import pytest
 
 from pcp_pd_kit import repo_root
 from pcp_pd_kit.bench import manifest, spec, tables
-from pcp_pd_kit.bench.histograms import Histogram, delta, histogram
+from pcp_pd_kit.bench.histograms import (
+    Histogram,
+    counter_delta,
+    counter_values,
+    delta,
+    gauge_max,
+    histogram,
+    parse_selector,
+    selector,
+)
 from pcp_pd_kit.bench.runner import BenchError, render, resolve_api_key
 from pcp_pd_kit.cli import main
 from pcp_pd_kit.localstack.report import parse_metrics
@@ -318,6 +328,412 @@ def test_render_writes_errors_and_focus_breakdown() -> None:
     json.dumps(summary)  # JSON-ready
 
 
+# --- the handover breakdown, the P/D modes, the goals (issue 19) -------------------------------
+
+PHASES = ("admitted_to_read_posted", "read_posted_to_transfer_done", "transfer_done_to_scheduler")
+HANDOVER_PAGE = """
+# TYPE vllm:nixl_handover_seconds histogram
+vllm:nixl_handover_seconds_bucket{engine="0",le="0.005",phase="admitted_to_read_posted"} 3.0
+vllm:nixl_handover_seconds_bucket{engine="0",le="0.05",phase="admitted_to_read_posted"} 4.0
+vllm:nixl_handover_seconds_bucket{engine="0",le="+Inf",phase="admitted_to_read_posted"} 4.0
+vllm:nixl_handover_seconds_count{engine="0",phase="admitted_to_read_posted"} 4.0
+vllm:nixl_handover_seconds_sum{engine="0",phase="admitted_to_read_posted"} 0.02
+vllm:nixl_handover_seconds_bucket{engine="0",le="0.005",phase="prefill_kv_hold"} 0.0
+vllm:nixl_handover_seconds_bucket{engine="0",le="0.05",phase="prefill_kv_hold"} 0.0
+vllm:nixl_handover_seconds_bucket{engine="0",le="+Inf",phase="prefill_kv_hold"} 0.0
+vllm:nixl_handover_seconds_count{engine="0",phase="prefill_kv_hold"} 0.0
+vllm:nixl_handover_seconds_sum{engine="0",phase="prefill_kv_hold"} 0.0
+# TYPE pd_proxy_first_token_requests_total counter
+pd_proxy_first_token_requests_total{outcome="continued",reason=""} 7.0
+pd_proxy_first_token_requests_total{outcome="normal",reason="logprobs"} 2.0
+pd_proxy_first_token_requests_total{outcome="normal",reason="echo"} 1.0
+# TYPE vllm:nixl_kv_lease_seconds gauge
+vllm:nixl_kv_lease_seconds{engine="0"} 30.0
+vllm:nixl_kv_lease_seconds{engine="1"} 45.0
+"""
+
+
+def test_selector_reads_one_label_set_of_a_histogram() -> None:
+    key = selector("vllm:nixl_handover_seconds", {"phase": "admitted_to_read_posted"})
+    assert key == 'vllm:nixl_handover_seconds{phase="admitted_to_read_posted"}'
+    assert parse_selector(key) == ("vllm:nixl_handover_seconds", {"phase": PHASES[0]})
+    assert parse_selector("x") == ("x", {}) and selector("x") == "x"
+    samples = parse_metrics(HANDOVER_PAGE)
+    posted = histogram(samples, key)
+    assert posted is not None and (posted.count, posted.sum) == (4.0, pytest.approx(0.02))
+    assert posted.bucket_of(0.5) == (0.0, 0.005)
+    hold = histogram(samples, "vllm:nixl_handover_seconds", {"phase": "prefill_kv_hold"})
+    assert hold is not None and hold.count == 0 and hold.mean is None  # exported at 0
+    assert histogram(samples, tables.handover_selector("no_such_phase")) is None
+    whole = histogram(samples, "vllm:nixl_handover_seconds")
+    assert whole is not None and whole.count == 4.0  # every phase summed: what selectors avoid
+
+
+def test_counters_per_label_set_and_gauges() -> None:
+    samples = parse_metrics(HANDOVER_PAGE)
+    name = "pd_proxy_first_token_requests_total"
+    before = counter_values(samples, name, ("outcome", "reason"))
+    assert before == {
+        f'{name}{{outcome="continued",reason=""}}': 7.0,
+        f'{name}{{outcome="normal",reason="logprobs"}}': 2.0,
+        f'{name}{{outcome="normal",reason="echo"}}': 1.0,
+    }
+    assert counter_values(samples, name, ("outcome",)) == {
+        f'{name}{{outcome="continued"}}': 7.0,
+        f'{name}{{outcome="normal"}}': 3.0,
+    }
+    assert counter_values(samples, "pd_proxy_nope_total") is None
+    after = {**before, f'{name}{{outcome="continued",reason=""}}': 11.0}
+    after[f'{name}{{outcome="normal",reason="stop"}}'] = 1.0  # new label set: counts from 0
+    after[f'{name}{{outcome="normal",reason="echo"}}'] = 0.5  # went down: a restart
+    grown = counter_delta(after, before)
+    assert grown is not None
+    assert grown[f'{name}{{outcome="continued",reason=""}}'] == 4.0
+    assert grown[f'{name}{{outcome="normal",reason="stop"}}'] == 1.0
+    assert grown[f'{name}{{outcome="normal",reason="echo"}}'] == 0.5
+    assert counter_delta(None, before) is None
+    assert gauge_max(samples, "vllm:nixl_kv_lease_seconds") == 45.0
+    assert gauge_max(samples, "vllm:nope") is None
+
+
+def test_handover_rows_follow_the_connectors_phases() -> None:
+    from pcp_nixl_connector.handover import DECODE_PHASES, PHASES
+    from pcp_nixl_connector.metric_names import HANDOVER_SECONDS
+
+    assert tuple(tables.HANDOVER_PHASE_LABELS) == DECODE_PHASES
+    assert tables.PREFILL_HOLD in PHASES and tables.OVERALL_PHASE in DECODE_PHASES
+    wanted = tables.breakdown_metrics()
+    for phase in DECODE_PHASES:
+        assert f'{HANDOVER_SECONDS}{{phase="{phase}"}}' in wanted["decode"]
+    assert f'{HANDOVER_SECONDS}{{phase="prefill_kv_hold"}}' in wanted["prefill"]
+    assert "pd_proxy_time_to_first_byte_seconds" in wanted["proxy"]
+    assert tables.ITL_SECONDS in wanted["decode"]
+    assert len(wanted["proxy"]) == len(set(wanted["proxy"]))  # read once, used twice
+
+
+class _Pages(BaseHTTPRequestHandler):
+    """GET /<source>/metrics -> that fake server's registry (prefill, decode, proxy, ...)."""
+
+    protocol_version = "HTTP/1.0"
+    registries: dict[str, Any] = {}
+
+    def do_GET(self) -> None:
+        from prometheus_client import generate_latest
+
+        source, _, rest = self.path.strip("/").partition("/")
+        registry = self.registries.get(source)
+        if rest != "metrics" or registry is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        body = generate_latest(registry)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+HANDOVER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+
+
+class _FakePd:
+    """The metrics of a prefill, a decode and a pd-proxy, as the kit's servers export them
+    (every handover phase exported at 0 on both servers, as the connector does)."""
+
+    def __init__(self, first_token: bool) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+        from prometheus_client import Histogram as H
+
+        from pcp_nixl_connector.handover import PHASES
+        from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
+
+        self.registries = {k: CollectorRegistry() for k in ("prefill", "decode", "proxy")}
+        self.handover = {}
+        for server in ("prefill", "decode"):
+            reg = self.registries[server]
+            hist = H(
+                HANDOVER_SECONDS, "h", ("engine", "phase"), buckets=HANDOVER_BUCKETS, registry=reg
+            )
+            self.handover[server] = {p: hist.labels("0", p) for p in PHASES}
+            Gauge(KV_LEASE_SECONDS, "l", ("engine",), registry=reg).labels("0").set(30)
+        dec = self.registries["decode"]
+        self.xfer = H("vllm:nixl_xfer_time_seconds", "x", registry=dec, buckets=HANDOVER_BUCKETS)
+        self.itl = H(
+            "vllm:inter_token_latency_seconds", "i", registry=dec, buckets=HANDOVER_BUCKETS
+        )
+        proxy = self.registries["proxy"]
+        self.proxy = {
+            name: H(name, "p", registry=proxy, buckets=HANDOVER_BUCKETS)
+            for name in (
+                "pd_proxy_time_to_first_byte_seconds",
+                "pd_proxy_prefill_duration_seconds",
+                "pd_proxy_decode_ttfb_seconds",
+            )
+        }
+        self.first_token = None
+        if first_token:
+            self.first_token = Counter(
+                "pd_proxy_first_token_requests", "f", ("outcome", "reason"), registry=proxy
+            )
+            for outcome in ("continued", "finished"):
+                self.first_token.labels(outcome, "")
+
+    def serve(self, n: int, steps: tuple[float, ...], outcome: str | None = "continued") -> None:
+        """n requests whose four decode handover phases took `steps` seconds."""
+        admitted_to_first = sum(steps)
+        for _ in range(n):
+            for phase, took in zip(tables.HANDOVER_PHASE_LABELS, steps, strict=False):
+                self.handover["decode"][phase].observe(took)
+            self.handover["decode"][tables.OVERALL_PHASE].observe(admitted_to_first)
+            self.handover["prefill"][tables.PREFILL_HOLD].observe(0.18)
+            self.xfer.observe(0.002)
+            for _ in range(3):
+                self.itl.observe(0.004)
+            self.proxy["pd_proxy_time_to_first_byte_seconds"].observe(admitted_to_first + 0.03)
+            self.proxy["pd_proxy_prefill_duration_seconds"].observe(0.02)
+            self.proxy["pd_proxy_decode_ttfb_seconds"].observe(admitted_to_first + 0.008)
+            if self.first_token is not None and outcome is not None:
+                reason = "logprobs" if outcome == "normal" else ""
+                self.first_token.labels(outcome, reason).inc()
+
+
+@pytest.fixture
+def pages() -> Iterator[tuple[str, dict[str, Any]]]:
+    registries: dict[str, Any] = {}
+    handler = type("Pages", (_Pages,), {"registries": registries})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", registries
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _measure(
+    url: str, registries: dict[str, Any], target: str, level: int, fake: _FakePd, serve: Any
+) -> Any:
+    """One run as run_target records it: scrape, serve requests, scrape again."""
+    from pcp_pd_kit.bench.runner import (
+        RunRecord,
+        counter_deltas_between,
+        deltas_between,
+        gauges_after,
+        snapshot,
+    )
+
+    for source, registry in fake.registries.items():
+        registries[f"{target}-{source}"] = registry
+    sources = {source: f"{url}/{target}-{source}" for source in fake.registries}
+    before = snapshot(sources, None)
+    serve()
+    after = snapshot(sources, None)
+    record = RunRecord(target, level, 4, 0)
+    record.deltas = deltas_between(before, after)
+    record.counters = counter_deltas_between(before, after)
+    record.gauges = gauges_after(after)
+    return record
+
+
+PD_STEPS = (0.002, 0.049, 0.0004, 0.014)  # 65.4 ms admitted -> first token
+FT_STEPS = (0.001, 0.004, 0.0004, 0.0036)  # 9 ms
+
+
+def _pd_records(url: str, registries: dict[str, Any], ft_outcome: str = "continued") -> list[Any]:
+    """single, P/D and P/D first token at concurrency 1 and 4, read from fake /metrics."""
+    from pcp_pd_kit.bench.runner import RunRecord
+
+    records = []
+    for level, (single, pd, ft) in {1: (10.0, 40.0, 11.0), 4: (20.0, 80.0, 29.0)}.items():
+        records.append(RunRecord("single", level, 4, 0, result=_result(single, 8)))
+        fake = _FakePd(first_token=False)
+        warm = _FakePd(first_token=True)
+        warm.serve(2, (0.5,))  # warm-up requests before the first scrape: not counted
+        record = _measure(url, registries, "pd", level, fake, lambda f=fake: f.serve(4, PD_STEPS))
+        record.result = _result(pd, 4)
+        records.append(record)
+        record = _measure(
+            url, registries, "pd-ft", level, warm, lambda f=warm: f.serve(4, FT_STEPS, ft_outcome)
+        )
+        record.result = _result(ft, 4)
+        records.append(record)
+    return records
+
+
+def test_render_reads_the_handover_from_metrics_and_checks_the_goals(
+    pages: tuple[str, dict[str, Any]],
+) -> None:
+    url, registries = pages
+    records = _pd_records(url, registries)
+    plan = spec.BenchPlan(levels=(1, 4), prompts=(4, 4), breakdown_level=4)
+    text, summary = render(plan, records)
+    json.dumps(summary)
+    lines = text.splitlines()
+    # the P/D modes side by side, with both ratios and the first-token proxy's outcomes
+    modes = lines[lines.index(next(ln for ln in lines if ln.startswith("== TTFT and E2E"))) :]
+    ttft1 = next(ln for ln in modes if "TTFT median" in ln)
+    assert ttft1.split()[-5:] == ["10.0", "40.0", "11.0", "4.00x", "1.10x"]
+    assert "first-token proxy: 4/4 continued from token 1" in text
+    assert "NOT MEASURED" not in text
+    assert summary["first_token"]["4"]["measured"] is True
+    assert summary["first_token"]["4"]["continued"] == 4  # the warm-up's 2 not counted
+    row = next(
+        r for r in summary["modes"] if r["concurrency"] == 4 and r["key"] == "median_e2el_ms"
+    )
+    assert (row["single"], row["pd"], row["pd_ft"]) == (120.0, 180.0, 129.0)
+    assert row["pd_ft_over_single"] == pytest.approx(129 / 120)
+    # the handover, per phase and mode, with n and the lease
+    assert "P/D handover per request, by phase, concurrency 4" in text
+    start = lines.index(next(ln for ln in lines if ln.startswith("== P/D handover")))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("decode phases:"))
+    table = {ln[:46].strip(): ln[46:].split() for ln in lines[start + 4 : end]}
+    overall = table["decode: admitted -> first token (all)"]
+    assert overall == ["65.4", "50.0-75.0", "4", "9.00", "5.00-10.0", "4"]
+    assert table["decode: admitted -> read posted"][:3] == ["2.00", "1.00-2.50", "4"]
+    assert table["prefill: KV hold, done -> freed (lease 30 s)"][:3] == ["180", "100-250", "4"]
+    assert table["decode step (vLLM inter-token latency)"][:3] == ["4.00", "2.50-5.00", "12"]
+    assert table["decode TTFB outside the handover"] == ["8.00", "8.00"]
+    assert table["proxy: client TTFB (received -> 1st byte)"][0] == "95.4"
+    focus = next(h for h in summary["handover"] if h["concurrency"] == 4)
+    ft_rows = {r["label"]: r for r in focus["modes"]["pd-ft"]}
+    assert ft_rows["decode: transfer done -> scheduler"]["count"] == 4
+    assert ft_rows["decode: transfer done -> scheduler"]["mean_ms"] == pytest.approx(0.4)
+    assert ft_rows["decode: scheduler -> first token"]["p50_estimate_ms"] is not None
+    # the goals: reported per mode and level, met or not
+    goals = {(g["goal"], g["mode"]): g for g in summary["goals"]}
+    assert goals[("TTFT median <= 1.2x single, c=1", "pd")]["met"] is False
+    assert goals[("TTFT median <= 1.2x single, c=1", "pd-ft")]["met"] is True  # 1.10x
+    assert goals[("TTFT median <= 1.5x single, c=4", "pd-ft")]["met"] is True  # 1.45x
+    handover = goals[("handover <= xfer + step + 5 ms, c=4", "pd")]
+    assert handover["met"] is False
+    assert handover["value"] == pytest.approx(65.4)
+    assert handover["limit"] == pytest.approx(2.0 + 4.0 + 5.0)
+    assert goals[("handover <= xfer + step + 5 ms, c=4", "pd-ft")]["met"] is True  # 9 <= 11
+    assert "65.4 vs 2.00 + 4.00 + 5 = 11.0 ms" in text
+    assert "NOT MET" in text and " met" in text and "never a failure" in text
+
+
+def test_a_first_token_mode_that_fell_back_is_not_measured(
+    pages: tuple[str, dict[str, Any]],
+) -> None:
+    url, registries = pages
+    records = _pd_records(url, registries, ft_outcome="normal")
+    plan = spec.BenchPlan(levels=(1, 4), prompts=(4, 4))
+    text, summary = render(plan, records)
+    assert "NOT MEASURED: 0/4 continued from token 1, 4 normal flow (logprobs 4)" in text
+    assert summary["first_token"]["1"]["measured"] is False
+    ttft = next(ln for ln in text.splitlines() if "TTFT median" in ln and "not meas." in ln)
+    assert ttft.split()[-2:] == ["4.00x", "n/a"]
+    assert all(r["pd_ft"] is None for r in summary["modes"])
+    ft_goals = [g for g in summary["goals"] if g["mode"] == "pd-ft"]
+    assert ft_goals and all(g["met"] is None for g in ft_goals)
+    assert all(g["measured"] == "not measured: nothing continued" for g in ft_goals)
+    assert any(g["met"] is False for g in summary["goals"] if g["mode"] == "pd")
+
+
+def test_first_token_check_needs_the_proxys_counter() -> None:
+    unread = tables.first_token_check({}, {"completed": 4})
+    assert not unread.measured and unread.continued is None and unread.completed == 4
+    assert unread.text().startswith("NOT MEASURED: no pd_proxy_first_token_requests_total")
+    name = "pd_proxy_first_token_requests_total"
+    mixed = tables.first_token_check(
+        {
+            "proxy": {
+                f'{name}{{outcome="continued",reason=""}}': 3.0,
+                f'{name}{{outcome="finished",reason=""}}': 1.0,
+                f'{name}{{outcome="normal",reason="echo"}}': 0.0,
+            }
+        },
+        None,
+    )
+    assert mixed.measured and mixed.normal == {}
+    assert mixed.text() == "3/4 continued from token 1, 1 ended by token 1"
+
+
+def test_goals_not_run_are_reported_not_guessed() -> None:
+    results = {("pd", 2): _result(30.0, 4), ("single", 2): _result(10.0, 8)}
+    found = tables.goals(results, {}, {})
+    assert found and all(g.met is None and g.measured.endswith("not run") for g in found)
+    assert "c=1 not run" in tables.format_goals(found)
+    # c=1 run without the single instance, and without handover metrics
+    results = {("pd", 1): _result(30.0, 4)}
+    by_goal = {(g.goal, g.mode): g for g in tables.goals(results, {("pd", 1): {}}, {})}
+    assert by_goal[("TTFT median <= 1.2x single, c=1", "pd")].measured == "single not run"
+    handover = by_goal[("handover <= xfer + step + 5 ms, c=1", "pd")]
+    assert handover.met is None and "no handover, NIXL transfer, ITL" in handover.measured
+
+
+def test_render_warns_when_the_pd_proxy_itself_runs_first_token_mode() -> None:
+    from pcp_pd_kit.bench.runner import RunRecord
+
+    name = "pd_proxy_first_token_requests_total"
+    record = RunRecord("pd", 1, 4, 0, result=_result(30.0, 4))
+    record.counters = {"proxy": {f'{name}{{outcome="continued",reason=""}}': 4.0}}
+    text, _ = render(spec.BenchPlan(levels=(1,), prompts=(4,)), [record])
+    assert "it runs --first-token-from-prefill" in text
+
+
+# --- the first-token pd-proxy in the local stack -----------------------------------------------
+
+
+def test_first_token_proxy_is_a_second_pd_proxy_on_its_own_port(tmp_path: Path) -> None:
+    from pcp_pd_kit.localstack import commands
+    from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY, PD_PARTS, Stack
+
+    settings = example_settings()
+    normal = commands.proxy_spec(settings)
+    assert "--first-token-from-prefill" not in normal.argv and normal.name == "proxy"
+    ft = commands.proxy_spec(settings, first_token_port=settings.proxy_port + 7)
+    assert ft.argv[-1] == "--first-token-from-prefill" and ft.name == "proxy-first-token"
+    assert _opt(ft.argv, "--port") == str(settings.proxy_port + 7)
+    assert ft.health_url == f"{settings.url(settings.proxy_port + 7)}/health"
+    assert ft.argv[:-1] == [
+        str(settings.proxy_port + 7) if a == str(settings.proxy_port) else a for a in normal.argv
+    ]
+    # default parts (make up / make demo) unchanged; the part is opt-in
+    assert FIRST_TOKEN_PROXY not in PD_PARTS
+    plain = Stack(settings, work_dir=tmp_path)
+    assert FIRST_TOKEN_PROXY not in plain.urls and FIRST_TOKEN_PROXY not in plain._ports()
+    parts = ("prefill", "decode", "proxy", FIRST_TOKEN_PROXY)
+    stack = Stack(settings, parts=parts, work_dir=tmp_path, first_token_proxy_port=18999)
+    assert stack.urls[FIRST_TOKEN_PROXY] == settings.url(18999)
+    assert stack._ports()[FIRST_TOKEN_PROXY] == 18999
+    assert Stack(settings, parts=parts, work_dir=tmp_path).first_token_proxy_port == (
+        settings.proxy_port + 1
+    )
+
+
+def test_bench_phases_start_a_first_token_proxy_only_when_asked() -> None:
+    from pcp_pd_kit.bench.runner import _phase_parts, parse_targets
+    from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY
+
+    assert parse_targets("single,pd,pd-ft") == spec.TARGETS
+    with pytest.raises(BenchError, match="single,pd,pd-ft"):
+        parse_targets("pd,nope")
+    assert _phase_parts("pd", spec.TARGETS) == ("prefill", "decode", "proxy", FIRST_TOKEN_PROXY)
+    assert _phase_parts("pd", ("single", "pd")) == ("prefill", "decode", "proxy")
+    assert _phase_parts("pd", ("pd-ft",)) == ("prefill", "decode", FIRST_TOKEN_PROXY)
+    assert spec.first_token_proxy_port(18400) == 18401
+    assert spec.first_token_proxy_port(18400) not in spec.bench_ports(18400).values()
+
+
+def test_cli_busy_first_token_port_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with busy_port() as busy:
+        base = busy - spec.FIRST_TOKEN_PROXY_OFFSET
+        code = main(["bench", "--port-base", str(base), "--results-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"proxy-first-token port {busy}" in err and "already in use" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- manifest ----------------------------------------------------------------------------------
 
 CPUINFO = """processor\t: 0
@@ -441,6 +857,7 @@ class _FakeProxy(BaseHTTPRequestHandler):
     lock = threading.Lock()
     registry: Any = None
     durations: Any = None
+    served: Any = None  # called after each completion: what the servers behind it observe
 
     def _count(self, key: str) -> None:
         with self.lock:
@@ -487,6 +904,8 @@ class _FakeProxy(BaseHTTPRequestHandler):
         if not body.get("stream"):
             self._send(200, json.dumps({"choices": [{"text": "x" * tokens}]}).encode())
             self.durations.observe(time.monotonic() - start)
+            if self.served is not None:
+                self.served()
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -499,19 +918,25 @@ class _FakeProxy(BaseHTTPRequestHandler):
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         self.wfile.flush()
         self.durations.observe(time.monotonic() - start)
+        if self.served is not None:
+            self.served()
 
     def log_message(self, *args: object) -> None:
         pass
 
 
-@pytest.fixture
-def fake_proxy() -> Iterator[tuple[str, type[_FakeProxy]]]:
+@contextlib.contextmanager
+def _fake_proxy_server(
+    registry: Any = None, served: Any = None
+) -> Iterator[tuple[str, type[_FakeProxy]]]:
+    """A fake pd-proxy exporting `registry` (default: a new one) with its request histogram;
+    `served()` runs after each completion it answers."""
     from prometheus_client import CollectorRegistry
     from prometheus_client import Histogram as PromHistogram
 
     from pcp_pd_kit.localstack.model_source import resolve_model
 
-    registry = CollectorRegistry()
+    registry = CollectorRegistry() if registry is None else registry
     handler = type(
         "FakeProxy",
         (_FakeProxy,),
@@ -521,6 +946,7 @@ def fake_proxy() -> Iterator[tuple[str, type[_FakeProxy]]]:
             "lock": threading.Lock(),
             "registry": registry,
             "durations": PromHistogram("pd_proxy_request_duration_seconds", "d", registry=registry),
+            "served": staticmethod(served) if served is not None else None,
         },
     )
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -531,6 +957,12 @@ def fake_proxy() -> Iterator[tuple[str, type[_FakeProxy]]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def fake_proxy() -> Iterator[tuple[str, type[_FakeProxy]]]:
+    with _fake_proxy_server() as found:
+        yield found
 
 
 def _run_cli(args: list[str], timeout_s: float, capsys: pytest.CaptureFixture[str]) -> tuple:
@@ -630,6 +1062,81 @@ def test_remote_mode_sends_the_key_and_starts_nothing(
     assert "TTFT median" in out and "not run" in out  # no single: its column is n/a
 
 
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_remote_mode_measures_the_first_token_proxy_and_the_handover(
+    tmp_path: Path,
+    pages: tuple[str, dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--first-token-url: a second proxy measured beside the first, its outcomes checked; the
+    handover read from the prefill's and decode's /metrics (fakes observing per completion)."""
+    pytest.importorskip("vllm.benchmarks.serve")
+    pages_url, registries = pages
+    servers = _FakePd(first_token=True)
+    registries.update(prefill=servers.registries["prefill"], decode=servers.registries["decode"])
+    key_file = tmp_path / "api_keys"
+    key_file.write_text(f"{API_KEY}\n")
+    results = tmp_path / "results"
+    with (
+        _fake_proxy_server(served=lambda: servers.serve(1, PD_STEPS, None)) as (normal, _),
+        _fake_proxy_server(servers.registries["proxy"], lambda: servers.serve(1, FT_STEPS)) as (
+            first_token,
+            _,
+        ),
+    ):
+        code, out = _run_cli(
+            [
+                "bench",
+                "--base-url",
+                normal,
+                "--first-token-url",
+                first_token,
+                "--prefill-metrics-url",
+                f"{pages_url}/prefill",
+                "--decode-metrics-url",
+                f"{pages_url}/decode",
+                "--api-key-file",
+                str(key_file),
+                "--concurrency",
+                "1",
+                "--prompts",
+                "3",
+                "--input-len",
+                "16",
+                "--output-len",
+                "4",
+                "--results-dir",
+                str(results),
+            ],
+            420,
+            capsys,
+        )
+    assert code == 0, out
+    run = _only_run_dir(results)
+    for target in ("pd", "pd-ft"):
+        assert json.loads((run / f"{target}-c1.json").read_text())["completed"] == 3
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["first_token"]["1"]["continued"] == 3  # the warm-up's 2 came before
+    assert summary["first_token"]["1"]["measured"] is True
+    focus = summary["handover"][0]
+    for mode, took in (("pd", 65.4), ("pd-ft", 9.0)):
+        rows = {r["label"]: r for r in focus["modes"][mode]}
+        overall = rows["decode: admitted -> first token (all)"]
+        assert overall["count"] == 3 and overall["mean_ms"] == pytest.approx(took)
+        assert rows["prefill: KV hold, done -> freed (lease 30 s)"]["count"] == 3
+    goals = {(g["goal"], g["mode"]): g for g in summary["goals"]}
+    assert goals[("handover <= xfer + step + 5 ms, c=1", "pd")]["met"] is False
+    assert goals[("handover <= xfer + step + 5 ms, c=1", "pd-ft")]["met"] is True
+    assert goals[("TTFT median <= 1.2x single, c=1", "pd-ft")]["measured"] == "single not run"
+    data = json.loads((run / "manifest.json").read_text())
+    assert data["topology"]["first_token_url"] == first_token
+    assert data["findings"]["first_token"]["1"]["measured"] is True
+    assert data["findings"]["handover"]["concurrency"] == 1
+    assert "first-token proxy: 3/3 continued from token 1" in out
+    assert "P/D handover per request, by phase, concurrency 1" in out
+
+
 # --- end to end on the real CPU stack ----------------------------------------------------------
 
 SMOKE_PORT_BASE = 18600  # apart from make up (18000s), make bench (18400s), e2e (18500s)
@@ -640,6 +1147,7 @@ def _leftovers(port_base: int, marker: str) -> list[str]:
     import psutil
 
     ports = {str(p) for p in spec.bench_ports(port_base).values()}
+    ports.add(str(spec.first_token_proxy_port(port_base)))
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
@@ -660,7 +1168,9 @@ def _leftovers(port_base: int, marker: str) -> list[str]:
 def test_bench_end_to_end_on_the_cpu_stack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Single vLLM then P/D through pd-proxy, tiny counts; figures plausible, nothing left."""
+    """Single vLLM, then P/D through pd-proxy and through a second pd-proxy with
+    --first-token-from-prefill, tiny counts; figures plausible, the handover breakdown read from
+    the connector's histograms, the first-token proxy really continued requests, nothing left."""
     pytest.importorskip("vllm")
     results = tmp_path / "results"
     code, out = _run_cli(
@@ -687,7 +1197,7 @@ def test_bench_end_to_end_on_the_cpu_stack(
     try:
         assert code == 0, out[-3000:]
         run = _only_run_dir(results)
-        for target in ("single", "pd"):
+        for target in spec.TARGETS:
             for level in (1, 2):
                 r = json.loads((run / f"{target}-c{level}.json").read_text())
                 assert r["completed"] == 4 and r["failed"] == 0, (target, level)
@@ -700,13 +1210,21 @@ def test_bench_end_to_end_on_the_cpu_stack(
                 d = tables.delivery(r)  # measured; bursts on a busy machine are flagged
                 assert d is not None and d.requests == 4 and 1.0 <= d.tokens_per_delivery <= 8
                 assert (run / "logs" / f"{target}-c{level}.log").is_file()
-        for part in ("single/logs/reference", "pd/logs/prefill", "pd/logs/decode", "pd/logs/proxy"):
+        for part in (
+            "single/logs/reference",
+            "pd/logs/prefill",
+            "pd/logs/decode",
+            "pd/logs/proxy",
+            "pd/logs/proxy-first-token",
+        ):
             assert (run / "servers" / f"{part}.log").is_file(), part
         table = (run / "table.txt").read_text()
         assert table in out
         for needle in ("TTFT median", "TTFT p99", "TPOT", "ITL", "E2E", "requests/s", "tokens/s"):
             assert needle in table
         assert "P/D/single" in table and "where the P/D time to first token goes" in table
+        for needle in ("1st-tok/single", "P/D handover per request", "goals (reported"):
+            assert needle in table, needle
         summary = json.loads((run / "summary.json").read_text())
         ratios = [row["pd_over_single"] for row in summary["table"]]
         assert all(r is not None and r > 0 for r in ratios)
@@ -717,6 +1235,21 @@ def test_bench_end_to_end_on_the_cpu_stack(
         assert focus["decode NIXL transfer (per xfer)"]["count"] >= 1  # the KV crossed NIXL
         assert focus["single vLLM: TTFT"]["count"] == 4
         assert focus["proxy own time before 1st byte"]["mean_ms"] is not None
+        # the first-token proxy continued requests (the tiny model's token 1 may be a byte
+        # token, which takes the normal flow: at least one continued)
+        for key in ("1", "2"):
+            assert summary["first_token"][key]["continued"] >= 1, summary["first_token"]
+        handover = next(h for h in summary["handover"] if h["concurrency"] == 2)["modes"]
+        for mode in ("pd", "pd-ft"):
+            rows = {r["label"]: r for r in handover[mode]}
+            for label in tables.HANDOVER_PHASE_LABELS.values():
+                assert rows[label]["count"] == 4, (mode, label, rows[label])
+            hold = next(r for label, r in rows.items() if label.startswith("prefill: KV hold"))
+            assert hold["count"] >= 1, (mode, hold)  # the last ones may land after the scrape
+            assert "(lease " in hold["label"]
+        goals = [g for g in summary["goals"] if g["concurrency"] == 1]
+        assert {g["mode"] for g in goals} == {"pd", "pd-ft"}
+        assert all(g["met"] is not None for g in goals), goals  # measured, met or not
         data = json.loads((run / "manifest.json").read_text())
         assert data["mode"] == "local"
         assert re.fullmatch(r"[0-9a-f]{40}", data["git"]["commit"] or "")
@@ -730,6 +1263,9 @@ def test_bench_end_to_end_on_the_cpu_stack(
         assert not left, f"processes left running: {left}"
     from pcp_pd_kit.localstack.host import port_is_free
 
-    ports = spec.bench_ports(SMOKE_PORT_BASE).values()
+    ports = [
+        *spec.bench_ports(SMOKE_PORT_BASE).values(),
+        spec.first_token_proxy_port(SMOKE_PORT_BASE),
+    ]
     busy = [p for p in ports if not port_is_free("127.0.0.1", p)]
     assert not busy, f"bench ports still bound: {busy}"

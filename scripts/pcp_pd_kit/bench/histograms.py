@@ -1,13 +1,16 @@
 """Prometheus histograms from parsed /metrics samples: before/after deltas, mean, quantile.
 
 A histogram here is one metric summed over all its label sets (vLLM labels by model and engine),
-so a delta counts every observation the server made during one bench run.
+or over those carrying some label values (a selector such as
+``vllm:nixl_handover_seconds{phase="admitted_to_first_token"}``), so a delta counts every
+observation the server made during one bench run. Counters are read the same way, per label set.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pcp_pd_kit.localstack.report import Sample
@@ -66,12 +69,43 @@ def _le(raw: str) -> float:
     return math.inf if raw in ("+Inf", "Inf", "inf") else float(raw)
 
 
-def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
-    """The histogram `name` summed over its label sets; None when the page has none of it."""
+_SELECTOR = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"\s*,?')
+
+
+def selector(name: str, labels: Mapping[str, str] | None = None) -> str:
+    """One key for a metric restricted to some label values: 'name{k="v",...}' (sorted)."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+def parse_selector(key: str) -> tuple[str, dict[str, str]]:
+    """'name{k="v"}' -> ('name', {'k': 'v'}); the inverse of selector()."""
+    match = _SELECTOR.match(key.strip())
+    if match is None:
+        raise ValueError(f"not a metric selector: {key!r}")
+    name, inner = match.group(1), match.group(2) or ""
+    labels = dict(_LABEL.findall(inner))
+    return name, labels
+
+
+def histogram(
+    samples: Iterable[Sample], name: str, labels: Mapping[str, str] | None = None
+) -> Histogram | None:
+    """The histogram `name` summed over its label sets (only those carrying every one of
+    `labels` when given); None when the page has none of it. `name` may be a selector."""
+    if "{" in name:
+        name, parsed = parse_selector(name)
+        labels = {**parsed, **(labels or {})}
+    wanted = dict(labels or {})
     buckets: dict[float, float] = {}
     total_sum = total_count = 0.0
     found = False
     for s in samples:
+        if wanted and any(s.labels.get(k) != v for k, v in wanted.items()):
+            continue
         if s.name == f"{name}_bucket" and "le" in s.labels:
             bound = _le(s.labels["le"])
             buckets[bound] = buckets.get(bound, 0.0) + s.value
@@ -102,3 +136,39 @@ def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None
     earlier = dict(before.buckets)
     buckets = tuple((bound, count - earlier.get(bound, 0.0)) for bound, count in after.buckets)
     return Histogram(buckets, after.sum - before.sum, after.count - before.count)
+
+
+def counter_values(
+    samples: Iterable[Sample], name: str, keep: Sequence[str] = ()
+) -> dict[str, float] | None:
+    """A counter's values summed per combination of the `keep` labels, keyed by selector
+    ('pd_proxy_first_token_requests_total{outcome="continued",reason=""}' with keep=('outcome',
+    'reason')); `name` as exposed (with _total). None when the page has none of it."""
+    found: dict[str, float] = {}
+    for s in samples:
+        if s.name != name:
+            continue
+        key = selector(name, {k: s.labels.get(k, "") for k in keep})
+        found[key] = found.get(key, 0.0) + s.value
+    return found or None
+
+
+def gauge_max(samples: Iterable[Sample], name: str) -> float | None:
+    """The largest value of a gauge over its label sets (one per engine); None when absent."""
+    values = [s.value for s in samples if s.name == name]
+    return max(values) if values else None
+
+
+def counter_delta(
+    after: Mapping[str, float] | None, before: Mapping[str, float] | None
+) -> dict[str, float] | None:
+    """Per label set: after - before; a set absent before counts from zero; a set that went
+    down (a restarted process) counts its value after. None when missing afterwards."""
+    if after is None:
+        return None
+    earlier = before or {}
+    out = {}
+    for key, value in after.items():
+        prior = earlier.get(key, 0.0)
+        out[key] = value - prior if value >= prior else value
+    return out

@@ -145,7 +145,9 @@ def load_average() -> list[float] | None:
         return None
 
 
-def local_topology(settings: StackSettings) -> dict[str, Any]:
+def local_topology(
+    settings: StackSettings, first_token_proxy_port: int | None = None
+) -> dict[str, Any]:
     """What the local CPU stack runs: one core per vLLM server, as settings bind them."""
     return {
         "single": {
@@ -161,6 +163,11 @@ def local_topology(settings: StackSettings) -> dict[str, Any]:
             "kv_connector_module_path": settings.kv_connector_module_path,
             "nixl_progress_delay_us": settings.nixl_progress_delay_us,
             "ucx_tls": "tcp,self,sm over lo",
+        },
+        "pd-ft": {
+            "what": "the same prefill + decode through a second pd-proxy started with "
+            "--first-token-from-prefill (token 1 from the prefill leg, decode continues)",
+            "proxy_port": first_token_proxy_port,
         },
         "client": "vllm bench serve on the same machine, no CPU pinning",
     }
@@ -182,7 +189,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict; the API key never appears in it."""
     manifest: dict[str, Any] = {
-        "kind": "pcp-pd-kit serving benchmark (vllm bench serve: single vs P/D)",
+        "kind": "pcp-pd-kit serving benchmark (vllm bench serve: single vs P/D vs P/D first token)",
         "started_utc": started_utc,
         "mode": mode,
         "command": redact_argv(argv),

@@ -1,8 +1,9 @@
 """Run the serving benchmark: start what is needed (or nothing), run each level, write results.
 
 Local mode (no --base-url/--single-url): one plain vLLM instance first, alone, then the P/D pair
-with pd-proxy (no Prometheus: the histograms are read from /metrics directly), each stopped before
-the next starts, so at most two servers share the cores. Remote mode benchmarks the URLs given
+with pd-proxy and a second pd-proxy with --first-token-from-prefill in front of the same pair (no
+Prometheus: the histograms are read from /metrics directly), each phase stopped before the next
+starts, so at most two servers share the cores. Remote mode benchmarks the URLs given
 and starts nothing. Either way each `vllm bench serve` runs in its own process group, killed on a
 timeout or Ctrl-C, and the stack is stopped in a `finally`.
 """
@@ -28,12 +29,19 @@ from typing import Any
 from pcp_pd_kit import repo_root
 from pcp_pd_kit.bench import manifest as manifest_mod
 from pcp_pd_kit.bench import spec, tables
-from pcp_pd_kit.bench.histograms import Histogram, delta, histogram
+from pcp_pd_kit.bench.histograms import (
+    Histogram,
+    counter_delta,
+    counter_values,
+    delta,
+    gauge_max,
+    histogram,
+)
 from pcp_pd_kit.localstack.host import ensure_ports_free
 from pcp_pd_kit.localstack.model_source import hf_cached, resolve_model
 from pcp_pd_kit.localstack.process import StackProcessError, parent_death_preexec, signal_group
 from pcp_pd_kit.localstack.report import parse_metrics
-from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
+from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY, REFERENCE_PARTS, Stack
 from pcp_pd_kit.settings import StackSettings
 
 log = logging.getLogger("pcp_pd_kit.localstack")
@@ -41,6 +49,8 @@ SETTLE_S = 1.0  # after a run, before the "after" scrape: the last request's obs
 HEARTBEAT_S = 30.0
 WARMUP_REQUESTS = 2
 PD_PARTS = ("prefill", "decode", "proxy")
+# Local phases: the targets each one serves (pd and pd-ft share one prefill + decode).
+PHASE_TARGETS = {"single": ("single",), "pd": ("pd", "pd-ft")}
 BENCH_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -68,6 +78,9 @@ class RunRecord:
     log_path: str = ""
     result: dict[str, Any] | None = None
     deltas: dict[str, dict[str, Histogram | None]] = field(default_factory=dict)
+    # source -> counter series -> growth over the run; source -> gauge -> value after it
+    counters: dict[str, dict[str, float] | None] = field(default_factory=dict)
+    gauges: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -84,6 +97,8 @@ class RunRecord:
             "timed_out": self.timed_out,
             "complete": self.complete,
             "delivery": _asdict_or_none(tables.delivery(self.result)),
+            "counters": self.counters,
+            "gauges": self.gauges,
             "result_file": self.result_path,
             "log": self.log_path,
         }
@@ -147,39 +162,74 @@ def warm_up(target: spec.Target, api_key: str | None) -> None:
         _http(url, api_key, payload, timeout_s=300)
 
 
-def scrape_histograms(
-    url: str, names: Sequence[str], api_key: str | None
-) -> dict[str, Histogram | None] | None:
-    """The named histograms from url/metrics; None when the page cannot be read."""
+@dataclass
+class Scrape:
+    """What one /metrics page held of what the bench reads: histograms (by name or selector),
+    counters (selector -> value, per label set kept) and gauges (largest value)."""
+
+    histograms: dict[str, Histogram | None] = field(default_factory=dict)
+    counters: dict[str, dict[str, float] | None] = field(default_factory=dict)
+    gauges: dict[str, float | None] = field(default_factory=dict)
+
+
+def scrape(url: str, source: str, api_key: str | None) -> Scrape | None:
+    """The metrics the bench reads from `source` at url/metrics; None when it cannot be read."""
     try:
         samples = parse_metrics(_http(f"{url.rstrip('/')}/metrics", api_key, timeout_s=10))
     except (BenchError, ValueError) as exc:
         log.warning("cannot read %s/metrics (breakdown rows from it will be n/a): %s", url, exc)
         return None
-    return {name: histogram(samples, name) for name in names}
+    return Scrape(
+        {name: histogram(samples, name) for name in tables.breakdown_metrics().get(source, ())},
+        {
+            name: counter_values(samples, name, keep)
+            for name, keep in tables.counter_metrics().get(source, ())
+        },
+        {name: gauge_max(samples, name) for name in tables.gauge_metrics().get(source, ())},
+    )
 
 
-def snapshot(
-    sources: Mapping[str, str], api_key: str | None
-) -> dict[str, dict[str, Histogram | None] | None]:
-    wanted = tables.breakdown_metrics()
-    return {
-        source: scrape_histograms(url, wanted.get(source, ()), api_key)
-        for source, url in sources.items()
-    }
+def snapshot(sources: Mapping[str, str], api_key: str | None) -> dict[str, Scrape | None]:
+    return {source: scrape(url, source, api_key) for source, url in sources.items()}
 
 
 def deltas_between(
-    before: Mapping[str, Mapping[str, Histogram | None] | None],
-    after: Mapping[str, Mapping[str, Histogram | None] | None],
+    before: Mapping[str, Scrape | None], after: Mapping[str, Scrape | None]
 ) -> dict[str, dict[str, Histogram | None]]:
     out: dict[str, dict[str, Histogram | None]] = {}
     for source, later in after.items():
         earlier = before.get(source)
         if later is None or earlier is None:
             continue
-        out[source] = {name: delta(later[name], earlier.get(name)) for name in later}
+        out[source] = {
+            name: delta(hist, earlier.histograms.get(name))
+            for name, hist in later.histograms.items()
+        }
     return out
+
+
+def counter_deltas_between(
+    before: Mapping[str, Scrape | None], after: Mapping[str, Scrape | None]
+) -> dict[str, dict[str, float] | None]:
+    """source -> counter series -> growth over the run (all counters of a source merged)."""
+    out: dict[str, dict[str, float] | None] = {}
+    for source, later in after.items():
+        earlier = before.get(source)
+        if later is None or earlier is None or not later.counters:
+            continue
+        merged: dict[str, float] = {}
+        found = False
+        for name, values in later.counters.items():
+            grown = counter_delta(values, earlier.counters.get(name))
+            if grown is not None:
+                merged.update(grown)
+                found = True
+        out[source] = merged if found else None
+    return out
+
+
+def gauges_after(after: Mapping[str, Scrape | None]) -> dict[str, dict[str, float | None]]:
+    return {source: dict(s.gauges) for source, s in after.items() if s is not None and s.gauges}
 
 
 # --- one vllm bench serve process ----------------------------------------------------------------
@@ -272,6 +322,8 @@ def run_target(
         after = snapshot(sources, api_key)
         record.returncode, record.seconds, record.timed_out = code, seconds, timed_out
         record.log_path, record.deltas = str(log_path), deltas_between(before, after)
+        record.counters = counter_deltas_between(before, after)
+        record.gauges = gauges_after(after)
         if result_path.is_file():
             record.result_path = str(result_path)
             try:
@@ -296,6 +348,11 @@ def run_target(
                 tables.fmt_num(tables.value(r, "output_throughput")),
                 tables.fmt_num(tables.value(r, "median_ttft_ms")),
             )
+        if target.name == "pd-ft":
+            check = tables.first_token_check(record.counters, record.result)
+            (log.info if check.measured else log.warning)(
+                "%s: first-token proxy: %s", what, check.text()
+            )
         records.append(record)
     return records
 
@@ -310,8 +367,21 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
 
 
-def _phase_parts(name: str) -> tuple[str, ...]:
-    return REFERENCE_PARTS if name == "single" else PD_PARTS
+def _phase_parts(phase: str, wanted: Sequence[str]) -> tuple[str, ...]:
+    """The local stack's parts for one phase: the single instance, or prefill + decode with a
+    pd-proxy per P/D target wanted (pd: the normal one, pd-ft: one with
+    --first-token-from-prefill on its own port)."""
+    if phase == "single":
+        return REFERENCE_PARTS
+    proxies: tuple[str, ...] = ("proxy",) if "pd" in wanted else ()
+    if "pd-ft" in wanted:
+        proxies += (FIRST_TOKEN_PROXY,)
+    return ("prefill", "decode", *proxies)
+
+
+def _first_token_port(settings: StackSettings) -> int:
+    """The first-token pd-proxy's port: the bench's proxy port + spec.FIRST_TOKEN_PROXY_OFFSET."""
+    return settings.proxy_port + spec.FIRST_TOKEN_PROXY_OFFSET
 
 
 def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]) -> StackSettings:
@@ -325,11 +395,18 @@ def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]
     except spec.BenchSpecError as exc:
         raise BenchError(str(exc)) from None
     settings = dataclasses.replace(settings, **ports)  # type: ignore[arg-type]
-    needed = {
-        name: port
-        for name, port in {"reference": settings.reference_port, **settings.ports()}.items()
-        if name.split()[0] in {p for phase in wanted for p in _phase_parts(phase)}
+    parts = {
+        p
+        for phase, targets in PHASE_TARGETS.items()
+        if set(targets) & set(wanted)
+        for p in _phase_parts(phase, wanted)
     }
+    every = {
+        "reference": settings.reference_port,
+        **settings.ports(),
+        FIRST_TOKEN_PROXY: _first_token_port(settings),
+    }
+    needed = {name: port for name, port in every.items() if name.split()[0] in parts}
     ensure_ports_free(settings.host, needed)
     resolve_model(settings.model, settings.served_model_name, repo_root())  # builds the tiny one
     return settings
@@ -338,12 +415,13 @@ def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]
 def run_local(
     settings: StackSettings, plan: spec.BenchPlan, out_dir: Path, wanted: Sequence[str]
 ) -> Outcome:
-    """Each phase starts its servers, runs every level, stops them; a phase that fails to start
-    is recorded and the next one still runs."""
-    outcome = Outcome(topology=manifest_mod.local_topology(settings))
+    """Each phase starts its servers, runs every level of each of its targets, stops them; a
+    phase that fails to start is recorded and the next one still runs."""
+    outcome = Outcome(topology=manifest_mod.local_topology(settings, _first_token_port(settings)))
     startup: dict[str, dict[str, float]] = {}
-    phases = [t for t in spec.TARGETS if t in wanted]
+    phases = [p for p, targets in PHASE_TARGETS.items() if set(targets) & set(wanted)]
     for number, name in enumerate(phases, 1):
+        targets = [t for t in PHASE_TARGETS[name] if t in wanted]
         what = (
             f"single vLLM instance (cpus {settings.prefill_cpu_bind})"
             if name == "single"
@@ -352,9 +430,16 @@ def run_local(
                 f"(cpus {settings.decode_cpu_bind}) + pd-proxy"
             )
         )
+        if "pd-ft" in targets:
+            what += (" + one" if "pd" in targets else "") + " with --first-token-from-prefill"
         log.info("phase %d/%d: starting %s", number, len(phases), what)
         # The servers' logs go with the results: out_dir/servers/<single|pd>/logs/.
-        stack = Stack(settings, parts=_phase_parts(name), work_dir=out_dir / "servers" / name)
+        stack = Stack(
+            settings,
+            parts=_phase_parts(name, wanted),
+            work_dir=out_dir / "servers" / name,
+            first_token_proxy_port=_first_token_port(settings),
+        )
         try:
             stack.start()
             startup[name] = {k: round(v, 1) for k, v in stack.startup_seconds().items()}
@@ -365,16 +450,24 @@ def run_local(
                 ", ".join(f"{k} {v:.0f}s" for k, v in startup[name].items()),
             )
             urls = stack.urls
-            if name == "single":
-                target_url, sources = urls["reference"], {"single": urls["reference"]}
-            else:
-                target_url = urls["proxy"]
-                sources = {k: urls[k] for k in ("proxy", "prefill", "decode")}
             assert stack.model is not None
             outcome.extra["model"] = dataclasses.asdict(stack.model)
-            target = spec.Target(name, target_url, stack.model.served_name, stack.model.path)
-            outcome.targets[name] = target_url
-            outcome.records += run_target(target, plan, out_dir, sources, api_key=None)
+            for target_name in targets:
+                if target_name == "single":
+                    target_url, sources = urls["reference"], {"single": urls["reference"]}
+                else:
+                    proxy = urls["proxy" if target_name == "pd" else FIRST_TOKEN_PROXY]
+                    target_url = proxy
+                    sources = {"proxy": proxy, "prefill": urls["prefill"], "decode": urls["decode"]}
+                target = spec.Target(
+                    target_name, target_url, stack.model.served_name, stack.model.path
+                )
+                outcome.targets[target_name] = target_url
+                try:
+                    outcome.records += run_target(target, plan, out_dir, sources, api_key=None)
+                except BenchError as exc:  # the other target of the phase still runs
+                    log.error("%s failed: %s", spec.TARGET_TITLES[target_name], exc)
+                    outcome.errors.append(f"{spec.TARGET_TITLES[target_name]}: {exc}")
         except (StackProcessError, BenchError) as exc:
             log.error("phase %d/%d (%s) failed: %s", number, len(phases), name, exc)
             outcome.errors.append(f"{spec.TARGET_TITLES[name]}: {exc}")
@@ -415,11 +508,12 @@ def prepare_remote(
     settings: StackSettings, args: argparse.Namespace, api_key: str | None, wanted: Sequence[str]
 ) -> RemotePlan:
     """Ask each URL for its model (this also checks the key) before any file is written."""
-    urls = {"pd": args.base_url, "single": args.single_url}
+    urls = {"pd": args.base_url, "single": args.single_url, "pd-ft": args.first_token_url}
     urls = {k: v.rstrip("/") for k, v in urls.items() if v and k in wanted}
     if not urls:
         raise BenchError(
-            "--targets leaves none of the URLs given (--base-url: pd, --single-url: single)"
+            "--targets leaves none of the URLs given (--base-url: pd, --single-url: single, "
+            "--first-token-url: pd-ft)"
         )
     tokenizer: str | None = None
     targets: list[spec.Target] = []
@@ -435,7 +529,8 @@ def prepare_remote(
         if name == "single":
             sources[name] = {"single": urls[name]}
         else:
-            sources[name] = {"proxy": (args.proxy_metrics_url or urls[name]).rstrip("/")}
+            proxy_metrics = args.proxy_metrics_url if name == "pd" else args.first_token_metrics_url
+            sources[name] = {"proxy": (proxy_metrics or urls[name]).rstrip("/")}
             if args.prefill_metrics_url:
                 sources[name]["prefill"] = args.prefill_metrics_url.rstrip("/")
             if args.decode_metrics_url:
@@ -448,6 +543,7 @@ def prepare_remote(
         "what": "an already running deployment; nothing started by the bench",
         "pd_url": urls.get("pd"),
         "single_url": urls.get("single"),
+        "first_token_url": urls.get("pd-ft"),
         "metrics_sources": sources,
     }
     return RemotePlan(targets, sources, topology, versions)
@@ -488,9 +584,11 @@ def run_remote(
 def render(
     plan: spec.BenchPlan, records: Sequence[RunRecord], errors: Sequence[str] = ()
 ) -> tuple[str, dict[str, Any]]:
-    """The printed text (table + breakdown) and summary.json's content."""
+    """The printed text (tables, breakdowns, goals) and summary.json's content."""
     results = {(r.target, r.level): r.result for r in records}
     deltas = {(r.target, r.level): r.deltas for r in records}
+    counters = {(r.target, r.level): r.counters for r in records}
+    gauges = {(r.target, r.level): r.gauges for r in records}
     title = (
         f"vllm bench serve, random dataset: {plan.input_len} in / {plan.output_len} out tokens, "
         f"seed {plan.seed}, temperature {plan.temperature:g}; single = one vLLM instance, "
@@ -500,23 +598,70 @@ def render(
         format_header("serving benchmark"),
         tables.format_table(results, plan.levels, plan.prompts, title),
     ]
-    breakdowns = []
+    checks = {
+        level: tables.first_token_check(counters[("pd-ft", level)], results[("pd-ft", level)])
+        for level in plan.levels
+        if ("pd-ft", level) in results
+    }
+    if checks:
+        text += [
+            "",
+            format_header("TTFT and E2E: single vs P/D vs P/D with the first token from prefill"),
+            tables.format_modes(results, plan.levels, checks),
+        ]
+    not_normal = [
+        level
+        for level in plan.levels
+        if ("pd", level) in results
+        and tables.first_token_check(counters[("pd", level)], None).measured
+    ]
+    if not_normal:
+        text.append(
+            "WARNING: the P/D proxy continued requests from prefill's token 1 "
+            f"(c={','.join(map(str, not_normal))}): it runs --first-token-from-prefill, so its "
+            "P/D column is not the normal mode"
+        )
+    breakdowns, handovers = [], []
     for level in plan.levels:
         merged = {**deltas.get(("pd", level), {}), **deltas.get(("single", level), {})}
         rows = tables.breakdown_rows(
             merged, results.get(("pd", level)), results.get(("single", level))
         )
         breakdowns.append(tables.breakdown_json(level, rows))
-        if level == plan.focus_level() and (("pd", level) in results):
+        per_mode = {
+            mode: tables.handover_rows(
+                deltas[(mode, level)], results[(mode, level)], gauges[(mode, level)]
+            )
+            for mode in tables.PD_MODES
+            if (mode, level) in results
+        }
+        if per_mode:
+            handovers.append(tables.handover_json(level, per_mode))
+        if level != plan.focus_level():
+            continue
+        if ("pd", level) in results:
             text += [
                 "",
                 format_header(f"where the P/D time to first token goes, concurrency {level}"),
                 tables.format_breakdown(level, rows),
             ]
+        if per_mode:
+            text += [
+                "",
+                format_header(f"P/D handover per request, by phase, concurrency {level}"),
+                tables.format_handover(level, per_mode),
+            ]
+    found = tables.goals(results, deltas, checks)
+    if found:
+        text += ["", format_header("goals (reported, never a failure)"), tables.format_goals(found)]
     summary = {
         "plan": plan.as_dict(),
         "table": tables.comparison_rows(results, plan.levels),
+        "modes": tables.mode_rows(results, plan.levels, checks),
+        "first_token": {str(level): check.as_dict() for level, check in checks.items()},
         "breakdown": breakdowns,
+        "handover": handovers,
+        "goals": tables.goals_json(found),
         "runs": [r.summary() for r in records],
         "errors": list(errors),
     }
@@ -552,8 +697,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=spec.DEFAULT_SEED, help="dataset seed (%(default)s)")
     g.add_argument(
         "--targets",
-        default="single,pd",
-        help="which of single,pd to run (default: both)",
+        default=",".join(spec.TARGETS),
+        help="which of single,pd,pd-ft to run (pd-ft: P/D through a pd-proxy with "
+        "--first-token-from-prefill; default: all; remote mode: those whose URL is given)",
     )
     g.add_argument(
         "--breakdown-concurrency",
@@ -584,6 +730,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--base-url", default=None, help="P/D: the proxy, e.g. http://gpu-host:8000")
     r.add_argument("--single-url", default=None, help="a plain vLLM instance of the same model")
     r.add_argument(
+        "--first-token-url",
+        default=None,
+        help="P/D first token: a pd-proxy with --first-token-from-prefill in front of the same "
+        "prefill + decode",
+    )
+    r.add_argument(
         "--api-key",
         default=None,
         help="client key (sent as Authorization: Bearer); default: --api-key-file or "
@@ -598,6 +750,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "present here, else the kit's MODEL)",
     )
     r.add_argument("--proxy-metrics-url", default=None, help="default: --base-url")
+    r.add_argument("--first-token-metrics-url", default=None, help="default: --first-token-url")
     r.add_argument("--prefill-metrics-url", default=None, help="a prefill vLLM, for the breakdown")
     r.add_argument("--decode-metrics-url", default=None, help="a decode vLLM, for the breakdown")
 
@@ -637,7 +790,7 @@ def parse_targets(text: str) -> tuple[str, ...]:
     wanted = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = set(wanted) - set(spec.TARGETS)
     if not wanted or unknown:
-        raise BenchError(f"--targets {text!r}: choose from single,pd")
+        raise BenchError(f"--targets {text!r}: choose from {','.join(spec.TARGETS)}")
     return wanted
 
 
@@ -648,7 +801,7 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
     before anything starts or any file is written.
     """
     plan = plan_from_args(args)
-    remote = bool(args.base_url or args.single_url)
+    remote = bool(args.base_url or args.single_url or args.first_token_url)
     wanted = parse_targets(args.targets)
     api_key = resolve_api_key(args, os.environ) if remote else None
     if remote:
@@ -670,6 +823,14 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
     extra = dict(outcome.extra)
     extra["load_average"] = {"start": load_start, "end": manifest_mod.load_average()}
     extra["wall_s"] = round(time.monotonic() - wall_start, 1)
+    # What the run found, also in the manifest: the goals, whether the first-token proxy really
+    # continued requests, and the handover breakdown at the breakdown level.
+    focus = plan.focus_level()
+    extra["findings"] = {
+        "goals": summary["goals"],
+        "first_token": summary["first_token"],
+        "handover": next((h for h in summary["handover"] if h["concurrency"] == focus), None),
+    }
     manifest = manifest_mod.build_manifest(
         plan=plan,
         mode="remote" if remote else "local",

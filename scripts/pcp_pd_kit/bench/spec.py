@@ -34,8 +34,15 @@ PORT_OFFSETS = {
     "reference_port": 30,
     "prometheus_port": 90,  # never started by the bench; moved so it cannot clash either
 }
-TARGETS = ("single", "pd")
-TARGET_TITLES = {"single": "single", "pd": "P/D"}
+# The second pd-proxy, with --first-token-from-prefill, in front of the same prefill + decode
+# (not a StackSettings field: the local stack takes its port as an argument).
+FIRST_TOKEN_PROXY_OFFSET = 1
+# single: one plain vLLM; pd: P/D through pd-proxy; pd-ft: the same pair through a pd-proxy with
+# --first-token-from-prefill (token 1 from the prefill leg, decode continues).
+TARGETS = ("single", "pd", "pd-ft")
+TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-ft": "P/D first token"}
+# Short column titles.
+TARGET_COLUMNS = {"single": "single", "pd": "P/D", "pd-ft": "P/D 1st-tok"}
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,99"
 
@@ -89,6 +96,11 @@ def bench_ports(base: int) -> dict[str, int]:
     return {name: base + offset for name, offset in PORT_OFFSETS.items()}
 
 
+def first_token_proxy_port(base: int) -> int:
+    """The first-token pd-proxy's port in the bench's local stack."""
+    return base + FIRST_TOKEN_PROXY_OFFSET
+
+
 @dataclass(frozen=True)
 class BenchPlan:
     """Everything that makes two runs comparable: dataset, lengths, seed, levels, prompts."""
@@ -129,7 +141,8 @@ class BenchPlan:
 
 @dataclass(frozen=True)
 class Target:
-    """One endpoint to benchmark: 'single' (plain vLLM) or 'pd' (pd-proxy in front of P/D)."""
+    """One endpoint to benchmark: 'single' (plain vLLM), 'pd' (pd-proxy in front of P/D) or
+    'pd-ft' (a pd-proxy with --first-token-from-prefill in front of the same P/D pair)."""
 
     name: str
     base_url: str

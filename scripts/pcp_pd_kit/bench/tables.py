@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pcp_pd_kit.bench.histograms import Histogram
+from pcp_nixl_connector.handover import DECODE_PHASES
+from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
+from pcp_pd_kit.bench.histograms import Histogram, parse_selector, selector
 
 Result = Mapping[str, Any]
 # (row label, key in vllm bench serve's result JSON, "lower" or "higher" is better)
@@ -209,6 +211,38 @@ class BreakdownRow:
     p50_estimate_ms: float | None = None
 
 
+def handover_selector(phase: str) -> str:
+    """The connector's handover histogram restricted to one phase."""
+    return selector(HANDOVER_SECONDS, {"phase": phase})
+
+
+FIRST_TOKEN_COUNTER = "pd_proxy_first_token_requests_total"
+ITL_SECONDS = "vllm:inter_token_latency_seconds"  # vLLM's decode step, as its clients see it
+XFER_SECONDS = "vllm:nixl_xfer_time_seconds"
+PREFILL_HOLD = "prefill_kv_hold"
+OVERALL_PHASE = "admitted_to_first_token"
+# Decode phases in the order they happen (the connector's names), then the overall one.
+HANDOVER_PHASE_LABELS: dict[str, str] = {
+    "admitted_to_read_posted": "decode: admitted -> read posted",
+    "read_posted_to_transfer_done": "decode: read posted -> transfer done",
+    "transfer_done_to_scheduler": "decode: transfer done -> scheduler",
+    "scheduler_to_first_token": "decode: scheduler -> first token",
+    OVERALL_PHASE: "decode: admitted -> first token (all)",
+}
+assert tuple(HANDOVER_PHASE_LABELS) == DECODE_PHASES, "the connector's decode phases changed"
+# (label, source, histogram or selector) of the handover table, per P/D mode.
+HANDOVER_HISTOGRAM_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("proxy: client TTFB (received -> 1st byte)", "proxy", "pd_proxy_time_to_first_byte_seconds"),
+    ("proxy: prefill leg", "proxy", "pd_proxy_prefill_duration_seconds"),
+    ("proxy: decode TTFB", "proxy", "pd_proxy_decode_ttfb_seconds"),
+    *(
+        (label, "decode", handover_selector(phase))
+        for phase, label in HANDOVER_PHASE_LABELS.items()
+    ),
+    ("  NIXL transfer (per xfer)", "decode", XFER_SECONDS),
+    ("  decode step (vLLM inter-token latency)", "decode", ITL_SECONDS),
+    ("prefill: KV hold, done -> freed", "prefill", handover_selector(PREFILL_HOLD)),
+)
 # (label, source, histogram) for the rows read from /metrics deltas of the P/D stack.
 PD_HISTOGRAM_ROWS: tuple[tuple[str, str, str], ...] = (
     ("proxy: whole request", "proxy", "pd_proxy_request_duration_seconds"),
@@ -225,11 +259,24 @@ SINGLE_HISTOGRAM_ROWS: tuple[tuple[str, str, str], ...] = (
 
 
 def breakdown_metrics() -> dict[str, tuple[str, ...]]:
-    """Source ('proxy', 'prefill', 'decode', 'single') -> the histograms to read from it."""
+    """Source ('proxy', 'prefill', 'decode', 'single') -> the histograms to read from it (names,
+    or selectors such as 'vllm:nixl_handover_seconds{phase="prefill_kv_hold"}')."""
     wanted: dict[str, tuple[str, ...]] = {}
-    for _label, source, name in PD_HISTOGRAM_ROWS + SINGLE_HISTOGRAM_ROWS:
-        wanted[source] = wanted.get(source, ()) + (name,)
+    rows = PD_HISTOGRAM_ROWS + SINGLE_HISTOGRAM_ROWS + HANDOVER_HISTOGRAM_ROWS
+    for _label, source, name in rows:
+        if name not in wanted.get(source, ()):
+            wanted[source] = wanted.get(source, ()) + (name,)
     return wanted
+
+
+def counter_metrics() -> dict[str, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """Source -> (counter as exposed, labels kept): the first-token proxy's outcomes."""
+    return {"proxy": ((FIRST_TOKEN_COUNTER, ("outcome", "reason")),)}
+
+
+def gauge_metrics() -> dict[str, tuple[str, ...]]:
+    """Source -> gauges read after each run: the prefill's configured KV lease."""
+    return {"prefill": (KV_LEASE_SECONDS,)}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -365,3 +412,353 @@ def format_breakdown(level: int, rows: Sequence[BreakdownRow], title: str = "") 
 
 def breakdown_json(level: int, rows: Sequence[BreakdownRow]) -> dict[str, Any]:
     return {"concurrency": level, "rows": [asdict(row) for row in rows]}
+
+
+# --- the handover breakdown, the P/D modes side by side, the goals ----------------------------
+PD_MODES = ("pd", "pd-ft")  # P/D through pd-proxy; the same through a first-token pd-proxy
+MODE_COLUMNS = {"single": "single", "pd": "P/D", "pd-ft": "P/D 1st-tok"}
+Deltas = Mapping[str, Mapping[str, Histogram | None]]
+Counters = Mapping[str, Mapping[str, float] | None]
+Gauges = Mapping[str, Mapping[str, float | None]]
+
+
+@dataclass(frozen=True)
+class FirstTokenCheck:
+    """Did the first-token proxy really serve the run's requests from prefill's token 1?
+
+    From the delta of pd_proxy_first_token_requests_total over the run: continued (token 1 from
+    prefill, decode continued), finished (token 1 ended the request), normal (the normal flow, by
+    reason). continued is None when the proxy's /metrics had no such counter (not that mode, or
+    not readable): then nothing is verified.
+    """
+
+    continued: float | None
+    finished: float = 0.0
+    normal: Mapping[str, float] | None = None
+    completed: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Only a run in which the proxy continued requests measured the mode."""
+        return self.continued is not None and self.continued > 0
+
+    @property
+    def normal_total(self) -> float:
+        return sum((self.normal or {}).values())
+
+    def text(self) -> str:
+        if self.continued is None:
+            return "NOT MEASURED: no pd_proxy_first_token_requests_total on the proxy's /metrics"
+        total = self.continued + self.finished + self.normal_total
+        of = f"{self.continued:.0f}/{total:.0f} continued from token 1"
+        if self.finished:
+            of += f", {self.finished:.0f} ended by token 1"
+        if self.normal:
+            reasons = ", ".join(f"{k or '?'} {v:.0f}" for k, v in sorted(self.normal.items()))
+            of += f", {self.normal_total:.0f} normal flow ({reasons})"
+        return of if self.measured else f"NOT MEASURED: {of}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "continued": self.continued,
+            "finished": self.finished,
+            "normal": dict(self.normal or {}),
+            "completed": self.completed,
+            "measured": self.measured,
+            "text": self.text(),
+        }
+
+
+def first_token_check(counters: Counters, result: Result | None) -> FirstTokenCheck:
+    """The first-token outcome counts of one run (counters: source -> selector -> delta)."""
+    series = counters.get("proxy")
+    completed = value(result, "completed")
+    if not series:
+        return FirstTokenCheck(None, completed=completed)
+    continued = finished = 0.0
+    normal: dict[str, float] = {}
+    for key, count in series.items():
+        name, labels = parse_selector(key)
+        if name != FIRST_TOKEN_COUNTER:
+            continue
+        outcome = labels.get("outcome", "")
+        if outcome == "continued":
+            continued += count
+        elif outcome == "finished":
+            finished += count
+        elif count:
+            reason = labels.get("reason", "")
+            normal[reason] = normal.get(reason, 0.0) + count
+    return FirstTokenCheck(continued, finished, normal, completed)
+
+
+def handover_rows(
+    deltas: Deltas, result: Result | None, gauges: Gauges | None = None
+) -> list[BreakdownRow]:
+    """Where one P/D mode's time to first token goes, per handover phase, at one concurrency.
+
+    Histogram rows as in breakdown_rows (mean = sum/count of the delta, p50 = bucket); the client
+    row is vllm bench serve's own; "decode TTFB outside the handover" subtracts means.
+    """
+    rows = [
+        BreakdownRow(
+            "client TTFT (vllm bench serve)",
+            value(result, "mean_ttft_ms"),
+            value(result, "median_ttft_ms"),
+            value(result, "completed"),
+            "client",
+        )
+    ]
+    lease = (gauges or {}).get("prefill", {}).get(KV_LEASE_SECONDS)
+    by_name: dict[str, BreakdownRow] = {}
+    for label, source, name in HANDOVER_HISTOGRAM_ROWS:
+        if name == handover_selector(PREFILL_HOLD) and lease is not None:
+            label = f"{label} (lease {lease:g} s)"
+        row = _hist_row(label, source, deltas.get(source, {}).get(name))
+        by_name[name] = row
+        rows.append(row)
+    decode_ttfb = by_name["pd_proxy_decode_ttfb_seconds"].mean_ms
+    overall = by_name[handover_selector(OVERALL_PHASE)].mean_ms
+    rows.insert(
+        len(rows) - 1,
+        BreakdownRow(
+            "decode TTFB outside the handover",
+            _diff(decode_ttfb, overall),
+            None,
+            None,
+            "derived: decode TTFB - decode admitted -> first token",
+        ),
+    )
+    return rows
+
+
+def format_handover(
+    level: int, per_mode: Mapping[str, Sequence[BreakdownRow]], title: str = ""
+) -> str:
+    """The handover rows of each P/D mode side by side: mean, p50 (bucket), n per mode."""
+    modes = [m for m in PD_MODES if m in per_mode]
+    if not modes:
+        return ""
+    width = 46
+    head = f"{'handover, concurrency ' + str(level):<{width}}"
+    sub = f"{'':<{width}}"
+    for mode in modes:
+        head += f" {MODE_COLUMNS[mode]:^27}"
+        sub += f" {'mean ms':>9} {'p50 ms':>11} {'n':>5}"
+    lines = [title] if title else []
+    lines += [head.rstrip(), sub, "-" * len(sub)]
+    first = per_mode[modes[0]]
+    for index, row in enumerate(first):
+        line = f"{row.label:<{width}}"
+        for mode in modes:
+            cell = per_mode[mode][index]
+            count = "" if cell.count is None else f"{cell.count:.0f}"
+            line += f" {fmt_num(cell.mean_ms):>9} {fmt_p50(cell):>11} {count:>5}"
+        lines.append(line.rstrip())
+    lines += [
+        "decode phases: vllm:nixl_handover_seconds{phase} on decode (the kit's connector, one",
+        "host clock): admitted (waiting for remote KV) -> read posted (the worker got the read)",
+        "-> transfer done -> seen by the scheduler -> first token (end of its first step). For",
+        "P/D 1st-tok the decode leg is the continuation, off the client's path to token 1.",
+        "mean: sum/count of the run's delta (exact); p50: the bucket holding the median; n: count.",
+    ]
+    return "\n".join(lines)
+
+
+def handover_json(level: int, per_mode: Mapping[str, Sequence[BreakdownRow]]) -> dict[str, Any]:
+    return {
+        "concurrency": level,
+        "modes": {mode: [asdict(row) for row in rows] for mode, rows in per_mode.items()},
+    }
+
+
+# --- the P/D modes against the single instance ---
+MODE_METRICS: tuple[tuple[str, str], ...] = (
+    ("TTFT median (ms)", "median_ttft_ms"),
+    ("TTFT p99 (ms)", "p99_ttft_ms"),
+    ("E2E latency median (ms)", "median_e2el_ms"),
+)
+
+
+def mode_rows(
+    results: Mapping[tuple[str, int], Result | None],
+    levels: Sequence[int],
+    checks: Mapping[int, FirstTokenCheck],
+) -> list[dict[str, Any]]:
+    """Per (level, metric): single, P/D, P/D first token and the two ratios to single. A
+    first-token run whose proxy continued no request is not a measurement: its cells are None."""
+    rows = []
+    for level in levels:
+        check = checks.get(level)
+        ft_ok = check is not None and check.measured
+        for label, key in MODE_METRICS:
+            s = value(results.get(("single", level)), key)
+            p = value(results.get(("pd", level)), key)
+            f = value(results.get(("pd-ft", level)), key) if ft_ok else None
+            rows.append(
+                {
+                    "concurrency": level,
+                    "metric": label,
+                    "key": key,
+                    "single": s,
+                    "pd": p,
+                    "pd_ft": f,
+                    "pd_over_single": ratio(p, s),
+                    "pd_ft_over_single": ratio(f, s),
+                }
+            )
+    return rows
+
+
+def format_modes(
+    results: Mapping[tuple[str, int], Result | None],
+    levels: Sequence[int],
+    checks: Mapping[int, FirstTokenCheck],
+) -> str:
+    head = (
+        f"{'conc':>4}  {'metric':<24} {'single':>9} {'P/D':>9} {'P/D 1st-tok':>12} "
+        f"{'P/D/single':>11} {'1st-tok/single':>15}"
+    )
+    lines = [head, "-" * len(head)]
+    rows = mode_rows(results, levels, checks)
+    for level in levels:
+        ran_ft = ("pd-ft", level) in results
+        for index, row in enumerate(r for r in rows if r["concurrency"] == level):
+            ft = fmt_num(row["pd_ft"]) if ran_ft else "not run"
+            if ran_ft and row["pd_ft"] is None and value(results[("pd-ft", level)], row["key"]):
+                ft = "not meas."
+            lines.append(
+                f"{level if index == 0 else '':>4}  {row['metric']:<24} "
+                f"{fmt_num(row['single']):>9} {fmt_num(row['pd']):>9} {ft:>12} "
+                f"{fmt_ratio(row['pd_over_single']):>11} {fmt_ratio(row['pd_ft_over_single']):>15}"
+            )
+        if ran_ft:
+            check = checks.get(level) or FirstTokenCheck(None)
+            lines.append(f"{'':>4}  first-token proxy: {check.text()}")
+    lines.append(
+        "1st-tok: the same prefill + decode through a second pd-proxy with "
+        "--first-token-from-prefill;"
+    )
+    lines.append(
+        "its figures count only when that proxy continued requests "
+        "(pd_proxy_first_token_requests_total)."
+    )
+    return "\n".join(lines)
+
+
+# --- the goals (issue 19): reported, never a failure ---
+TTFT_GOALS: tuple[tuple[int, float], ...] = ((1, 1.2), (4, 1.5))  # (concurrency, max P/D/single)
+HANDOVER_GOAL_LEVELS = (1, 4)
+HANDOVER_SLACK_MS = 5.0
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal for one P/D mode at one concurrency: met True/False, or None (not measured)."""
+
+    goal: str
+    mode: str
+    concurrency: int
+    measured: str
+    met: bool | None
+    value: float | None = None
+    limit: float | None = None
+
+    @property
+    def verdict(self) -> str:
+        return {True: "met", False: "NOT MET", None: "n/a"}[self.met]
+
+
+def _handover_budget(deltas: Deltas) -> tuple[float | None, float | None, str]:
+    """(admitted -> first token mean ms, transfer + one decode step + slack ms, how)."""
+    decode = deltas.get("decode", {})
+    overall = decode.get(handover_selector(OVERALL_PHASE))
+    xfer, step = decode.get(XFER_SECONDS), decode.get(ITL_SECONDS)
+    measured = _ms(overall.mean) if overall is not None else None
+    if overall is None or not overall.count or xfer is None or step is None or step.mean is None:
+        missing = [
+            name
+            for name, hist in (("handover", overall), ("NIXL transfer", xfer), ("ITL", step))
+            if hist is None or not hist.count
+        ]
+        return measured, None, f"no {', '.join(missing)} observations"
+    transfer_ms = xfer.sum * 1000.0 / overall.count  # per request handed over
+    step_ms = step.mean * 1000.0
+    budget = transfer_ms + step_ms + HANDOVER_SLACK_MS
+    how = (
+        f"{fmt_num(measured)} vs {fmt_num(transfer_ms)} + {fmt_num(step_ms)} + "
+        f"{HANDOVER_SLACK_MS:g} = {fmt_num(budget)} ms"
+    )
+    return measured, budget, how
+
+
+def goals(
+    results: Mapping[tuple[str, int], Result | None],
+    deltas: Mapping[tuple[str, int], Deltas],
+    checks: Mapping[int, FirstTokenCheck],
+) -> list[Goal]:
+    """Issue 19's goals for each P/D mode: median TTFT <= 1.2x single at concurrency 1 and <=
+    1.5x at 4; decode admitted -> first token (mean) <= NIXL transfer per request + one decode
+    step (decode's mean inter-token latency) + 5 ms, at concurrency 1 and 4."""
+    out: list[Goal] = []
+
+    def unmeasured(mode: str, level: int) -> str | None:
+        if (mode, level) not in results:
+            return f"c={level} not run"
+        if results[(mode, level)] is None:
+            return "no result"
+        if mode == "pd-ft" and not (checks.get(level) and checks[level].measured):
+            return "not measured: nothing continued"
+        return None
+
+    modes = [m for m in PD_MODES if any(t == m for t, _ in results)]
+    for level, limit in TTFT_GOALS:
+        text = f"TTFT median <= {limit:g}x single, c={level}"
+        for mode in modes:
+            why = unmeasured(mode, level) or (
+                None if results.get(("single", level)) else "single not run"
+            )
+            if why:
+                out.append(Goal(text, mode, level, why, None, limit=limit))
+                continue
+            p = value(results[(mode, level)], "median_ttft_ms")
+            s = value(results[("single", level)], "median_ttft_ms")
+            r = ratio(p, s)
+            measured = "n/a" if r is None else f"{fmt_num(p)} / {fmt_num(s)} ms = {fmt_ratio(r)}"
+            out.append(
+                Goal(text, mode, level, measured, None if r is None else r <= limit, r, limit)
+            )
+    for level in HANDOVER_GOAL_LEVELS:
+        text = f"handover <= xfer + step + {HANDOVER_SLACK_MS:g} ms, c={level}"
+        for mode in modes:
+            why = unmeasured(mode, level)
+            if why:
+                out.append(Goal(text, mode, level, why, None))
+                continue
+            took, budget, how = _handover_budget(deltas.get((mode, level), {}))
+            met = None if took is None or budget is None else took <= budget
+            out.append(Goal(text, mode, level, how, met, took, budget))
+    return out
+
+
+def format_goals(found: Sequence[Goal]) -> str:
+    head = f"{'goal (issue 19)':<40} {'mode':<12} {'measured':<40} result"
+    lines = [head, "-" * len(head)]
+    previous = ""
+    for g in found:
+        label = g.goal if g.goal != previous else ""
+        previous = g.goal
+        lines.append(
+            f"{label:<40} {MODE_COLUMNS[g.mode]:<12} {g.measured:<40} {g.verdict}".rstrip()
+        )
+    lines += [
+        "TTFT: vllm bench serve's median, P/D mode / single. handover: decode's mean admitted ->",
+        "first token vs NIXL transfer time per request handed over (vllm:nixl_xfer_time_seconds",
+        "sum / n) + one decode step (decode's mean vllm:inter_token_latency_seconds) + 5 ms.",
+        "Reported only: a goal not met never fails the run.",
+    ]
+    return "\n".join(lines)
+
+
+def goals_json(found: Sequence[Goal]) -> list[dict[str, Any]]:
+    return [{**asdict(g), "verdict": g.verdict} for g in found]
