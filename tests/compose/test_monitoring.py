@@ -216,8 +216,36 @@ def test_dashboard_covers_the_promised_panels(dashboard_exprs) -> None:
         "vllm:nixl_pcp_handshake_publications_skipped_total",
         "vllm:nixl_pcp_finished_sending_suppressed_total",
         "vllm:nixl_pcp_canonical_completions_total",
+        "pd_proxy_time_to_first_byte_seconds_bucket",
     ):
         assert metric in text, metric
+
+
+def test_dashboard_has_the_handover_row() -> None:
+    """Issue 19: per-phase p50/p95 of the connector's handover histogram, the prefill's hold
+    against its lease, and the proxy's prefill leg / decode TTFB / client TTFB."""
+    from pcp_nixl_connector.handover import PHASES
+    from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
+
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    row = next(i for i, p in enumerate(panels) if p["type"] == "row" and "handover" in p["title"])
+    end = next((i for i in range(row + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
+    exprs = [t["expr"] for p in panels[row + 1 : end] for t in p["targets"]]
+    text = "\n".join(exprs)
+    by_phase = [e for e in exprs if "sum by (le, phase)" in e]
+    for quantile in ("0.5", "0.95"):
+        assert any(e.startswith(f"histogram_quantile({quantile},") for e in by_phase), quantile
+    assert all(f"{HANDOVER_SECONDS}_bucket" in e and "$__rate_interval" in e for e in by_phase)
+    assert "prefill_kv_hold" in PHASES and 'phase="prefill_kv_hold"' in text
+    assert KV_LEASE_SECONDS in mn.metrics_in_query(text)
+    for proxy in ("time_to_first_byte", "prefill_duration", "decode_ttfb"):
+        for quantile in ("0.5", "0.95"):
+            assert (
+                f"histogram_quantile({quantile}, sum by (le) (rate(pd_proxy_{proxy}_seconds_bucket"
+                in text
+            )
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
 
 
 def test_grafana_datasource_and_dashboard_provisioning(compose) -> None:
