@@ -41,6 +41,11 @@ STATS_KEYS: tuple[str, ...] = (
     "num_pcp_canonical_completions",
 )
 
+# Requests a kv_producer finished with their KV held for remote decode (one per request, counted
+# by the scheduler): what the canonical completions must add up to once every hold ended.
+HELD_REQUESTS = "vllm:nixl_pcp_held_requests"
+HELD_REQUESTS_KEY = "num_pcp_held_requests"
+
 # The per-request handover breakdown (handover.py): one histogram, a ``phase`` label per step of
 # the P/D handover, and the configured KV lease the prefill-side hold time is measured against.
 HANDOVER_SECONDS = "vllm:nixl_handover_seconds"

@@ -117,3 +117,25 @@ def test_push_is_refused_clearly():
 
     with pytest.raises(NotImplementedError, match="pull"):
         PcpCanonicalNixlPushConnector(None, None, None)
+
+
+def test_held_requests_alone_ship_aggregate_and_count(tiny_model_dir):
+    """A prefill interval whose only event is a held request still reaches Prometheus: the
+    invariant canonical completions = held x TP x PP needs every hold counted."""
+    from pcp_nixl_connector import PcpCanonicalNixlConnector
+    from pcp_nixl_connector.metric_names import HELD_REQUESTS, HELD_REQUESTS_KEY
+    from pcp_nixl_connector.stats import PcpNixlKVConnectorStats
+
+    a, b = PcpNixlKVConnectorStats(), PcpNixlKVConnectorStats()
+    a.record_held_request()
+    b.record_held_request()
+    b.record_held_request()
+    assert not a.is_empty()
+    merged = PcpNixlKVConnectorStats().aggregate(a).aggregate(b)
+    assert sum(merged.data[HELD_REQUESTS_KEY]) == 3
+    prom, text_of = _build_prom(_config(tiny_model_dir, role="kv_producer", pcp=2))
+    assert f'{HELD_REQUESTS}_total{{engine="0",model_name="m"}} 0.0' in text_of()
+    prom.observe(merged.data, engine_idx=0)
+    assert f'{HELD_REQUESTS}_total{{engine="0",model_name="m"}} 3.0' in text_of()
+    assert merged.clone_and_reset().data[HELD_REQUESTS_KEY] and merged.is_empty()
+    assert isinstance(PcpCanonicalNixlConnector.build_kv_connector_stats(), PcpNixlKVConnectorStats)

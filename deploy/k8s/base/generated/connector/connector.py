@@ -175,6 +175,7 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         request_id = request.request_id
         if delay_free and (request.kv_transfer_params or {}).get("do_remote_decode"):
             self._stamp(request_id, handover.PREFILL_DONE)
+            self._sched_stats.record_held_request()
         if request_id in self._in_first_step:  # ended by its first step (one token)
             self._in_first_step.discard(request_id)
             self._stamp(request_id, handover.FIRST_TOKEN)

@@ -28,6 +28,8 @@ from .metric_names import (
     HANDOVER_EVENTS_KEY,
     HANDOVER_SECONDS,
     HANDSHAKE_PUBLICATIONS_SKIPPED,
+    HELD_REQUESTS,
+    HELD_REQUESTS_KEY,
     KV_LEASE_SECONDS,
     STATS_KEYS,
 )
@@ -52,6 +54,8 @@ _DOCS = {
     EXPECTED_SUPPRESSED_PER_COMPLETION: "Suppressed finished_sending reports expected per "
     "canonical completion: PCP size - 1 for a replicated-PCP producer in canonical mode, "
     "0 otherwise (world_size mode, PCP=1, consumers).",
+    HELD_REQUESTS: "Requests a KV producer finished with their KV blocks held for a remote "
+    "decode; canonical completions add up to this x TP x PP once every hold ended.",
     HANDOVER_SECONDS: "Per-request P/D handover, by phase: on decode admitted (waiting for "
     "remote KV) -> read posted -> transfer done -> seen by the scheduler -> first token "
     "(and admitted_to_first_token overall); on prefill prefill_kv_hold, request finished -> "
@@ -67,7 +71,7 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
 
     def reset(self) -> None:
         super().reset()
-        for key in (*STATS_KEYS, HANDOVER_EVENTS_KEY):
+        for key in (*STATS_KEYS, HELD_REQUESTS_KEY, HANDOVER_EVENTS_KEY):
             self.data[key] = []
 
     def _add(self, key: str, n: int) -> None:
@@ -83,6 +87,9 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
     def record_canonical_completions(self, n: int) -> None:
         self._add(CANONICAL_KEY, n)
 
+    def record_held_request(self) -> None:
+        self._add(HELD_REQUESTS_KEY, 1)
+
     def record_handover(self, events: list[Event]) -> None:
         if events:
             self.data.setdefault(HANDOVER_EVENTS_KEY, []).extend(events)
@@ -94,7 +101,7 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
         # The parent ignores unknown keys; an interval with only dedup events
         # must still be shipped.
         return super().is_empty() and not any(
-            self.data.get(key) for key in (*STATS_KEYS, HANDOVER_EVENTS_KEY)
+            self.data.get(key) for key in (*STATS_KEYS, HELD_REQUESTS_KEY, HANDOVER_EVENTS_KEY)
         )
 
     def aggregate(self, other: Any) -> PcpNixlKVConnectorStats:
@@ -134,6 +141,10 @@ class PcpNixlPromMetrics(NixlPromMetrics):
         for key, name in zip(STATS_KEYS, COUNTER_BASE_NAMES, strict=True):
             counter = counter_cls(name=name, documentation=_DOCS[name], labelnames=labelnames)
             self.pcp_counters[key] = create_metric_per_engine(counter, self.per_engine_labelvalues)
+        held = counter_cls(
+            name=HELD_REQUESTS, documentation=_DOCS[HELD_REQUESTS], labelnames=labelnames
+        )
+        self.held_requests = create_metric_per_engine(held, self.per_engine_labelvalues)
         self.expected_suppressed_per_completion = layout_from_config(
             vllm_config
         ).expected_suppressed_per_completion()
@@ -186,6 +197,9 @@ class PcpNixlPromMetrics(NixlPromMetrics):
             total = sum(transfer_stats_data.get(key, ()))
             if total:
                 per_engine[engine_idx].inc(total)
+        held = sum(transfer_stats_data.get(HELD_REQUESTS_KEY, ()))
+        if held:
+            self.held_requests[engine_idx].inc(held)
         events = transfer_stats_data.get(HANDOVER_EVENTS_KEY)
         if events:
             tracker = self.handover_trackers[engine_idx]
