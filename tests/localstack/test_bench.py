@@ -788,7 +788,7 @@ def test_manifest_has_versions_topology_knobs_and_no_secret() -> None:
     text = json.dumps(data)
     assert "sk-secret" not in text
     assert data["versions"]["vllm"] is None and data["versions"]["pytest"].endswith("(pytest)")
-    assert data["settings"]["decode_cpu_bind"] == settings.decode_cpu_bind
+    assert data["settings"]["decode_cpus"] == settings.decode_cpus
     assert data["topology"]["pd"]["kv_connector"] == settings.kv_connector
     assert data["bench"]["prompts"] == {str(n): spec.default_prompts(n) for n in plan.levels}
     assert data["bench"]["dataset"] == "random" and data["bench"]["seed"] == plan.seed
@@ -1181,7 +1181,7 @@ def test_bench_end_to_end_on_the_cpu_stack(
             "--prompts",
             "4",
             "--input-len",
-            "32",
+            "40",  # not whole 16-token blocks: the first-token proxy can continue
             "--output-len",
             "8",
             "--breakdown-concurrency",

@@ -152,12 +152,12 @@ def local_topology(
     return {
         "single": {
             "what": "one vLLM API server, no KV connector",
-            "cpus": settings.prefill_cpu_bind,
+            "cpus": settings.prefill_cpus,
         },
         "pd": {
             "what": "pd-proxy -> prefill (kv_producer) + decode (kv_consumer) over NIXL",
-            "prefill_cpus": settings.prefill_cpu_bind,
-            "decode_cpus": settings.decode_cpu_bind,
+            "prefill_cpus": settings.prefill_cpus,
+            "decode_cpus": settings.decode_cpus,
             "parallelism": "TP1 PCP1 on each side (PCP/EP need a GPU)",
             "kv_connector": settings.kv_connector,
             "kv_connector_module_path": settings.kv_connector_module_path,

@@ -423,11 +423,11 @@ def run_local(
     for number, name in enumerate(phases, 1):
         targets = [t for t in PHASE_TARGETS[name] if t in wanted]
         what = (
-            f"single vLLM instance (cpus {settings.prefill_cpu_bind})"
+            f"single vLLM instance (cpus {settings.prefill_cpus})"
             if name == "single"
             else (
-                f"P/D: prefill (cpus {settings.prefill_cpu_bind}) + decode "
-                f"(cpus {settings.decode_cpu_bind}) + pd-proxy"
+                f"P/D: prefill (cpus {settings.prefill_cpus}) + decode "
+                f"(cpus {settings.decode_cpus}) + pd-proxy"
             )
         )
         if "pd-ft" in targets:

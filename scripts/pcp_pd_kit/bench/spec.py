@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 VLLM_SERVE_MODULE = "pcp_pd_kit.bench.vllm_serve"
 DEFAULT_CONCURRENCY = (1, 4, 16)
-DEFAULT_INPUT_LEN = 256
+# Not a whole number of KV blocks (16 on CPU, 16 to 128 on GPU): with fixed-length prompts of
+# N = k x block_size tokens the prefill's blocks have no slot for position N, so the first-token
+# proxy takes the normal flow for every request (`kv_blocks`) and that mode would go unmeasured.
+DEFAULT_INPUT_LEN = 250
 DEFAULT_OUTPUT_LEN = 64
 DEFAULT_SEED = 0
 DEFAULT_BREAKDOWN_LEVEL = 4
