@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dotenv.parser import parse_stream
 
+from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
 from pcp_pd_kit import repo_root
 from pd_proxy.timeouts import KIT_NAMES, ProxyLimits, timeout_problems
 
@@ -100,9 +101,13 @@ class StackSettings:
     dtype: str
     enforce_eager: bool
     kvcache_space_gib: int
-    prefill_cpu_bind: str
-    decode_cpu_bind: str
+    prefill_cpus: str
+    decode_cpus: str
+    prefill_pcp_size: int
+    prefill_expert_parallel: bool
+    attention_backend: str
     nixl_progress_delay_us: int
+    kv_lease_s: int
     proxy_connect_timeout_s: float
     proxy_prefill_timeout_s: float
     proxy_decode_timeout_s: float
@@ -143,12 +148,16 @@ ENV_KEYS: dict[str, str] = {
     "LOCAL_SERVED_MODEL_NAME": "served_model_name",
     "MAX_MODEL_LEN": "max_model_len",
     "CPU_BLOCK_SIZE": "block_size",
-    "LOCAL_DTYPE": "dtype",
+    "CPU_DTYPE": "dtype",
     "LOCAL_ENFORCE_EAGER": "enforce_eager",
     "KVCACHE_SPACE_GIB": "kvcache_space_gib",
-    "PREFILL_CPUS": "prefill_cpu_bind",
-    "DECODE_CPUS": "decode_cpu_bind",
+    "PREFILL_CPUS": "prefill_cpus",
+    "DECODE_CPUS": "decode_cpus",
+    "CPU_PREFILL_PCP_SIZE": "prefill_pcp_size",
+    "CPU_PREFILL_EXPERT_PARALLEL": "prefill_expert_parallel",
+    "CPU_ATTENTION_BACKEND": "attention_backend",
     "NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
+    "NIXL_KV_LEASE_S": "kv_lease_s",
     "PROXY_CONNECT_TIMEOUT_S": "proxy_connect_timeout_s",
     "PROXY_PREFILL_TIMEOUT_S": "proxy_prefill_timeout_s",
     "PROXY_DECODE_TIMEOUT_S": "proxy_decode_timeout_s",
@@ -228,16 +237,36 @@ def validate(s: StackSettings) -> None:
         if port in seen:
             raise SettingsError(f"{name} and {seen[port]} both use port {port}")
         seen[port] = name
-    if s.block_size <= 0 or s.block_size % 32:
+    if s.block_size <= 0 or s.block_size % 16:
         raise SettingsError(
-            f"CPU_BLOCK_SIZE={s.block_size}: vLLM's CPU attention needs a multiple of 32"
+            f"CPU_BLOCK_SIZE={s.block_size}: vLLM's CPU attention needs a multiple of 16 "
+            "(16 for MLA models, which the CPU MLA kernels force)"
         )
+    if s.prefill_pcp_size < 1:
+        raise SettingsError(f"CPU_PREFILL_PCP_SIZE={s.prefill_pcp_size}: must be >= 1")
+    if s.prefill_pcp_size > 1 and not s.enforce_eager:
+        raise SettingsError(
+            f"CPU_PREFILL_PCP_SIZE={s.prefill_pcp_size} needs LOCAL_ENFORCE_EAGER=1: PCP on CPU "
+            "runs Model Runner V2's Triton kernels in Triton's interpreter, which torch.compile "
+            "cannot compile"
+        )
+    for env_key, cpus, ranks in (
+        ("PREFILL_CPUS", s.prefill_cpus, s.prefill_pcp_size),
+        ("DECODE_CPUS", s.decode_cpus, 1),
+    ):
+        try:
+            omp_threads_bind(parse_cpu_list(cpus), ranks)
+        except ValueError as exc:
+            raise SettingsError(f"{env_key}={cpus!r}: {exc}") from None
     if s.kvcache_space_gib < 1:
         raise SettingsError("KVCACHE_SPACE_GIB must be at least 1 (GiB)")
     if s.max_model_len < s.block_size:
         raise SettingsError("MAX_MODEL_LEN must be at least one block")
     if s.nixl_progress_delay_us < 0:
         raise SettingsError("NIXL_PROGRESS_DELAY_US must be >= 0")
+    if s.kv_lease_s < 6:
+        # vLLM renews a lease with heartbeats every lease // 6 seconds: 0 would never renew.
+        raise SettingsError(f"NIXL_KV_LEASE_S={s.kv_lease_s}: must be >= 6 (seconds)")
     for name in (
         "startup_timeout_s",
         "prometheus_scrape_interval_s",
@@ -249,9 +278,10 @@ def validate(s: StackSettings) -> None:
         if getattr(s, name) <= 0:
             env_key = next(k for k, v in ENV_KEYS.items() if v == name)
             raise SettingsError(f"{env_key} must be > 0")
-    # The demo's eval must not give up before the proxy answers (pd_proxy.timeouts).
+    # Decode must never read KV blocks whose lease ran out, and the demo's eval must not give up
+    # before the proxy answers (pd_proxy.timeouts; the proxy checks the lease itself too).
     problems = timeout_problems(
-        None, proxy_limits(s), client_s=s.eval_request_timeout_s, names=KIT_NAMES
+        s.kv_lease_s, proxy_limits(s), client_s=s.eval_request_timeout_s, names=KIT_NAMES
     )
     if problems:
         raise SettingsError(" ".join(problems))

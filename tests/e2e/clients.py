@@ -10,6 +10,8 @@ from typing import Any
 from pcp_pd_kit.localstack.live import post_json
 
 MAX_TOKENS = 24
+# Fewer tokens than a PCP2 prefill has chunks (2 x PCP = 4): some ranks get no query rows.
+TINY_PROMPT = "Hi"
 SHORT_PROMPT = "James has 3 apples and buys 5 more. How many"
 MULTI_BLOCK_PROMPT = " ".join(
     f"On day {day} the farmer sold {day * 7} eggs for {day * 3} dollars, and each student "
@@ -32,6 +34,7 @@ class Case:
 
 
 CASES = (
+    Case("tiny", "/v1/completions", {"prompt": TINY_PROMPT}),
     Case("short", "/v1/completions", {"prompt": SHORT_PROMPT}),
     Case("multi_block", "/v1/completions", {"prompt": MULTI_BLOCK_PROMPT}),
     Case("chat", "/v1/chat/completions", {"messages": CHAT_MESSAGES}),

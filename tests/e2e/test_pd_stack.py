@@ -1,12 +1,16 @@
-"""The real CPU P/D stack against a single instance, its metrics, Prometheus and failure modes.
+"""The real CPU P/D stack in the kit's topology - a PCP2 + EP2 prefill (kv_producer) and a PCP1
+decode (kv_consumer), MLA + MoE model - against a single instance, its metrics and Prometheus,
+its failure modes, and stock vLLM's replicated-PCP leak beside the kit's fix.
 
-Tests run in file order on one session stack: outputs first, then metrics and the KV-leak
-check, and the decode stop/restart last (it perturbs the stack).
+Tests run in file order on one session stack: outputs first, then metrics and the KV checks,
+the decode stop/restart, and last the stock-connector prefill (it replaces the kit's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +18,23 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
-from pcp_nixl_connector.metric_names import DEDUP_METRIC_NAMES
-from pcp_pd_kit.localstack.live import HttpError, get_json, live_checks, prometheus_query, scrape
+from pcp_pd_kit.localstack.live import (
+    HttpError,
+    get_json,
+    live_checks,
+    prefill_view,
+    scrape,
+    settle_prefill,
+    wait_for_scrape_after,
+)
 from pcp_pd_kit.localstack.prometheus_config import SCRAPE_JOBS
-from pcp_pd_kit.localstack.report import failed, format_report, query_value, targets_up, total
+from pcp_pd_kit.localstack.report import (
+    dedup_invariants,
+    failed,
+    format_report,
+    targets_up,
+    total,
+)
 from pcp_pd_kit.localstack.stack import Stack, wait_until
 
 from .clients import CASES, Output, greedy
@@ -26,16 +43,32 @@ from .conftest import ReferenceRun
 pytestmark = pytest.mark.e2e
 log = logging.getLogger("pcp_pd_kit.localstack")
 CASE_BY_NAME = {case.name: case for case in CASES}
+KV_USAGE = "vllm:kv_cache_usage_perc"
+EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 
 
 def _pd(stack: Stack, name: str) -> Output:
     return greedy(stack.urls["proxy"], stack.served_model_name, CASE_BY_NAME[name])
 
 
-def test_prompts_straddle_block_boundaries(references: dict[str, Output], pd_stack: Stack) -> None:
-    block = pd_stack.settings.block_size
-    assert references["short"].prompt_tokens < block
-    assert references["multi_block"].prompt_tokens >= 3 * block
+def _usage(stack: Stack, part: str) -> float | None:
+    return total(scrape(stack.urls[part]), KV_USAGE)
+
+
+def test_prompts_straddle_block_and_pcp_chunk_boundaries(
+    references: dict[str, Output], pd_stack: Stack
+) -> None:
+    """PCP splits a prompt into 2 x PCP chunks (DualChunkSwap: rank r gets chunks r and
+    2PCP-1-r); the cases cover empty chunks, chunk edges inside blocks and many blocks."""
+    s = pd_stack.settings
+    chunks, block = 2 * s.prefill_pcp_size, s.block_size
+    lengths = {name: ref.prompt_tokens for name, ref in references.items()}
+    assert s.prefill_pcp_size == 2 and s.prefill_expert_parallel  # the kit's topology
+    assert lengths["tiny"] < chunks  # some PCP ranks get no query rows
+    chunk = math.ceil(lengths["short"] / chunks)
+    assert lengths["short"] < block and any(chunk * i % block for i in range(1, chunks))
+    assert lengths["multi_block"] >= 3 * block
+    assert math.ceil(lengths["multi_block"] / chunks) % block  # chunk edges inside blocks
     assert all(ref.text for ref in references.values())
 
 
@@ -49,15 +82,27 @@ def test_pd_greedy_output_equals_single_instance(
 def test_pd_output_equals_single_instance_at_concurrency_4(
     references: dict[str, Output], pd_stack: Stack
 ) -> None:
-    names = [case.name for case in CASES] * 4
+    names = [case.name for case in CASES] * 3
     with ThreadPoolExecutor(max_workers=4) as pool:
         outputs = list(pool.map(lambda n: _pd(pd_stack, n), names))
     mismatches = [n for n, out in zip(names, outputs, strict=True) if out != references[n]]
     assert not mismatches, f"P/D differs from the single instance for {mismatches}"
 
 
+def test_prefill_runs_pcp2_ep2_on_model_runner_v2_with_the_kit_fixes(pd_stack: Stack) -> None:
+    """The topology is live, not just configured: two PCP/EP worker ranks, Model Runner V2,
+    and the kit's CPU fixes installed in every worker of both servers."""
+    prefill = pd_stack.processes["prefill"].log_path.read_text(errors="replace")
+    decode = pd_stack.processes["decode"].log_path.read_text(errors="replace")
+    assert "Worker_PCP0_EP0" in prefill and "Worker_PCP1_EP1" in prefill
+    assert "Using V2 Model Runner" in prefill
+    for text in (prefill, decode):
+        assert "CPU fix: rotary embedding" in text and "CPU fix: expert-parallel MoE" in text
+    assert "Worker_PCP" not in decode
+
+
 def test_cpu_knobs_took_effect_in_both_servers(pd_stack: Stack) -> None:
-    """Without the connector's CPU knobs every request costs 22-112 s (FACTS): prove they acted."""
+    """Without the connector's CPU knobs every request costs 22-112 s: prove they acted."""
     delay = pd_stack.settings.nixl_progress_delay_us
     logs = {
         name: pd_stack.processes[name].log_path.read_text(errors="replace")
@@ -65,9 +110,6 @@ def test_cpu_knobs_took_effect_in_both_servers(pd_stack: Stack) -> None:
     }
     for name, text in logs.items():
         assert f"NIXL progress thread delay set to {delay} us" in text, name
-    # NIXL's worker pins onto the machine's last core; prefill is bound to core 0, so its
-    # affinity is always restored (decode may already sit on the last core: nothing to undo).
-    assert "instead of NIXL's KV core pinning" in logs["prefill"]
     # AMX CPUs SIGILL in the decode's first 1-token step unless the worker asked for tile data.
     want = AmxStatus(supported=cpu_has_amx(), permitted=cpu_has_amx()).describe()
     for name, text in logs.items():
@@ -80,7 +122,7 @@ def test_repeated_pd_requests_stay_equal_and_log_latency(
     """Sequential repeats keep matching the reference; their median latency is logged, not
     asserted (timing figures belong in notes and benchmarks, not in pass/fail)."""
     seconds, mismatches = [], []
-    for i in range(7):
+    for i in range(8):
         case = CASES[i % len(CASES)]
         start = time.monotonic()
         output = _pd(pd_stack, case.name)
@@ -104,28 +146,41 @@ def test_decode_metrics_prove_kv_came_over_nixl(pd_stack: Stack) -> None:
     assert total(decode, "vllm:nixl_num_failed_transfers_total") == 0
 
 
+def test_prefill_frees_every_block_at_once_not_at_lease_expiry(pd_stack: Stack) -> None:
+    """The replicated-PCP leak fix, live: after a P/D request prefill's KV usage is back to 0
+    within a few seconds - well inside the lease - and no request had to expire. Stock vLLM
+    keeps the blocks (see the last test); swapping the kit's connector out fails this test."""
+    lease = pd_stack.settings.kv_lease_s
+    _pd(pd_stack, "multi_block")
+    done = time.monotonic()
+    wait_until(lambda: _usage(pd_stack, "prefill") == 0, lease / 2, "prefill KV usage 0")
+    log.info("prefill freed the request's blocks %.1fs after the response", time.monotonic() - done)
+    prefill = scrape(pd_stack.urls["prefill"])
+    assert total(prefill, EXPIRED) == 0
+    assert total(prefill, "vllm:num_requests_running") == 0
+    assert _usage(pd_stack, "decode") == 0
+
+
+def test_dedup_invariants_read_back_from_prometheus(pd_stack: Stack) -> None:
+    """Read after prefill settled and Prometheus scraped it again (not merely once the series
+    exist): completions = P/D requests held, suppressed = completions x (PCP-1), one skipped
+    handshake publication, KV back to 0. A failure prints every value Prometheus returned."""
+    settled_at = settle_prefill(pd_stack.urls["prefill"], pd_stack.settings.kv_lease_s * 2)
+    assert settled_at is not None, "prefill kept KV blocks: see its log"
+    assert wait_for_scrape_after(pd_stack.urls["prometheus"], "prefill", settled_at)
+    view = prefill_view(pd_stack.urls["prometheus"])
+    checks = dedup_invariants(view, pd_stack.settings.prefill_pcp_size)
+    assert not failed(checks), f"{format_report(checks)}\n{view}"
+    assert (view.canonical or 0) >= len(CASES)
+
+
 def test_prometheus_targets_up(pd_stack: Stack) -> None:
     check = targets_up(get_json(f"{pd_stack.urls['prometheus']}/api/v1/targets"), SCRAPE_JOBS)
     assert check.ok, check.detail
 
 
-def test_dedup_counters_in_prometheus(pd_stack: Stack) -> None:
-    names = DEDUP_METRIC_NAMES
-    prom = pd_stack.urls["prometheus"]
-
-    def scraped_on_prefill() -> dict[str, float] | None:
-        values = {n: query_value(prometheus_query(prom, f'{n}{{job="prefill"}}')) for n in names}
-        return values if all(v is not None for v in values.values()) else None
-
-    values = wait_until(scraped_on_prefill, 60, "dedup counters in Prometheus")
-    assert values["vllm:nixl_pcp_canonical_completions_total"] > 0
-    # The local stack's prefill is PCP1: nothing to suppress, and the gauge says so.
-    assert values["vllm:nixl_pcp_expected_suppressed_per_completion"] == 0
-    assert values["vllm:nixl_pcp_finished_sending_suppressed_total"] == 0
-
-
 def test_demo_report_checks_pass_on_live_stack(pd_stack: Stack) -> None:
-    checks = live_checks(pd_stack.urls)
+    checks = live_checks(pd_stack.urls, pd_stack.settings.prefill_pcp_size)
     assert not failed(checks), format_report(checks)
 
 
@@ -136,24 +191,6 @@ def test_demo_eval_through_proxy(pd_stack: Stack) -> None:
     checks, result = demo_checks(pd_stack, limit=2)
     log.info("demo eval took %.0fs", result.seconds)
     assert not failed(checks), format_report(checks)
-
-
-def test_no_kv_blocks_left_on_prefill(pd_stack: Stack) -> None:
-    """P/D frees KV blocks: once decode has read them, prefill's (and decode's) usage drops to 0.
-
-    The CPU stack's prefill is PCP1, so this is not the replicated-PCP leak (that needs PCP > 1 on
-    a GPU host): it checks that the producer releases blocks after the consumer's transfer.
-    """
-
-    def prefill_idle() -> bool:
-        prefill = scrape(pd_stack.urls["prefill"])
-        usage = total(prefill, "vllm:kv_cache_usage_perc")
-        running = total(prefill, "vllm:num_requests_running")
-        return usage == 0 and running == 0
-
-    wait_until(prefill_idle, 90, "prefill KV cache usage to drop to 0")
-    decode = scrape(pd_stack.urls["decode"])
-    assert total(decode, "vllm:kv_cache_usage_perc") == 0
 
 
 def test_proxy_clear_error_when_decode_stopped_then_recovers(
@@ -180,3 +217,41 @@ def test_proxy_clear_error_when_decode_stopped_then_recovers(
         == (references["short"])
     )
     assert _pd(pd_stack, "multi_block") == references["multi_block"]
+
+
+def test_stock_nixl_connector_leaks_the_same_request_the_kit_frees(
+    references: dict[str, Output], pd_stack: Stack
+) -> None:
+    """The seed's bug, live: the same PCP2 + EP2 prefill with stock `NixlConnector` answers
+    correctly but keeps the request's KV blocks past the lease, with nothing counted as expired
+    (rank 1's report is dropped, rank 0's alone never completes the request). Runs last: it
+    replaces the kit's prefill."""
+    stock = dataclasses.replace(
+        pd_stack.settings,
+        kv_connector="NixlConnector",
+        kv_connector_module_path="",
+        kv_lease_s=12,
+    )
+    pd_stack.stop_part("prefill")
+    log.info("prefill with stock NixlConnector up in %.0fs", pd_stack.start_part("prefill", stock))
+    log_text = pd_stack.processes["prefill"].log_path.read_text(errors="replace")
+    assert "PcpCanonicalNixlConnector" not in log_text.split("=== start")[-1]
+
+    def served() -> Output | None:
+        try:
+            return _pd(pd_stack, "short")
+        except HttpError:
+            return None
+
+    assert (
+        wait_until(served, 300, "a P/D request through the stock prefill") == (references["short"])
+    )
+    time.sleep(stock.kv_lease_s + 8)  # past the lease and its heartbeat extensions
+    prefill = scrape(pd_stack.urls["prefill"])
+    usage, expired = total(prefill, KV_USAGE), total(prefill, EXPIRED)
+    log.info(
+        "stock prefill %.0fs later: KV usage %s, expired %s", stock.kv_lease_s + 8, usage, expired
+    )
+    assert (usage or 0) > 0, "stock NixlConnector freed the blocks: vLLM fixed the leak?"
+    assert total(prefill, "vllm:num_requests_running") == 0
+    assert not expired

@@ -9,9 +9,9 @@ from tests.support.net import busy_port
 def test_bad_env_value_is_named(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("CPU_BLOCK_SIZE", "48")
+    monkeypatch.setenv("CPU_BLOCK_SIZE", "forty")
     assert main(["up"]) == 2
-    assert "CPU_BLOCK_SIZE=48" in capsys.readouterr().err
+    assert "CPU_BLOCK_SIZE='forty'" in capsys.readouterr().err
 
 
 def test_busy_port_is_reported_before_start(

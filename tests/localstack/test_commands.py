@@ -29,8 +29,10 @@ def test_pd_servers_get_connector_role_and_cpu_knobs(role: str, kv_role: str) ->
     assert config["kv_connector_extra_config"] == {
         "cpu_nixl_progress_delay_us": 1000,
         "cpu_skip_kv_core_pinning": True,
+        "kv_lease_duration": 30,
     }
     assert spec.env["PYTHONPATH"] == "/repo/connector"
+    assert spec.env["PCP_NIXL_CPU_FIXES"] == "1"
     assert spec.env["UCX_TLS"] == "tcp,self,sm"
     assert spec.env["UCX_NET_DEVICES"] == "lo"
     assert spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
@@ -40,7 +42,10 @@ def test_pd_servers_get_connector_role_and_cpu_knobs(role: str, kv_role: str) ->
 def test_prefill_and_decode_differ_in_port_binding_and_side_channel() -> None:
     p = vllm_server_spec(SETTINGS, "prefill", "/m", "tiny", REPO)
     d = vllm_server_spec(SETTINGS, "decode", "/m", "tiny", REPO)
-    assert (p.env["VLLM_CPU_OMP_THREADS_BIND"], d.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
+    # .env.example: a PCP2 prefill whose ranks take turns on core 0, decode alone on core 1.
+    assert (p.env["VLLM_CPU_OMP_THREADS_BIND"], d.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0|0", "1")
+    wide = vllm_server_spec(example_settings(prefill_cpus="2-5"), "prefill", "/m", "t", REPO)
+    assert wide.env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3|4,5"
     assert p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
     assert _flag(p.argv, "--port") != _flag(d.argv, "--port")
     assert p.health_url == "http://127.0.0.1:18100/health"
@@ -58,8 +63,40 @@ def test_reference_server_is_not_disaggregated() -> None:
     spec = vllm_server_spec(SETTINGS, "reference", "/m", "tiny", REPO)
     assert "--kv-transfer-config" not in spec.argv
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in spec.env
+    # One plain instance: no PCP, but the same CPU fixes (its answers are the reference).
+    assert "--prefill-context-parallel-size" not in spec.argv
+    assert (
+        spec.env["PCP_NIXL_CPU_FIXES"] == "1" and "PCP_NIXL_CPU_TRITON_INTERPRETER" not in spec.env
+    )
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"  # prefill rank 0's cores
+    wide = vllm_server_spec(example_settings(prefill_cpus="0-3"), "reference", "/m", "t", REPO)
+    assert wide.env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert _flag(spec.argv, "--port") == "18300"
+
+
+def test_prefill_runs_the_mission_topology_decode_stays_pcp1() -> None:
+    p = vllm_server_spec(SETTINGS, "prefill", "/m", "tiny", REPO)
+    d = vllm_server_spec(SETTINGS, "decode", "/m", "tiny", REPO)
+    assert _flag(p.argv, "--prefill-context-parallel-size") == "2"
+    assert "--enable-expert-parallel" in p.argv
+    assert p.env["PCP_NIXL_CPU_TRITON_INTERPRETER"] == "1"
+    assert (
+        "--prefill-context-parallel-size" not in d.argv and "--enable-expert-parallel" not in d.argv
+    )
+    assert "PCP_NIXL_CPU_TRITON_INTERPRETER" not in d.env
+    for spec in (p, d):
+        assert _flag(spec.argv, "--attention-backend") == "CPU_MLA"
+        assert _flag(spec.argv, "--dtype") == "float32"
+        assert _flag(spec.argv, "--block-size") == "16"
+
+
+def test_pcp1_prefill_without_ep_flags() -> None:
+    pcp1 = example_settings(prefill_pcp_size=1, prefill_cpus="0")
+    spec = vllm_server_spec(pcp1, "prefill", "/m", "tiny", REPO)
+    assert "--prefill-context-parallel-size" not in spec.argv
+    assert "--enable-expert-parallel" not in spec.argv
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
 
 
 def test_block_size_and_eager_follow_settings() -> None:

@@ -9,11 +9,13 @@ import pytest
 
 from pcp_pd_kit.localstack.live import (
     HttpError,
+    _scrape_time,
     get_json,
     live_checks,
     post_json,
     scrape,
-    wait_for_scrape,
+    settle_prefill,
+    wait_for_scrape_after,
 )
 from pcp_pd_kit.localstack.report import failed
 from tests.support.net import free_port
@@ -60,20 +62,33 @@ def test_non_metrics_page_is_an_http_error(garbage_url: str) -> None:
         scrape(garbage_url)
 
 
-def test_wait_for_scrape_returns_when_decode_is_down(
+def test_settle_and_scrape_waits_give_up_with_a_warning_not_an_exception(
     garbage_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Decode down: no exception and no 600 s wait, but a warning saying why it did not wait."""
-    closed = free_port()
+    closed = f"http://127.0.0.1:{free_port()}"
     with caplog.at_level(logging.WARNING, logger="pcp_pd_kit.localstack"):
-        wait_for_scrape(garbage_url, f"http://127.0.0.1:{closed}", timeout_s=600)
-    assert "not waiting for Prometheus: decode's /metrics is unreadable" in caplog.text
+        assert settle_prefill(closed, timeout_s=1) is None
+        assert wait_for_scrape_after(garbage_url, "prefill", 0.0, timeout_s=1) is False
+    assert "prefill had not settled after 1s" in caplog.text
+    assert "Prometheus did not scrape prefill" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("stamp", "epoch"),
+    [
+        ("2026-12-01T03:50:00Z", 1796097000.0),
+        ("2026-12-01T03:50:00.123456789Z", 1796097000.123456),
+        ("2026-12-01T04:50:00.5+01:00", 1796097000.5),
+    ],
+)
+def test_prometheus_scrape_times_parse(stamp: str, epoch: float) -> None:
+    assert _scrape_time(stamp) == pytest.approx(epoch, abs=1e-6)
 
 
 def test_live_checks_report_which_part_failed(garbage_url: str) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
     urls = {"proxy": garbage_url, "decode": closed, "prometheus": garbage_url}
-    checks = live_checks(urls)
+    checks = live_checks({**urls, "prefill": closed}, pcp=2, settle_timeout_s=1)
     names = [c.name for c in failed(checks)]
     assert names[:3] == [
         "proxy served requests",

@@ -17,8 +17,8 @@ def test_empty_model_builds_tiny_under_repo(tmp_path: Path) -> None:
         return path
 
     resolved = resolve_model("", "", tmp_path, build_tiny=build)
-    assert built == [tmp_path / ".models" / "tiny-llama"]
-    assert resolved.served_name == "tiny-llama" and resolved.built_tiny
+    assert built == [tmp_path / ".models" / "tiny-mla-moe"]
+    assert resolved.served_name == "tiny-mla-moe" and resolved.built_tiny
 
 
 def test_local_directory_needs_config(tmp_path: Path) -> None:

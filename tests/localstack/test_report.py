@@ -1,5 +1,10 @@
+import dataclasses
+
+import pytest
+
 from pcp_pd_kit.localstack.report import (
-    dedup_counters,
+    PrefillView,
+    dedup_invariants,
     failed,
     format_report,
     kv_crossed_nixl,
@@ -91,29 +96,51 @@ def test_query_value_sums_series_and_distinguishes_absent() -> None:
     assert query_value({"status": "error"}) is None
 
 
-def test_dedup_counters_present_and_canonical_positive() -> None:
-    names = (
-        "vllm:nixl_pcp_handshake_publications_skipped_total",
-        "vllm:nixl_pcp_finished_sending_suppressed_total",
-        "vllm:nixl_pcp_canonical_completions_total",
-        "vllm:nixl_pcp_expected_suppressed_per_completion",
+def _view(**changes: float | None) -> PrefillView:
+    # A settled PCP2 producer after 4 P/D requests: 4 completions, 4 suppressed, 1 skip.
+    base = dict(
+        skipped=1.0,
+        suppressed=4.0,
+        canonical=4.0,
+        expected_per_completion=1.0,
+        held=4.0,
+        kv_usage=0.0,
     )
-    good = dedup_counters(
-        {
-            names[0]: _vector("0"),
-            names[1]: _vector("0"),
-            names[2]: _vector("4"),
-            names[3]: _vector("0"),
-        }
-    )
-    assert not failed(good)
-    assert failed(dedup_counters({**dict.fromkeys(names[:3], _vector("4")), names[3]: _vector()}))
-    bad = dedup_counters({names[0]: _vector(), names[1]: _vector("0"), names[2]: _vector("0")})
-    assert [c.name for c in failed(bad)] == [
-        f"{names[0]} present",
-        f"{names[2]} > 0",
+    return PrefillView(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_dedup_invariants_hold_for_a_settled_pcp2_producer() -> None:
+    assert not failed(dedup_invariants(_view(), pcp=2))
+
+
+@pytest.mark.parametrize(
+    ("changes", "pcp", "broken"),
+    [
+        ({"canonical": 3.0}, 2, "canonical completions = P/D requests held"),
+        ({"canonical": 0.0, "held": 0.0, "suppressed": 0.0}, 2, "canonical"),
+        ({"suppressed": 0.0}, 2, "suppressed duplicates"),
+        ({"expected_per_completion": 0.0}, 2, "suppressed duplicates"),
+        ({"skipped": 0.0}, 2, "handshake publication skipped"),
+        ({"kv_usage": 0.0003}, 2, "prefill KV cache back to 0"),
+        ({"suppressed": None}, 2, "suppressed duplicates"),
+        ({}, 1, "suppressed duplicates"),  # a PCP1 layout must suppress nothing
+    ],
+)
+def test_dedup_invariants_name_what_broke(
+    changes: dict[str, float | None], pcp: int, broken: str
+) -> None:
+    bad = [c.name for c in failed(dedup_invariants(_view(**changes), pcp=pcp))]
+    assert bad and bad[0].startswith(broken), bad
+
+
+def test_stock_connector_leak_shape_fails_the_checks() -> None:
+    """Stock vLLM with replicated PCP: no skip, no suppression, completions never counted, and
+    the request's blocks still held - every invariant fails."""
+    stock = _view(skipped=0.0, suppressed=0.0, canonical=0.0, expected_per_completion=None)
+    names = [
+        c.name for c in failed(dedup_invariants(dataclasses.replace(stock, kv_usage=0.0003), pcp=2))
     ]
-    assert failed(dedup_counters({}))
+    assert len(names) == 4
 
 
 def test_format_report_marks_each_check() -> None:

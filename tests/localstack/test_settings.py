@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from pcp_pd_kit.settings import ENV_KEYS, SettingsError, settings_from_env
@@ -15,7 +17,7 @@ def test_every_knob_comes_from_env_example() -> None:
     s = settings_from_env(env)
     assert s.proxy_port == int(env["LOCAL_PROXY_PORT"])
     assert s.block_size == int(env["CPU_BLOCK_SIZE"])
-    assert s.prefill_cpu_bind == env["PREFILL_CPUS"]
+    assert s.prefill_cpus == env["PREFILL_CPUS"]
 
 
 def test_a_knob_missing_from_every_layer_is_named() -> None:
@@ -29,9 +31,16 @@ def test_a_knob_missing_from_every_layer_is_named() -> None:
 
 def test_values_are_converted() -> None:
     s = settings_from_env(
-        _with(LOCAL_PROXY_PORT="18555", LOCAL_ENFORCE_EAGER="no", LOCAL_STARTUP_TIMEOUT_S="12.5")
+        _with(
+            LOCAL_PROXY_PORT="18555",
+            LOCAL_ENFORCE_EAGER="no",
+            CPU_PREFILL_PCP_SIZE="1",
+            CPU_PREFILL_EXPERT_PARALLEL="0",
+            LOCAL_STARTUP_TIMEOUT_S="12.5",
+        )
     )
     assert (s.proxy_port, s.enforce_eager, s.startup_timeout_s) == (18555, False, 12.5)
+    assert (s.prefill_pcp_size, s.prefill_expert_parallel) == (1, False)
 
 
 def test_empty_model_means_the_tiny_model() -> None:
@@ -44,7 +53,12 @@ def test_empty_model_means_the_tiny_model() -> None:
         ({"LOCAL_PREFILL_PORT": "eighty"}, "LOCAL_PREFILL_PORT='eighty': expected an integer"),
         ({"LOCAL_ENFORCE_EAGER": "maybe"}, "LOCAL_ENFORCE_EAGER"),
         ({"LOCAL_DECODE_PORT": "18100"}, "both use port 18100"),
-        ({"CPU_BLOCK_SIZE": "16"}, "multiple of 32"),
+        ({"CPU_BLOCK_SIZE": "24"}, "multiple of 16"),
+        ({"CPU_PREFILL_PCP_SIZE": "0"}, "CPU_PREFILL_PCP_SIZE=0: must be >= 1"),
+        ({"LOCAL_ENFORCE_EAGER": "0"}, "CPU_PREFILL_PCP_SIZE=2 needs LOCAL_ENFORCE_EAGER=1"),
+        ({"PREFILL_CPUS": "0,1,2"}, "PREFILL_CPUS='0,1,2': 3 CPU(s) [0, 1, 2] cannot be split"),
+        ({"NIXL_KV_LEASE_S": "5"}, "NIXL_KV_LEASE_S=5: must be >= 6"),
+        ({"DECODE_CPUS": "one"}, "DECODE_CPUS='one': 'one': not a CPU list"),
         ({"CPU_BLOCK_SIZE": ""}, "CPU_BLOCK_SIZE is set but empty"),
         ({"KVCACHE_SPACE_GIB": "0"}, "KVCACHE_SPACE_GIB"),
         ({"LOCAL_PROXY_PORT": "70000"}, "outside 1-65535"),
@@ -52,7 +66,7 @@ def test_empty_model_means_the_tiny_model() -> None:
     ],
 )
 def test_bad_values_are_named(env: dict[str, str], message: str) -> None:
-    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+    with pytest.raises(SettingsError, match=re.escape(message)):
         settings_from_env(_with(**env))
 
 

@@ -6,6 +6,11 @@ import pytest
 from pcp_pd_kit.localstack.tiny_model import TinyModelSpec, build, is_built
 
 SMALL = TinyModelSpec(corpus_lines=400)
+PROMPTS = (
+    "James has 3 apples and buys 5 more. How many",
+    "Mary has 12 cookies and gives half to her friend. How many left?",
+    " ".join(f"On day {d} the farmer sold {d * 7} eggs for {d * 3} dollars." for d in range(1, 9)),
+)
 
 
 def _digest(directory: Path) -> dict[str, str]:
@@ -32,13 +37,24 @@ def test_second_build_is_skipped_and_spec_change_rebuilds(built: Path) -> None:
     assert weights.stat().st_mtime_ns == before
     assert is_built(built, SMALL)
     assert not is_built(built, TinyModelSpec(corpus_lines=401))
+    assert not is_built(built, TinyModelSpec(corpus_lines=400, lm_head_scale=1.0))
 
 
-def test_model_shape_tokenizer_and_chat_template(built: Path) -> None:
-    from transformers import AutoConfig, AutoTokenizer
+def test_mla_and_moe_shape_vllm_cpu_serves(built: Path) -> None:
+    """What PCP (MLA only) and EP2 (routed experts in halves) need, and CPU MLA's head size."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(built)
-    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (2, 128, 2048)
+    assert config.model_type == "deepseek_v2" and config.q_lora_rank is None
+    assert config.kv_lora_rank + config.qk_rope_head_dim == 576  # CPU MLA's only head size
+    assert config.first_k_dense_replace < config.num_hidden_layers  # at least one MoE layer
+    assert config.n_routed_experts % 2 == 0 and config.num_experts_per_tok == 2
+    assert (config.hidden_size, config.vocab_size) == (128, 2048)
+
+
+def test_tokenizer_and_chat_template(built: Path) -> None:
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(built)
     text = "James has 12 apples."
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
@@ -47,3 +63,29 @@ def test_model_shape_tokenizer_and_chat_template(built: Path) -> None:
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
     assert chat.endswith("<|assistant|>\n") and "<|user|>\nhi" in chat
+
+
+def test_greedy_margins_are_wide(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The served model (default spec): every greedy step's best token leads the runner-up by a
+    wide logit gap, so sums reordered by P/D, PCP or batching cannot flip it (0.46 measured; with
+    lm_head_scale=1 the same steps come down to 0.06)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    served = build(tmp_path_factory.mktemp("default") / "tiny", TinyModelSpec())
+    tok = AutoTokenizer.from_pretrained(served)
+    model = AutoModelForCausalLM.from_pretrained(served, dtype=torch.float32).eval()
+    gaps = []
+    for prompt in PROMPTS:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        out = model.generate(
+            ids,
+            max_new_tokens=24,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        for scores in out.scores:
+            best, second = torch.topk(scores[0], 2).values.tolist()
+            gaps.append(best - second)
+    assert min(gaps) > 0.2, f"smallest greedy logit gap {min(gaps):.3f}"

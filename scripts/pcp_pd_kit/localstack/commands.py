@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
+from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch
 from pcp_pd_kit.settings import StackSettings
 
 Role = Literal["prefill", "decode", "reference"]
@@ -41,6 +43,9 @@ def kv_transfer_config(settings: StackSettings, role: Role) -> dict[str, object]
         "kv_connector_extra_config": {
             "cpu_nixl_progress_delay_us": settings.nixl_progress_delay_us,
             "cpu_skip_kv_core_pinning": True,
+            # How long prefill keeps a finished request's KV for decode to pull (vLLM's default
+            # is 30 s; decode's heartbeats extend it while it waits).
+            "kv_lease_duration": settings.kv_lease_s,
         },
     }
     if settings.kv_connector_module_path:
@@ -88,18 +93,33 @@ def vllm_server_spec(
     ]
     if settings.enforce_eager:
         argv.append("--enforce-eager")
+    argv += ["--attention-backend", settings.attention_backend]
+    prefill = role == "prefill"
+    cores = parse_cpu_list(settings.decode_cpus if role == "decode" else settings.prefill_cpus)
+    if role == "reference":
+        # One instance on prefill rank 0's cores: one OpenMP thread per core group, as each PCP
+        # rank has (two threads on two busy cores stall on every barrier).
+        first = omp_threads_bind(cores, settings.prefill_pcp_size).split("|")[0]
+        cores = parse_cpu_list(first)
+    flags, topology_env = cpu_server_launch(
+        settings.prefill_pcp_size if prefill else 1,
+        prefill and settings.prefill_expert_parallel,
+        cores,
+    )
+    argv += flags
     env = {
         # Without it vLLM's CPU backend sizes the KV cache from a default that refuses to start.
         "VLLM_CPU_KVCACHE_SPACE": str(settings.kvcache_space_gib),
-        # One core each: otherwise both servers' OpenMP pools fight over the same cores.
-        "VLLM_CPU_OMP_THREADS_BIND": (
-            settings.decode_cpu_bind if role == "decode" else settings.prefill_cpu_bind
-        ),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        # connector/ carries the kit's vLLM plugins (entry points) as well as the connector.
+        "PYTHONPATH": str(repo / "connector"),
+        # Each server (each PCP rank) on its own cores, the CPU fixes, and for a PCP prefill
+        # Triton's interpreter (docs/cpu.md).
+        **topology_env,
     }
     if role in KV_ROLES:
         side_channel = (
@@ -114,7 +134,6 @@ def vllm_server_spec(
                 "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel),
                 "UCX_TLS": "tcp,self,sm",
                 "UCX_NET_DEVICES": "lo",
-                "PYTHONPATH": str(repo / "connector"),
             }
         )
     return ProcessSpec(name=role, argv=argv, env=env, health_url=f"{settings.url(port)}/health")
@@ -136,13 +155,15 @@ def proxy_spec(settings: StackSettings, first_token_port: int | None = None) -> 
         settings.url(settings.prefill_port),
         "--decode",
         settings.url(settings.decode_port),
-        # The proxy's limits (pd_proxy.timeouts; the settings check them against the eval's).
+        # The proxy's limits, and the KV lease it refuses to start outside (pd_proxy.timeouts).
         "--connect-timeout",
         f"{settings.proxy_connect_timeout_s:g}",
         "--prefill-timeout",
         f"{settings.proxy_prefill_timeout_s:g}",
         "--decode-timeout",
         f"{settings.proxy_decode_timeout_s:g}",
+        "--kv-lease-s",
+        str(settings.kv_lease_s),
     ]
     if first_token_port is not None:
         argv.append("--first-token-from-prefill")

@@ -164,5 +164,5 @@ def demo_checks(
             f"exited: {', '.join(dead)} (logs in {stack.log_dir})" if dead else "all running",
         )
     )
-    checks.extend(live_checks(stack.urls))
+    checks.extend(live_checks(stack.urls, stack.settings.prefill_pcp_size))
     return checks, result

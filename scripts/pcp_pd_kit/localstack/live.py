@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from typing import Any
 
 from pcp_nixl_connector.metric_names import DEDUP_METRIC_NAMES
@@ -84,38 +85,109 @@ def prometheus_query(prometheus_url: str, query: str) -> dict:
     return get_json(f"{prometheus_url}/api/v1/query", {"query": query})
 
 
-def wait_for_scrape(prometheus_url: str, decode_url: str, timeout_s: float = 60.0) -> None:
-    """Wait until Prometheus's view of decode's external-KV counter matches /metrics.
+PREFILL_JOB = "prefill"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
 
-    The report must read Prometheus after it scraped the traffic just sent, not a stale sample.
-    Returns at once when decode's /metrics is unreadable: its own check reports that.
+
+def settle_prefill(prefill_url: str, timeout_s: float) -> float | None:
+    """Wait until prefill holds no KV and every request it held KV for has been released (its
+    canonical completion counted); returns the wall-clock time it was seen settled, None after
+    timeout_s.
+
+    A P/D request's prefill blocks are freed only after decode pulled them (or the lease ran
+    out), so counters read right after the last response can still be one request short.
     """
-    try:
-        decode = scrape(decode_url)
-    except HttpError as exc:
-        log.warning("not waiting for Prometheus: decode's /metrics is unreadable: %s", exc)
-        return
-    want = total(decode, report.PROMPT_TOKENS_BY_SOURCE, source=report.EXTERNAL_KV)
-    if want is None:
-        log.warning(
-            "decode exports no %s: not waiting for Prometheus", report.PROMPT_TOKENS_BY_SOURCE
-        )
-        return
-    query = f'sum({report.PROMPT_TOKENS_BY_SOURCE}{{source="{report.EXTERNAL_KV}"}})'
     deadline = time.monotonic() + timeout_s
+    seen = "nothing read"
     while time.monotonic() < deadline:
         try:
-            seen = report.query_value(prometheus_query(prometheus_url, query))
+            samples = scrape(prefill_url)
+        except HttpError as exc:
+            seen = str(exc)
+        else:
+            usage, running = total(samples, KV_USAGE), total(samples, RUNNING)
+            held = total(samples, report.HELD_REQUESTS_TOTAL)
+            canonical = total(samples, report.CANONICAL_COMPLETIONS)
+            seen = f"usage={usage} running={running} held={held} canonical={canonical}"
+            if usage == 0 and running == 0 and canonical is not None and canonical >= (held or 0):
+                return time.time()
+        time.sleep(0.5)
+    log.warning("prefill had not settled after %.0fs (%s)", timeout_s, seen)
+    return None
+
+
+def _scrape_time(rfc3339: str) -> float:
+    """Prometheus's lastScrape (nanosecond RFC 3339, 'Z') as epoch seconds."""
+    stamp = rfc3339.replace("Z", "+00:00")
+    head, dot, tail = stamp.partition(".")
+    if dot:  # fromisoformat takes at most microseconds
+        digits = tail[: len(tail) - len(tail.lstrip("0123456789"))]
+        zone = tail[len(digits) :]
+        stamp = f"{head}.{digits[:6]}{zone}"
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def wait_for_scrape_after(
+    prometheus_url: str, job: str, since_epoch: float, timeout_s: float = 60.0
+) -> bool:
+    """Wait until Prometheus scraped ``job`` after ``since_epoch``, so a query reads the values
+    the stack had then, not an older sample. False (logged) after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last = "no scrape seen"
+    while time.monotonic() < deadline:
+        try:
+            targets = get_json(f"{prometheus_url}/api/v1/targets")["data"]["activeTargets"]
+            stamps = [
+                _scrape_time(t["lastScrape"])
+                for t in targets
+                if t.get("labels", {}).get("job") == job and t.get("health") == "up"
+            ]
+        except (HttpError, KeyError, TypeError, ValueError) as exc:
+            last = f"targets unreadable: {exc}"
+        else:
+            if stamps and min(stamps) > since_epoch:
+                return True
+            last = f"last scrape of {job} at {max(stamps) if stamps else 'never'}"
+        time.sleep(0.5)
+    log.warning(
+        "Prometheus did not scrape %s after %.3f within %.0fs (%s)",
+        job,
+        since_epoch,
+        timeout_s,
+        last,
+    )
+    return False
+
+
+def prefill_view(prometheus_url: str) -> report.PrefillView:
+    """The prefill job's dedup counters, held requests and KV usage, from Prometheus."""
+
+    def value(name: str) -> float | None:
+        try:
+            return report.query_value(
+                prometheus_query(prometheus_url, f'sum({name}{{job="{PREFILL_JOB}"}})')
+            )
         except HttpError:
-            seen = None
-        if seen is not None and seen >= want:
-            return
-        time.sleep(1.0)
-    log.warning("Prometheus had not caught up with decode's counters after %.0fs", timeout_s)
+            return None
+
+    skipped, suppressed, canonical, expected = (value(name) for name in DEDUP_METRIC_NAMES)
+    return report.PrefillView(
+        skipped=skipped,
+        suppressed=suppressed,
+        canonical=canonical,
+        expected_per_completion=expected,
+        held=value(report.HELD_REQUESTS_TOTAL),
+        kv_usage=value(KV_USAGE),
+    )
 
 
-def live_checks(urls: dict[str, str]) -> list[Check]:
-    """Every report check, read from the running proxy, decode and Prometheus."""
+def live_checks(urls: dict[str, str], pcp: int, settle_timeout_s: float = 60.0) -> list[Check]:
+    """Every report check, read from the running proxy, decode and Prometheus.
+
+    The dedup invariants are read back from Prometheus after prefill settled and Prometheus
+    scraped it once more, so they compare the finished traffic, not a sample taken mid-flight.
+    """
     checks: list[Check] = []
     try:
         checks.append(report.requests_served(scrape(urls["proxy"])))
@@ -126,16 +198,21 @@ def live_checks(urls: dict[str, str]) -> list[Check]:
     except HttpError as exc:
         checks.append(Check("decode metrics readable", False, str(exc)))
     prom = urls["prometheus"]
-    wait_for_scrape(prom, urls["decode"])
+    settled_at = settle_prefill(urls["prefill"], settle_timeout_s)
+    scraped = settled_at is not None and wait_for_scrape_after(prom, PREFILL_JOB, settled_at)
     try:
         checks.append(report.targets_up(get_json(f"{prom}/api/v1/targets"), SCRAPE_JOBS))
     except HttpError as exc:
         checks.append(Check("every Prometheus target up", False, str(exc)))
-    results = {}
-    for name in DEDUP_METRIC_NAMES:
-        try:
-            results[name] = prometheus_query(prom, name)
-        except HttpError as exc:
-            results[name] = {"status": "error", "error": str(exc)}
-    checks.extend(report.dedup_counters(results))
+    if not scraped:
+        checks.append(
+            Check(
+                "Prometheus scraped the settled prefill",
+                False,
+                "prefill never settled (KV still held)"
+                if settled_at is None
+                else "no prefill scrape after it settled",
+            )
+        )
+    checks.extend(report.dedup_invariants(prefill_view(prom), pcp))
     return checks

@@ -49,7 +49,9 @@ def resolve_model(
     """Empty MODEL -> build the tiny model under .models/; a path -> it; an HF id -> if cached."""
     if not model:
         path = build_tiny(repo / tiny_model.DEFAULT_DIR)
-        return ResolvedModel(str(path), served_model_name or "tiny-llama", built_tiny=True)
+        return ResolvedModel(
+            str(path), served_model_name or tiny_model.SERVED_NAME, built_tiny=True
+        )
     candidate = Path(model).expanduser()
     if not candidate.is_absolute():
         candidate = (repo / candidate) if (repo / candidate).exists() else candidate.resolve()

@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pcp_nixl_connector.metric_names import CANONICAL_COMPLETIONS as CANONICAL_COMPLETIONS_BASE
+from pcp_nixl_connector.metric_names import HELD_REQUESTS
 from pd_proxy.metrics import REQUESTS_TOTAL
 
 EXTERNAL_KV = "external_kv_transfer"
@@ -22,6 +23,7 @@ NIXL_XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 # The connector's own name (one spelling); prometheus_client adds _total to a counter.
 CANONICAL_COMPLETIONS = f"{CANONICAL_COMPLETIONS_BASE}_total"
+HELD_REQUESTS_TOTAL = f"{HELD_REQUESTS}_total"
 
 
 @dataclass(frozen=True)
@@ -124,21 +126,53 @@ def query_value(query_json: Mapping[str, Any]) -> float | None:
     return sum(float(r["value"][1]) for r in result)
 
 
-def dedup_counters(query_results: Mapping[str, Mapping[str, Any]]) -> list[Check]:
-    """The connector's dedup metrics exist in Prometheus; canonical completions counted > 0.
+@dataclass(frozen=True)
+class PrefillView:
+    """What Prometheus holds for the prefill job once its traffic has settled (None = absent)."""
 
-    On this PCP1 prefill the two suppression counters and the expected-suppression gauge stay 0
-    (nothing to suppress) but must be exported; every finished transfer is a canonical completion.
+    skipped: float | None
+    suppressed: float | None
+    canonical: float | None
+    expected_per_completion: float | None
+    held: float | None  # requests finished with their KV held for decode (P/D prefill legs)
+    kv_usage: float | None
+
+
+def dedup_invariants(view: PrefillView, pcp: int, tp_pp: int = 1) -> list[Check]:
+    """The replicated-PCP invariants of a settled kv_producer with the kit's connector.
+
+    Every request prefill held KV for is one canonical completion per TP x PP position; every
+    non-canonical rank's duplicate report is suppressed; ranks > 0 skip the handshake publication
+    once per engine start; and nothing is left in the KV cache (the stock connector leaks here).
     """
-    checks = []
-    for name, result in query_results.items():
-        value = query_value(result)
-        if name == CANONICAL_COMPLETIONS:
-            checks.append(Check(f"{name} > 0", (value or 0) > 0, f"{name} = {_fmt(value)}"))
-        else:
-            checks.append(Check(f"{name} present", value is not None, f"{name} = {_fmt(value)}"))
-    if not checks:
-        checks.append(Check("dedup counters known", False, "no dedup metric names to query"))
+    canonical, held = view.canonical, view.held
+    want_expected = float(pcp - 1)
+    checks = [
+        Check(
+            "canonical completions = P/D requests held",
+            canonical is not None and (canonical or 0) > 0 and canonical == (held or 0) * tp_pp,
+            f"{CANONICAL_COMPLETIONS} = {_fmt(canonical)}, {HELD_REQUESTS_TOTAL} = {_fmt(held)}, "
+            f"TP x PP = {tp_pp}",
+        ),
+        Check(
+            f"suppressed duplicates = completions x (PCP-1), PCP={pcp}",
+            view.expected_per_completion == want_expected
+            and view.suppressed is not None
+            and view.suppressed == (canonical or 0) * want_expected,
+            f"suppressed = {_fmt(view.suppressed)}, expected per completion (gauge) = "
+            f"{_fmt(view.expected_per_completion)}, want {want_expected:g}",
+        ),
+        Check(
+            "handshake publication skipped on PCP ranks > 0",
+            view.skipped == (pcp - 1) * tp_pp,
+            f"skipped = {_fmt(view.skipped)}, want {(pcp - 1) * tp_pp} per engine start",
+        ),
+        Check(
+            "prefill KV cache back to 0",
+            view.kv_usage == 0,
+            f"vllm:kv_cache_usage_perc = {_fmt(view.kv_usage)}",
+        ),
+    ]
     return checks
 
 

@@ -89,9 +89,9 @@ class Stack:
             wanted[FIRST_TOKEN_PROXY] = self.first_token_proxy_port
         return wanted
 
-    def _spec(self, part: str) -> commands.ProcessSpec:
+    def _spec(self, part: str, settings: StackSettings | None = None) -> commands.ProcessSpec:
         assert self.model is not None
-        s = self.settings
+        s = settings or self.settings
         if part in ("prefill", "decode", "reference"):
             return commands.vllm_server_spec(
                 s,
@@ -155,15 +155,16 @@ class Stack:
         """Terminate one part (its whole process group), e.g. to test the proxy's errors."""
         self.processes[part].stop()
 
-    def start_part(self, part: str) -> float:
-        """(Re)start one part and wait for it; returns its start-up seconds."""
+    def start_part(self, part: str, settings: StackSettings | None = None) -> float:
+        """(Re)start one part and wait for it; returns its start-up seconds. ``settings`` starts
+        it with other knobs (the same ports), e.g. the stock connector for an A/B test."""
         proc = self.processes.get(part)
         if proc is not None and proc.is_running():
             raise RuntimeError(f"{part} is already running")
         host.ensure_ports_free(
             self.settings.host, {k: v for k, v in self._ports().items() if k.split()[0] == part}
         )
-        proc = self.processes[part] = ManagedProcess(self._spec(part), self.log_dir)
+        proc = self.processes[part] = ManagedProcess(self._spec(part, settings), self.log_dir)
         proc.start()
         wait_healthy([proc], self.settings.startup_timeout_s)
         assert proc.healthy_after_s is not None
