@@ -1,5 +1,5 @@
 """Entry point of the kit's vLLM containers: pick this role's GPUs, read secrets, build the
---kv-transfer-config, exec vLLM.
+--kv-transfer-config, run vLLM and turn its exit into the container's.
 
 Why a wrapper: CUDA IPC between the prefill and decode containers needs each to *see* both
 roles' GPUs (mutual visibility) while using only its own, and the compose file cannot compute
@@ -10,6 +10,8 @@ into vLLM's own environment here, inside the process.
 The --kv-transfer-config JSON is written here and nowhere else for the containers (compose's four
 vLLM services, the Kubernetes pods): they set only environment variables (KV_ENV below), and
 kv_transfer_config() turns them into the JSON, refusing anything it cannot read.
+vLLM runs as this process's child (supervise()): its API server exits 0 when its engine dies, and
+only a non-zero status lets the restart policy bring a crashed server back.
 Standard library only: it runs with the image's own Python, before vLLM is imported.
 """
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,7 +38,12 @@ KV_ENV = {
     "role": "KIT_KV_ROLE",  # kv_producer (prefill) | kv_consumer (decode)
     "buffer_device": "KIT_KV_BUFFER_DEVICE",  # unset: vLLM's default (the GPU); cpu: CPU buffers
     "progress_delay": "KIT_NIXL_PROGRESS_DELAY_US",  # cpu only: .env NIXL_PROGRESS_DELAY_US
+    "lease": "KIT_NIXL_KV_LEASE_S",  # optional: .env NIXL_KV_LEASE_S (vLLM's default: 30 s)
 }
+# A CPU server's topology (compose's cpu profile): PCP ranks, expert parallelism over them. The
+# cores are the container's cpuset, split evenly over the ranks.
+CPU_PCP_ENV = "KIT_CPU_PCP_SIZE"
+CPU_EP_ENV = "KIT_CPU_EXPERT_PARALLEL"
 KV_ROLES = ("kv_producer", "kv_consumer")
 # KIT_ALL_GPUS value for a container that sees every host GPU.
 ALL_GPUS = "all"
@@ -126,6 +135,7 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
     }
     if device:
         config["kv_buffer_device"] = device
+    extra: dict[str, object] = {}
     if device == "cpu":
         delay = values["progress_delay"]
         if not (delay.isascii() and delay.isdigit()):
@@ -135,11 +145,38 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
             )
         # The connector's CPU opt-ins (docs/cpu.md): a sleeping NIXL progress thread, and no
         # re-pinning of the model thread (it fails inside a container with a cpuset).
-        config["kv_connector_extra_config"] = {
-            "cpu_nixl_progress_delay_us": int(delay),
-            "cpu_skip_kv_core_pinning": True,
-        }
+        extra["cpu_nixl_progress_delay_us"] = int(delay)
+        extra["cpu_skip_kv_core_pinning"] = True
+    lease = values["lease"]
+    if lease:
+        if not (lease.isascii() and lease.isdigit() and int(lease) >= 6):
+            raise ValueError(
+                f"{KV_ENV['lease']}={lease!r} (NIXL_KV_LEASE_S): want whole seconds >= 6 "
+                "(vLLM renews a lease every lease/6 seconds)"
+            )
+        extra["kv_lease_duration"] = int(lease)
+    if extra:
+        config["kv_connector_extra_config"] = extra
     return config
+
+
+def cpu_topology(env: Mapping[str, str], cores: Sequence[int]) -> tuple[list[str], dict[str, str]]:
+    """vLLM flags and environment for a CPU server with KIT_CPU_PCP_SIZE ranks on ``cores``
+    (none when the variable is unset: the GPU services), from the connector's one launch rule."""
+    raw = env.get(CPU_PCP_ENV, "").strip()
+    if not raw:
+        return [], {}
+    if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+        raise ValueError(f"{CPU_PCP_ENV}={raw!r} (CPU_PREFILL_PCP_SIZE): want an integer >= 1")
+    ep = env.get(CPU_EP_ENV, "0").strip()
+    if ep not in ("0", "1"):
+        raise ValueError(f"{CPU_EP_ENV}={ep!r} (CPU_PREFILL_EXPERT_PARALLEL): want 1 or 0")
+    from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch
+
+    try:
+        return cpu_server_launch(int(raw), ep == "1", cores)
+    except ValueError as exc:
+        raise ValueError(f"{CPU_PCP_ENV}={raw} on this container's CPUs: {exc}") from None
 
 
 def gives_kv_flag(argv: Sequence[str]) -> bool:
@@ -168,19 +205,62 @@ def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> li
     return [*program, *argv, KV_FLAG, config]
 
 
+def exit_status(returncode: int, stop_requested: bool) -> int:
+    """The container's exit status for vLLM's ``returncode``.
+
+    vLLM's API server shuts down with status 0 when its engine core dies (EngineDeadError), so
+    `restart: on-failure` would never bring a crashed server back: a vLLM that exits without
+    having been asked to stop is a failure (1). A signal death keeps the shell's 128 + signal.
+    """
+    if returncode < 0:
+        return 128 - returncode
+    if returncode == 0 and not stop_requested:
+        return 1
+    return returncode
+
+
+def supervise(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C), and
+    return the exit status ``exit_status`` gives it."""
+    child = subprocess.Popen(list(cmd), env=dict(env))
+    stop_requested = False
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+        child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    returncode = child.wait()
+    status = exit_status(returncode, stop_requested)
+    if status != returncode:
+        print(
+            f"vllm_serve: vLLM exited with {returncode} without being asked to stop (its engine "
+            f"died?): exiting {status} so the restart policy restarts the container",
+            file=sys.stderr,
+            flush=True,
+        )
+    return status
+
+
 def main(argv: Sequence[str]) -> None:
     try:
         env = serve_environment(os.environ)
-        cmd = vllm_command(argv, env, sys.executable)
+        flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)))
+        env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
+        cmd = vllm_command([*argv, *flags], env, sys.executable)
     except ValueError as exc:
         sys.exit(f"vllm_serve: {exc}")
     devices = env.get("CUDA_VISIBLE_DEVICES", "(unset)")
     token = "set" if "HF_TOKEN" in env else "not set"
     key = "set" if "VLLM_API_KEY" in env else "not set"
     print(f"vllm_serve: CUDA_VISIBLE_DEVICES={devices}, HF token {token}, API key {key}")
+    if flags:
+        print(f"vllm_serve: CPU topology {' '.join(flags)}")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
     sys.stdout.flush()
-    os.execvpe(cmd[0], cmd, env)
+    sys.exit(supervise(cmd, env))
 
 
 if __name__ == "__main__":

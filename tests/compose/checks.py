@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pcp_nixl_connector.cpu_compat.binding import parse_cpu_list
 from pcp_pd_kit.preflight.settings import ENV_NAMES, OPTIONAL_ENV_NAMES, REQUIRED
-from tests.entrypoint.loader import effective_argv, runs_entrypoint
+from tests.entrypoint.loader import effective_argv, entrypoint, runs_entrypoint
 
 Compose = Mapping[str, Any]
 Service = Mapping[str, Any]
@@ -29,7 +30,6 @@ SECRET_ENV = {
 }
 _SECRET_LIKE = re.compile(r"(PASSWORD|TOKEN|API_KEY|SECRET)$")
 _GPU_ID = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)$")
-_CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$", re.IGNORECASE)
 
 
@@ -158,22 +158,6 @@ def network_names(name: str, service: Service) -> set[str]:
 
 def bind_mounts(service: Service) -> list[dict[str, Any]]:
     return [v for v in service.get("volumes") or [] if v.get("type") == "bind"]
-
-
-def cpu_list(value: str) -> set[int]:
-    """CPUs of a cpuset / VLLM_CPU_OMP_THREADS_BIND list ("0-3,6"); ValueError when malformed."""
-    cpus: set[int] = set()
-    for part in id_list(value):
-        match = _CPU_RANGE.match(part)
-        if not match:
-            raise ValueError(part)
-        lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
-        if hi < lo:
-            raise ValueError(part)
-        cpus.update(range(lo, hi + 1))
-    if not cpus:
-        raise ValueError(value)
-    return cpus
 
 
 def size_bytes(value: Any) -> int:
@@ -345,26 +329,37 @@ def _shared_namespaces(
 
 
 def check_cpu_services(compose: Compose, settings: Mapping[str, str]) -> list[str]:
-    """CPU prefill/decode: each on its own cores (cpuset = the OMP binding), NUMA-capable, enough
-    /dev/shm, CPU KV buffers without the connector's own core pinning."""
+    """CPU prefill/decode: the knobs' cores and topology (the entrypoint splits the cpuset over the
+    PCP ranks, so compose must not pin OpenMP itself), NUMA-capable, enough /dev/shm, CPU KV
+    buffers without the connector's own core pinning. The two may share cores (a PCP2 prefill and
+    a decode on a 2-core machine must)."""
     problems: list[str] = []
-    cpusets: dict[str, set[int]] = {}
-    for name, cpus_var in (("prefill-cpu", "PREFILL_CPUS"), ("decode-cpu", "DECODE_CPUS")):
+    topology = (
+        ("prefill-cpu", "PREFILL_CPUS", settings["CPU_PREFILL_PCP_SIZE"]),
+        ("decode-cpu", "DECODE_CPUS", "1"),
+    )
+    for name, cpus_var, want_ranks in topology:
         service = compose["services"].get(name)
         if service is None:
             problems.append(f"{name}: not in the model")
             continue
         env = environment(service)
         cpuset = str(service.get("cpuset", ""))
-        bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
-        if cpuset != bind:
-            problems.append(f"{name}: cpuset {cpuset!r} != VLLM_CPU_OMP_THREADS_BIND {bind!r}")
         if cpuset != settings[cpus_var]:
             problems.append(f"{name}: cpuset {cpuset!r} != {cpus_var} {settings[cpus_var]!r}")
+        if "VLLM_CPU_OMP_THREADS_BIND" in env:
+            problems.append(
+                f"{name}: sets VLLM_CPU_OMP_THREADS_BIND; the entrypoint derives it per rank "
+                "from the cpuset"
+            )
+        if env.get("KIT_CPU_PCP_SIZE") != want_ranks:
+            problems.append(
+                f"{name}: KIT_CPU_PCP_SIZE {env.get('KIT_CPU_PCP_SIZE')!r}, want {want_ranks!r}"
+            )
         try:
-            cpusets[name] = cpu_list(cpuset)
-        except ValueError:
-            problems.append(f"{name}: cpuset {cpuset!r} is not a CPU list")
+            entrypoint().cpu_topology(env, parse_cpu_list(cpuset))
+        except ValueError as exc:
+            problems.append(f"{name}: cpuset {cpuset!r}: {exc}")
         if "SYS_NICE" not in (service.get("cap_add") or []):
             problems.append(f"{name}: cap_add lacks SYS_NICE (NUMA memory binding)")
         try:
@@ -389,9 +384,13 @@ def check_cpu_services(compose: Compose, settings: Mapping[str, str]) -> list[st
             problems.append(
                 f"{name}: cpu_nixl_progress_delay_us {delay!r} != NIXL_PROGRESS_DELAY_US"
             )
-    if len(cpusets) == 2 and cpusets["prefill-cpu"] & cpusets["decode-cpu"]:
-        common = sorted(cpusets["prefill-cpu"] & cpusets["decode-cpu"])
-        problems.append(f"prefill-cpu and decode-cpu share CPUs {common}")
+    prefill = compose["services"].get("prefill-cpu")
+    if prefill is not None:
+        ep = environment(prefill).get("KIT_CPU_EXPERT_PARALLEL")
+        if ep != settings["CPU_PREFILL_EXPERT_PARALLEL"]:
+            problems.append(
+                f"prefill-cpu: KIT_CPU_EXPERT_PARALLEL {ep!r} != CPU_PREFILL_EXPERT_PARALLEL"
+            )
     return problems
 
 

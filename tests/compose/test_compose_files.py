@@ -181,8 +181,15 @@ def test_kv_config_is_the_entrypoints(gpu, cpu) -> None:
             assert cc.flag_value(cc.command_args(service), "--kv-transfer-config") is None, name
             argv = cc.exec_argv(service)
             assert argv[:3] == ["python3", "-m", entrypoint().API_SERVER], name
-            assert argv[3:-2] == cc.command_args(service), name
+            env = service.get("environment") or {}
+            ranks = int(env.get("KIT_CPU_PCP_SIZE") or 1)
+            topology, _ = entrypoint().cpu_topology(env, list(range(ranks)))
+            assert argv[3:-2] == [*cc.command_args(service), *topology], name
             assert argv[-2] == "--kv-transfer-config", name
+    # The CPU prefill runs the kit's topology (PCP2 + EP2) through the entrypoint.
+    cpu_prefill = cc.exec_argv(cc.vllm_services(cpu)["prefill-cpu"])
+    assert cc.flag_value(cpu_prefill, "--prefill-context-parallel-size") == "2"
+    assert "--enable-expert-parallel" in cpu_prefill
 
 
 def test_kv_roles_check_catches_swapped_role_and_bad_json(tmp_path, env_example) -> None:
@@ -384,9 +391,20 @@ def test_cpu_services_follow_core_lists(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "edits", "needle"),
     [
-        ({"DECODE_CPUS": "0"}, [], "share CPUs [0]"),
-        ({"PREFILL_CPUS": "0-"}, [], "is not a CPU list"),
-        ({}, [("cpuset: ${DECODE_CPUS:-1}", "cpuset: 1-2")], "!= VLLM_CPU_OMP_THREADS_BIND"),
+        ({"PREFILL_CPUS": "0-2"}, [], "cannot be split evenly over 2"),
+        ({"PREFILL_CPUS": "0-"}, [], "not a CPU list"),
+        ({}, [("cpuset: ${DECODE_CPUS:-1}", "cpuset: 1-2")], "cpuset '1-2' != DECODE_CPUS"),
+        ({}, [('KIT_CPU_PCP_SIZE: "1"', 'KIT_CPU_PCP_SIZE: "2"')], "decode-cpu: KIT_CPU_PCP_SIZE"),
+        (
+            {},
+            [
+                (
+                    '      KIT_CPU_PCP_SIZE: "1"\n',
+                    '      KIT_CPU_PCP_SIZE: "1"\n      VLLM_CPU_OMP_THREADS_BIND: "1"\n',
+                )
+            ],
+            "sets VLLM_CPU_OMP_THREADS_BIND",
+        ),
         ({}, [("  cap_add: [SYS_NICE]\n", "")], "SYS_NICE"),
         ({}, [("  shm_size: 1g\n", "  shm_size: 256m\n")], "under 1g"),
         (
@@ -407,9 +425,11 @@ def test_cpu_services_follow_core_lists(tmp_path) -> None:
         ),
     ],
     ids=[
-        "overlap",
+        "uneven-split",
         "bad-list",
-        "cpuset-vs-bind",
+        "cpuset-vs-knob",
+        "decode-pcp",
+        "pinned-omp",
         "no-sys-nice",
         "small-shm",
         "pinning",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from pcp_pd_kit.localstack.live import prefill_view, wait_for_scrape_after
+from pcp_pd_kit.localstack.report import PrefillView
 from tests.support.paths import REPO
 
 PROJECT = "pcp-pd-kit-test"
@@ -32,6 +37,46 @@ class ComposeStack:
                 f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
             )
         return proc.stdout + proc.stderr
+
+    def server_json(
+        self, service: str, path: str, body: dict[str, Any] | None = None, timeout: float = 180
+    ) -> Any:
+        """A vLLM server's own answer, asked inside its container (the servers are published
+        nowhere), with their generated API key; GET when ``body`` is None."""
+        port = {"prefill-cpu": 8100, "decode-cpu": 8200}[service]
+        script = (
+            "import json, sys, urllib.request\n"
+            "key = open('/run/kit-keys/vllm_api_key').read().strip()\n"
+            "data = sys.stdin.buffer.read() or None\n"
+            f"req = urllib.request.Request('http://127.0.0.1:{port}{path}', data=data,"
+            " headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + key})\n"
+            f"print(urllib.request.urlopen(req, timeout={timeout}).read().decode())\n"
+        )
+        proc = subprocess.run(
+            ["docker", "compose", "--env-file", str(REPO / ".env.example"), "exec", "-T"]
+            + [service, "python3", "-c", script],
+            cwd=REPO,
+            env=self.env,
+            input="" if body is None else json.dumps(body),
+            text=True,
+            capture_output=True,
+            timeout=timeout + 60,
+            check=True,
+        )
+        return json.loads(proc.stdout) if body is not None else proc.stdout
+
+    def container_state(self, service: str) -> tuple[str, str, int]:
+        """(container id, start time, restart count): equal before and after means untouched."""
+        cid = self.compose("ps", "-q", service).strip()
+        fmt = "{{.State.StartedAt}} {{.RestartCount}}"
+        out = subprocess.run(
+            ["docker", "inspect", "--format", fmt, cid],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        return cid, out[0], int(out[1])
 
     def logs(self, service: str, tail: int = 40) -> str:
         return self.compose("logs", "--no-color", "--tail", str(tail), service, check=False)
@@ -75,3 +120,19 @@ def compose_down(env: dict[str, str], grace_s: int = 30) -> None:
         timeout=300,
         check=False,
     )
+
+
+def settled_prefill_view(stack: ComposeStack, timeout_s: float) -> tuple[PrefillView, float]:
+    """The prefill job's view in the Prometheus container once prefill holds no KV and every
+    finished request was counted, read from a scrape taken after this call began (so not a
+    sample from before the caller's last request); (view, seconds it took). After timeout_s the
+    last view is returned as it is, for the caller's checks to report."""
+    start = time.time()
+    wait_for_scrape_after(stack.prometheus_url, "prefill", start, timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = prefill_view(stack.prometheus_url)
+        settled = view.kv_usage == 0 and (view.canonical or 0) >= (view.held or 0)
+        if settled or time.monotonic() > deadline:
+            return view, time.time() - start
+        time.sleep(1)

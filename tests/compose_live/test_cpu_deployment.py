@@ -1,7 +1,10 @@
-"""`docker compose --profile cpu up -d --wait` for real: P/D correctness, metrics through the
-Prometheus container, the eval, security defaults, a killed decode, and a clean `down`.
+"""`docker compose --profile cpu up -d --wait` for real, in the kit's topology (a PCP2 + EP2
+prefill, a PCP1 decode, the tiny MLA + MoE model): P/D correctness against both servers answering
+alone, the replicated-PCP invariants through the Prometheus container, the eval, security
+defaults, a killed decode and a restarted prefill.
 
-Tests run in file order on one session stack; the decode kill and `down` come last.
+Tests run in file order on one session stack; the fault suite (test_faults.py) and the `down`
+check (test_teardown.py) follow on the same stack.
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ from typing import Any
 import pytest
 
 from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
-from pcp_nixl_connector.metric_names import DEDUP_METRIC_NAMES
+from pcp_pd_kit.localstack.report import dedup_invariants, failed, format_report
 from tests.support.paths import REPO
 
-from .stack import ComposeStack
+from .stack import ComposeStack, settled_prefill_view
 
 pytestmark = pytest.mark.compose
-MODEL = "tiny-llama"
+MODEL = "tiny-mla-moe"
 PROMPTS = {
+    "tiny": {"prompt": "Hi"},  # fewer tokens than the PCP2 prefill has chunks
     "short": {"prompt": "The capital of France is"},
     "multi_block": {"prompt": " ".join(f"item {i} is a thing and" for i in range(40))},
 }
@@ -64,39 +68,11 @@ def text_of(answer: dict[str, Any]) -> str:
     return choice["message"]["content"] if "message" in choice else choice["text"]
 
 
-def single_instance(stack: ComposeStack, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The same request to prefill-cpu's own server, inside its container: a plain, non-P/D
-    vLLM request (no kv_transfer_params), with the servers' generated API key."""
-    script = (
-        "import json, sys, urllib.request\n"
-        "key = open('/run/kit-keys/vllm_api_key').read().strip()\n"
-        f"req = urllib.request.Request('http://127.0.0.1:8100{path}', data=sys.stdin.buffer.read(),"
-        " headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + key})\n"
-        "print(urllib.request.urlopen(req, timeout=120).read().decode())\n"
-    )
-    argv = [
-        "docker",
-        "compose",
-        "--env-file",
-        str(REPO / ".env.example"),
-        "exec",
-        "-T",
-        "prefill-cpu",
-        "python3",
-        "-c",
-        script,
-    ]
-    proc = subprocess.run(
-        argv,
-        cwd=REPO,
-        env=stack.env,
-        input=json.dumps(body),
-        text=True,
-        capture_output=True,
-        timeout=180,
-        check=True,
-    )
-    return json.loads(proc.stdout)
+def alone(stack: ComposeStack, service: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same request to one server's own API, inside its container: a plain, non-P/D vLLM
+    request (no kv_transfer_params). decode-cpu answering alone is a PCP1 single instance;
+    prefill-cpu answering alone runs the whole request on its PCP2 + EP2 ranks."""
+    return stack.server_json(service, path, body)
 
 
 def prom_query(stack: ComposeStack, expr: str) -> list[dict[str, Any]]:
@@ -141,7 +117,10 @@ def test_up_wait_brings_the_stack_up_with_each_server_on_its_own_cores(compose_s
         ).stdout.strip()
         cpusets[service] = raw
     assert all(cpusets.values()), cpusets
-    assert cpusets["prefill-cpu"] != cpusets["decode-cpu"], cpusets
+    assert cpusets == {
+        "prefill-cpu": compose_stack.env.get("PREFILL_CPUS", "0"),
+        "decode-cpu": compose_stack.env.get("DECODE_CPUS", "1"),
+    }, cpusets
 
 
 def test_only_the_proxy_is_published(compose_stack) -> None:
@@ -179,10 +158,25 @@ def test_greedy_pd_output_equals_a_single_instance(compose_stack, name) -> None:
     status, pd = http(f"{compose_stack.proxy_url}{path}", body, key=compose_stack.api_key)
     pd_seconds = time.monotonic() - start
     assert status == 200, pd
-    reference = single_instance(compose_stack, path, body)
+    pcp1 = alone(compose_stack, "decode-cpu", path, body)
+    pcp2 = alone(compose_stack, "prefill-cpu", path, body)
     print(f"\n{name}: P/D through the compose proxy {pd_seconds * 1000:.0f} ms")
-    assert text_of(pd) == text_of(reference)
-    assert pd["usage"]["prompt_tokens"] == reference["usage"]["prompt_tokens"]
+    assert text_of(pd) == text_of(pcp1) == text_of(pcp2)
+    for count in ("prompt_tokens", "completion_tokens"):
+        assert pd["usage"][count] == pcp1["usage"][count], count
+
+
+def test_the_prefill_runs_pcp2_ep2_on_model_runner_v2_with_the_kit_fixes(compose_stack) -> None:
+    prefill = compose_stack.logs("prefill-cpu", tail=100000)
+    decode = compose_stack.logs("decode-cpu", tail=100000)
+    assert "Worker_PCP0_EP0" in prefill and "Worker_PCP1_EP1" in prefill
+    assert "Using V2 Model Runner" in prefill
+    # vLLM's own "non-default args" line: the flags the entrypoint added reached the engine.
+    assert "'prefill_context_parallel_size': 2" in prefill
+    assert "'enable_expert_parallel': True" in prefill
+    for text in (prefill, decode):
+        assert "CPU fix: rotary embedding" in text and "CPU fix: expert-parallel MoE" in text
+    assert "Worker_PCP" not in decode
 
 
 def test_kv_crossed_nixl_as_the_prometheus_container_sees_it(compose_stack) -> None:
@@ -197,18 +191,29 @@ def test_kv_crossed_nixl_as_the_prometheus_container_sees_it(compose_stack) -> N
     assert transfers and transfers > 0
     failures = prom_value(compose_stack, "sum(vllm:nixl_num_failed_transfers_total)")
     assert failures == 0
-    read_back = {
-        name: prom_value(compose_stack, f'sum({name}{{job="prefill"}})')
-        for name in DEDUP_METRIC_NAMES
-    }
-    print(f"\ndedup metrics from the Prometheus container: {read_back}")
-    assert all(value is not None for value in read_back.values()), read_back
     targets = prom_query(compose_stack, "up")
     assert {t["metric"]["job"]: t["value"][1] for t in targets} == {
         "prefill": "1",
         "decode": "1",
         "proxy": "1",
     }
+
+
+def test_replicated_pcp_invariants_as_the_prometheus_container_sees_them(compose_stack) -> None:
+    """After one more request, read back once prefill settled and was scraped again: canonical
+    completions = P/D requests held, suppressed = completions x (PCP-1), one skipped handshake
+    publication, prefill KV at 0 well inside the lease and nothing expired."""
+    status, _ = http(
+        f"{compose_stack.proxy_url}/v1/completions",
+        greedy_body(PROMPTS["multi_block"]),
+        key=compose_stack.api_key,
+    )
+    assert status == 200
+    view, seconds = settled_prefill_view(compose_stack, timeout_s=25)
+    print(f"\nprefill settled {seconds:.1f}s after the request: {view}")
+    checks = dedup_invariants(view, pcp=int(compose_stack.env.get("CPU_PREFILL_PCP_SIZE", "2")))
+    assert not failed(checks), format_report(checks)
+    assert prom_value(compose_stack, 'sum(vllm:nixl_num_kv_expired_reqs_total{job="prefill"})') == 0
 
 
 def test_worker_logs_show_amx_permission_and_cpu_knobs(compose_stack) -> None:
@@ -259,6 +264,28 @@ def test_gsm8k_eval_through_the_compose_proxy(compose_stack, tmp_path) -> None:
     assert "verdict" in _json.loads(manifest.read_text()) or manifest.read_text()
 
 
+def test_a_restarted_prefill_leaves_decode_running_and_serves_again(compose_stack) -> None:
+    """Decode shares nothing with prefill's processes (GPU: a holder owns the shared namespaces),
+    so `docker compose restart prefill-cpu` leaves the decode container as it was."""
+    before = compose_stack.container_state("decode-cpu")
+    start = time.monotonic()
+    compose_stack.compose("restart", "prefill-cpu", timeout=240)
+    url = f"{compose_stack.proxy_url}/v1/completions"
+    body = greedy_body(PROMPTS["short"])
+    want = text_of(alone(compose_stack, "decode-cpu", "/v1/completions", body))
+    deadline = time.monotonic() + 300
+    while True:
+        status, answer = http(url, body, key=compose_stack.api_key, timeout=60)
+        if status == 200:
+            break
+        assert status in (502, 503), (status, answer)
+        assert time.monotonic() < deadline, f"no answer after the prefill restart: {answer}"
+        time.sleep(3)
+    print(f"\nserving again {time.monotonic() - start:.0f}s after `restart prefill-cpu`")
+    assert text_of(answer) == want
+    assert compose_stack.container_state("decode-cpu") == before
+
+
 def test_a_killed_decode_is_a_clear_error_and_start_brings_it_back(compose_stack) -> None:
     url = f"{compose_stack.proxy_url}/v1/completions"
     body = greedy_body(PROMPTS["short"])
@@ -292,10 +319,3 @@ def test_every_grafana_panel_query_returns_data(compose_stack) -> None:
             ):
                 empty.append(f"{panel['title']}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
-
-
-def test_down_leaves_no_container_network_or_volume(compose_stack) -> None:
-    compose_stack.compose(
-        "--profile", "cpu", "down", "-v", "--remove-orphans", "--timeout", "30", timeout=300
-    )
-    assert compose_stack.project_objects() == {"container": [], "network": [], "volume": []}

@@ -39,4 +39,10 @@ def effective_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     anything else unchanged. ValueError, with the entrypoint's message, when it would refuse."""
     if not runs_entrypoint(argv):
         return list(argv)
-    return list(entrypoint().vllm_command(argv[2:], env, argv[0]))
+    serve = entrypoint()
+    # The CPU topology flags do not depend on which cores the container has, only on how many
+    # ranks: give it one core per rank.
+    ranks = env.get(serve.CPU_PCP_ENV, "").strip()
+    cores = list(range(int(ranks))) if ranks.isdigit() and int(ranks) > 0 else [0]
+    flags, _ = serve.cpu_topology(env, cores)
+    return list(serve.vllm_command([*argv[2:], *flags], env, argv[0]))

@@ -182,19 +182,60 @@ def test_effective_argv_goes_through_the_entrypoint_only() -> None:
     assert effective_argv(["vllm", "serve", "--port", "1"], {}) == ["vllm", "serve", "--port", "1"]
 
 
-def test_main_execs_vllm_with_the_config(monkeypatch, tmp_path, capsys) -> None:
+def test_main_runs_vllm_with_the_config(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
     monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
     for key, value in DECODE_CPU.items():
         monkeypatch.setenv(key, value)
     seen = []
-    monkeypatch.setattr(serve.os, "execvpe", lambda prog, cmd, env: seen.append((prog, cmd, env)))
-    serve.main(["--port", "8200"])
-    ((prog, cmd, env),) = seen
-    assert prog == sys.executable
+    monkeypatch.setattr(serve, "supervise", lambda cmd, env: seen.append((cmd, env)) or 0)
+    with pytest.raises(SystemExit) as done:
+        serve.main(["--port", "8200"])
+    assert done.value.code == 0
+    ((cmd, env),) = seen
     assert cmd == serve.vllm_command(["--port", "8200"], DECODE_CPU, sys.executable)
     assert env["KIT_KV_ROLE"] == "kv_consumer"
     assert f"--kv-transfer-config {cmd[-1]}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stopped", "status"),
+    [
+        (0, True, 0),  # compose stop: vLLM drained and exited 0
+        (0, False, 1),  # vLLM's API server after its engine died: a crash, restart it
+        (3, False, 3),
+        (-9, False, 137),  # killed: the shell's 128 + signal
+    ],
+)
+def test_exit_status_makes_an_unasked_exit_a_failure(returncode, stopped, status) -> None:
+    assert serve.exit_status(returncode, stopped) == status
+
+
+def test_supervise_forwards_sigterm_and_reports_an_unasked_exit(tmp_path) -> None:
+    """For real: a child that exits 0 by itself is a failure; one stopped by SIGTERM is not."""
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+        "time.sleep(float(sys.argv[1]))\n"
+    )
+    runner = (
+        "import os, signal, sys, threading, time\n"
+        f"sys.path.insert(0, {str(PATH.parent)!r})\n"
+        "import vllm_serve\n"
+        "if sys.argv[1] == 'stop':\n"
+        "    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
+        f"cmd = [sys.executable, {str(script)!r}, '30' if sys.argv[1] == 'stop' else '0']\n"
+        "sys.exit(vllm_serve.supervise(cmd, dict(os.environ)))\n"
+    )
+    stopped = subprocess.run(
+        [sys.executable, "-c", runner, "stop"], capture_output=True, timeout=60
+    )
+    crashed = subprocess.run(
+        [sys.executable, "-c", runner, "exit"], capture_output=True, text=True, timeout=60
+    )
+    assert stopped.returncode == 0, stopped.stderr
+    assert crashed.returncode == 1 and "without being asked to stop" in crashed.stderr
 
 
 @pytest.mark.parametrize(

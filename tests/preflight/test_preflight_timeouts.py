@@ -27,7 +27,7 @@ def stack(host: FakeHost, proxy: dict[str, str] | None = None, lease: str | None
     host.services["decode"]["environment"] = {"KIT_KV_ROLE": "kv_consumer"}
     if lease is not None:
         for name in ("prefill", "decode"):
-            host.services[name]["environment"]["KIT_KV_LEASE_S"] = lease
+            host.services[name]["environment"]["KIT_NIXL_KV_LEASE_S"] = lease
     host.services["proxy"] = {
         "image": "pd-proxy",
         "environment": {**KIT_PROXY_ENV, **(proxy or {})},
@@ -86,12 +86,12 @@ def test_the_proxy_must_be_told_the_lease_prefill_keeps(host: FakeHost) -> None:
     assert out.status("timeouts") == ["FAIL"]
     text = out.text("timeouts")
     assert "a KV lease of 60 s (PD_PROXY_KV_LEASE_S), but prefill keeps KV for 30 s" in text
-    assert "(KIT_KV_LEASE_S): both must get the lease NIXL_KV_LEASE_S sets in .env." in text
+    assert "(KIT_NIXL_KV_LEASE_S): both must get the lease NIXL_KV_LEASE_S sets in .env." in text
     stack(host, proxy={"PD_PROXY_KV_LEASE_S": "60", "PD_PROXY_DECODE_TIMEOUT": "40"})
-    out = consistent(host.run())  # no KIT_KV_LEASE_S on prefill: vLLM's 30 s
+    out = consistent(host.run())  # no KIT_NIXL_KV_LEASE_S on prefill: vLLM's 30 s
     assert out.status("timeouts") == ["FAIL"]
     assert (
-        "but prefill keeps KV for 30 s (vLLM's default; compose passes it no KIT_KV_LEASE_S)"
+        "but prefill keeps KV for 30 s (vLLM's default; compose passes it no KIT_NIXL_KV_LEASE_S)"
         in out.text("timeouts")
     )
 
@@ -150,20 +150,22 @@ def test_repo_compose_refuses_a_long_decode_timeout(host: FakeHost) -> None:
     assert out.status("timeouts") == ["FAIL"], out.dump()
     assert "NIXL_KV_LEASE_S=30 s" in out.text("timeouts")
     assert "PROXY_DECODE_TIMEOUT_S=60 s" in out.text("timeouts")
-    # A longer lease fixes it where compose hands the lease to the prefill (KIT_KV_LEASE_S); where
-    # it does not, the prefill keeps vLLM's 30 s and preflight says so.
+    # A longer lease fixes it where compose hands the lease to the prefill
+    # (KIT_NIXL_KV_LEASE_S); where it does not, the prefill keeps vLLM's 30 s and preflight
+    # says so.
     raised = {"PROXY_DECODE_TIMEOUT_S": "60", "NIXL_KV_LEASE_S": "90"}
     for profile in ((), ("--profile", "cpu")):
         out = run_repo_compose(host, raised, *profile)
         services = repo_services(raised, profile)
         prefill = next(p for p in ("prefill-cpu", "prefill") if p in services)
-        gets_lease = "KIT_KV_LEASE_S" in services[prefill]["environment"]
+        gets_lease = "KIT_NIXL_KV_LEASE_S" in services[prefill]["environment"]
         if gets_lease:
             assert out.status("timeouts") == ["ok"], out.dump()
         else:
             assert out.status("timeouts") == ["FAIL"], out.dump()
-            assert "keeps KV for 30 s (vLLM's default; compose passes it no KIT_KV_LEASE_S)" in (
-                out.text("timeouts")
+            assert (
+                "keeps KV for 30 s (vLLM's default; compose passes it no KIT_NIXL_KV_LEASE_S)"
+                in (out.text("timeouts"))
             )
 
 

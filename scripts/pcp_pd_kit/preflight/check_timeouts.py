@@ -2,7 +2,7 @@
 decode that answers after the lease ran out may have read KV blocks the prefill already freed and
 reused (HTTP 200, wrong text). The rule is pd-proxy's own (proxy/pd_proxy/timeouts.py, standard
 library only, imported from the checkout), read here from the resolved services' environments:
-the kv_producer's KIT_KV_LEASE_S (vLLM's default when unset) and each pd-proxy service's
+the kv_producer's KIT_NIXL_KV_LEASE_S (vLLM's default when unset) and each pd-proxy service's
 PD_PROXY_* limits (the proxy's defaults when unset)."""
 
 from __future__ import annotations
@@ -72,8 +72,12 @@ def kv_timeouts(ctx: Context) -> list[Result]:
     try:
         leases = {
             name: (
-                _seconds(env, "KIT_KV_LEASE_S", VLLM_DEFAULT_KV_LEASE_S, name, KIT_NAMES["lease"]),
-                "KIT_KV_LEASE_S" if env.get("KIT_KV_LEASE_S", "").strip() else "vLLM's default",
+                _seconds(
+                    env, "KIT_NIXL_KV_LEASE_S", VLLM_DEFAULT_KV_LEASE_S, name, KIT_NAMES["lease"]
+                ),
+                "KIT_NIXL_KV_LEASE_S"
+                if env.get("KIT_NIXL_KV_LEASE_S", "").strip()
+                else "vLLM's default",
             )
             for name, env in producers.items()
         }
@@ -108,7 +112,7 @@ def _one_proxy(
     # First what the proxy was told: its own start-up check trusts it, and a lease that never
     # reached the prefill is the cause to name, not the rule it then breaks.
     if told_s is not None and told_s != lease:
-        unset = "; compose passes it no KIT_KV_LEASE_S" if how == "vLLM's default" else ""
+        unset = "; compose passes it no KIT_NIXL_KV_LEASE_S" if how == "vLLM's default" else ""
         return fail(
             CHECK,
             f"{name} checks its limits against a KV lease of {told_s:g} s (PD_PROXY_KV_LEASE_S), "

@@ -1,5 +1,5 @@
 """Entry point of the kit's vLLM containers: pick this role's GPUs, read secrets, build the
---kv-transfer-config, exec vLLM.
+--kv-transfer-config, run vLLM and turn its exit into the container's.
 
 Why a wrapper: CUDA IPC between the prefill and decode containers needs each to *see* both
 roles' GPUs (mutual visibility) while using only its own, and the compose file cannot compute
@@ -10,6 +10,8 @@ into vLLM's own environment here, inside the process.
 The --kv-transfer-config JSON is written here and nowhere else for the containers (compose's four
 vLLM services, the Kubernetes pods): they set only environment variables (KV_ENV below), and
 kv_transfer_config() turns them into the JSON, refusing anything it cannot read.
+vLLM runs as this process's child (supervise()): its API server exits 0 when its engine dies, and
+only a non-zero status lets the restart policy bring a crashed server back.
 Standard library only: it runs with the image's own Python, before vLLM is imported.
 """
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,7 +38,7 @@ KV_ENV = {
     "role": "KIT_KV_ROLE",  # kv_producer (prefill) | kv_consumer (decode)
     "buffer_device": "KIT_KV_BUFFER_DEVICE",  # unset: vLLM's default (the GPU); cpu: CPU buffers
     "progress_delay": "KIT_NIXL_PROGRESS_DELAY_US",  # cpu only: .env NIXL_PROGRESS_DELAY_US
-    "lease": "KIT_KV_LEASE_S",  # optional: .env NIXL_KV_LEASE_S (vLLM's default: 30 s)
+    "lease": "KIT_NIXL_KV_LEASE_S",  # optional: .env NIXL_KV_LEASE_S (vLLM's default: 30 s)
 }
 # A CPU server's topology (compose's cpu profile): PCP ranks, expert parallelism over them. The
 # cores are the container's cpuset, split evenly over the ranks.
@@ -201,6 +205,45 @@ def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> li
     return [*program, *argv, KV_FLAG, config]
 
 
+def exit_status(returncode: int, stop_requested: bool) -> int:
+    """The container's exit status for vLLM's ``returncode``.
+
+    vLLM's API server shuts down with status 0 when its engine core dies (EngineDeadError), so
+    `restart: on-failure` would never bring a crashed server back: a vLLM that exits without
+    having been asked to stop is a failure (1). A signal death keeps the shell's 128 + signal.
+    """
+    if returncode < 0:
+        return 128 - returncode
+    if returncode == 0 and not stop_requested:
+        return 1
+    return returncode
+
+
+def supervise(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C), and
+    return the exit status ``exit_status`` gives it."""
+    child = subprocess.Popen(list(cmd), env=dict(env))
+    stop_requested = False
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+        child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    returncode = child.wait()
+    status = exit_status(returncode, stop_requested)
+    if status != returncode:
+        print(
+            f"vllm_serve: vLLM exited with {returncode} without being asked to stop (its engine "
+            f"died?): exiting {status} so the restart policy restarts the container",
+            file=sys.stderr,
+            flush=True,
+        )
+    return status
+
+
 def main(argv: Sequence[str]) -> None:
     try:
         env = serve_environment(os.environ)
@@ -213,9 +256,11 @@ def main(argv: Sequence[str]) -> None:
     token = "set" if "HF_TOKEN" in env else "not set"
     key = "set" if "VLLM_API_KEY" in env else "not set"
     print(f"vllm_serve: CUDA_VISIBLE_DEVICES={devices}, HF token {token}, API key {key}")
+    if flags:
+        print(f"vllm_serve: CPU topology {' '.join(flags)}")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
     sys.stdout.flush()
-    os.execvpe(cmd[0], cmd, env)
+    sys.exit(supervise(cmd, env))
 
 
 if __name__ == "__main__":
