@@ -78,7 +78,7 @@ class ComposeStack:
         ).stdout.split()
         return cid, out[0], int(out[1])
 
-    def logs(self, service: str, tail: int = 40) -> str:
+    def logs(self, service: str, tail: int | str = 40) -> str:
         return self.compose("logs", "--no-color", "--tail", str(tail), service, check=False)
 
     def project_objects(self) -> dict[str, list[str]]:

@@ -4,6 +4,7 @@ and the one --kv-transfer-config the containers run with, built from their envir
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -262,3 +263,44 @@ def test_the_container_exits_with_one_clear_line(env, argv, needle) -> None:
     assert res.stdout == ""
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("vllm_serve: ") and needle in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "want"),
+    [
+        ({(1, "eth0")}, {(1, "eth0")}, None),
+        ({(1, "eth0")}, set(), "gone: eth0"),  # docker network disconnect
+        ({(1, "eth0")}, {(7, "eth1")}, "gone: eth0; new: eth1"),  # ... and connect again
+        (set(), {(7, "eth1")}, "new: eth1"),  # started while disconnected
+        ({(1, "eth0"), (2, "eth1")}, {(2, "eth1")}, "gone: eth0"),
+    ],
+)
+def test_interface_change_names_what_ucx_no_longer_has(before, now, want) -> None:
+    assert serve.interface_change(frozenset(before), frozenset(now)) == want
+
+
+def test_network_interfaces_leave_out_loopback() -> None:
+    names = {name for _, name in serve.network_interfaces()}
+    assert "lo" not in names
+
+
+def test_supervise_stops_vllm_and_exits_1_when_an_interface_goes(tmp_path, monkeypatch) -> None:
+    """For real: the child gets SIGTERM (vLLM drains) once the interfaces differ from the start,
+    and the container's status is 1 for the restart policy, though the child exited 0."""
+    monkeypatch.setattr(serve.signal, "signal", lambda *args: None)  # keep pytest's handlers
+    marker = tmp_path / "terminated"
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import pathlib, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).touch(), "
+        "sys.exit(0)))\n"
+        "time.sleep(60)\n"
+    )
+    views = iter([frozenset({(1, "eth0")}), frozenset({(1, "eth0")})])
+    status = serve.supervise(
+        [sys.executable, str(script)],
+        dict(os.environ),
+        interfaces=lambda: next(views, frozenset({(9, "eth1")})),
+        poll_s=0.2,
+    )
+    assert status == 1 and marker.exists()

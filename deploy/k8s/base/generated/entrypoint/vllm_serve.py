@@ -11,7 +11,11 @@ The --kv-transfer-config JSON is written here and nowhere else for the container
 vLLM services, the Kubernetes pods): they set only environment variables (KV_ENV below), and
 kv_transfer_config() turns them into the JSON, refusing anything it cannot read.
 vLLM runs as this process's child (supervise()): its API server exits 0 when its engine dies, and
-only a non-zero status lets the restart policy bring a crashed server back.
+only a non-zero status lets the restart policy bring a crashed server back. supervise() also
+watches the container's network interfaces: UCX binds to the interfaces it finds at start, so one
+that goes away (`docker network disconnect`, even when reconnected: it comes back under another
+name) leaves NIXL unable to connect to any new peer while /health stays green. The server is then
+stopped and the container exits 1, so the restart policy starts it on the interfaces it has now.
 Standard library only: it runs with the image's own Python, before vLLM is imported.
 """
 
@@ -20,9 +24,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 HF_TOKEN_FILE = Path("/run/secrets/kit_secrets/hf_token")
@@ -55,6 +60,8 @@ BUFFER_DEVICES = ("cuda", "cpu")
 # A --headless engine (LeaderWorkerSet workers) runs `vllm serve` instead: the module has no
 # headless mode (headless engines run only on the GPU image, whose distribution is `vllm`).
 API_SERVER = "vllm.entrypoints.launchers.api_server.entry"
+NETWORK_POLL_S = 2.0
+Interfaces = frozenset[tuple[int, str]]
 
 
 def split_ids(value: str) -> list[str]:
@@ -219,9 +226,33 @@ def exit_status(returncode: int, stop_requested: bool) -> int:
     return returncode
 
 
-def supervise(cmd: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C), and
-    return the exit status ``exit_status`` gives it."""
+def network_interfaces() -> Interfaces:
+    """This container's network interfaces but loopback, as (index, name)."""
+    return frozenset(i for i in socket.if_nameindex() if i[1] != "lo")
+
+
+def interface_change(before: Interfaces, now: Interfaces) -> str | None:
+    """What changed since vLLM started, or None. A changed set means UCX's is stale: it keeps
+    the interfaces (by name) it found at start, so a removed or replaced one cannot carry a new
+    NIXL connection."""
+    gone = sorted(name for _, name in before - now)
+    new = sorted(name for _, name in now - before)
+    if not gone and not new:
+        return None
+    parts = [f"{label} {', '.join(names)}" for label, names in (("gone:", gone), ("new:", new))]
+    return "; ".join(p for p in parts if not p.endswith(" "))
+
+
+def supervise(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    interfaces: Callable[[], Interfaces] = network_interfaces,
+    poll_s: float = NETWORK_POLL_S,
+) -> int:
+    """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C), stop it
+    when the network interfaces change under it, and return the exit status for the restart
+    policy (``exit_status``; 1 after a network change)."""
+    at_start = interfaces()
     child = subprocess.Popen(list(cmd), env=dict(env))
     stop_requested = False
 
@@ -232,7 +263,23 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    returncode = child.wait()
+    while True:
+        try:
+            returncode = child.wait(timeout=poll_s)
+            break
+        except subprocess.TimeoutExpired:
+            change = None if stop_requested else interface_change(at_start, interfaces())
+            if change:
+                print(
+                    f"vllm_serve: network interfaces changed since start ({change}): UCX cannot "
+                    "open new NIXL connections on them; stopping vLLM and exiting 1 so the "
+                    "restart policy starts it on the current interfaces",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                child.send_signal(signal.SIGTERM)
+                child.wait()
+                return 1
     status = exit_status(returncode, stop_requested)
     if status != returncode:
         print(
