@@ -43,6 +43,7 @@ KV_ENV = {
     "role": "KIT_KV_ROLE",  # kv_producer (prefill) | kv_consumer (decode)
     "buffer_device": "KIT_KV_BUFFER_DEVICE",  # unset: vLLM's default (the GPU); cpu: CPU buffers
     "progress_delay": "KIT_NIXL_PROGRESS_DELAY_US",  # cpu only: .env NIXL_PROGRESS_DELAY_US
+    "early_load": "KIT_NIXL_EARLY_KV_LOAD",  # cpu only, 1 or 0: .env NIXL_EARLY_KV_LOAD
     "lease": "KIT_NIXL_KV_LEASE_S",  # optional: .env NIXL_KV_LEASE_S (vLLM's default: 30 s)
 }
 # A CPU server's topology (compose's cpu profile): PCP ranks, expert parallelism over them. The
@@ -150,10 +151,15 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
                 f"{KV_ENV['progress_delay']}={delay!r} (NIXL_PROGRESS_DELAY_US): want a "
                 "non-negative integer number of microseconds"
             )
-        # The connector's CPU opt-ins (docs/cpu.md): a sleeping NIXL progress thread, and no
-        # re-pinning of the model thread (it fails inside a container with a cpuset).
+        # The connector's CPU opt-ins (docs/cpu.md): a sleeping NIXL progress thread, no
+        # re-pinning of the model thread (it fails inside a container with a cpuset), and, when
+        # asked, KV reads posted before the step's forward rather than after it.
         extra["cpu_nixl_progress_delay_us"] = int(delay)
         extra["cpu_skip_kv_core_pinning"] = True
+        early = values["early_load"] or "0"
+        if early not in ("0", "1"):
+            raise ValueError(f"{KV_ENV['early_load']}={early!r} (NIXL_EARLY_KV_LOAD): want 1 or 0")
+        extra["cpu_early_kv_load"] = early == "1"
     lease = values["lease"]
     if lease:
         if not (lease.isascii() and lease.isdigit() and int(lease) >= 6):

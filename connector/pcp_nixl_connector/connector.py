@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
 )
@@ -95,6 +96,8 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         self._sched_stats = PcpNixlKVConnectorStats()
         self._awaiting_first_step: set[str] = set()
         self._in_first_step: set[str] = set()
+        self._loads_posted = False  # this step's reads already posted (cpu_early_kv_load)
+        self._early_kv_load = False
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = NixlPullConnectorScheduler(
                 vllm_config, self.engine_id, kv_cache_config
@@ -116,6 +119,10 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
                 )
             self.connector_scheduler = None
             self.connector_worker = worker
+            if self.cpu_knobs.early_kv_load:
+                self._early_kv_load = is_cpu_platform()
+                if not self._early_kv_load:
+                    logger.warning("cpu_early_kv_load ignored: not the CPU platform")
         else:
             raise ValueError(f"Unsupported KVConnectorRole: {role}")
         self._bind_rank(self.pcp_rank)
@@ -209,8 +216,23 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         # Set to ours in __init__; vLLM never replaces it (clone_and_reset copies, keeps self).
         return cast(PcpNixlKVConnectorStats, self.connector_worker.xfer_stats)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """With ``cpu_early_kv_load``, post the step's reads now, before the forward: vLLM
+        would post them after it (see cpu_tuning), one whole CPU forward later."""
+        super().bind_connector_metadata(connector_metadata)
+        self._loads_posted = False
+        if self._early_kv_load and getattr(connector_metadata, "reqs_to_recv", None):
+            self._post_loads(None)
+            self._loads_posted = True
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        super().start_load_kv(forward_context, **kwargs)
+        if self._loads_posted:
+            return  # posted when the metadata was bound; posting twice would read twice
+        self._post_loads(forward_context, **kwargs)
+
+    def _post_loads(self, forward_context: ForwardContext | None, **kwargs: Any) -> None:
+        # NixlPullConnector.start_load_kv reads only the bound metadata, never the context.
+        super().start_load_kv(cast("ForwardContext", forward_context), **kwargs)
         metadata = self._connector_metadata
         to_recv = getattr(metadata, "reqs_to_recv", None)
         if to_recv:

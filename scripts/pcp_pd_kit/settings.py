@@ -107,6 +107,7 @@ class StackSettings:
     prefill_expert_parallel: bool
     attention_backend: str
     nixl_progress_delay_us: int
+    nixl_early_kv_load: bool
     kv_lease_s: int
     proxy_connect_timeout_s: float
     proxy_prefill_timeout_s: float
@@ -157,6 +158,7 @@ ENV_KEYS: dict[str, str] = {
     "CPU_PREFILL_EXPERT_PARALLEL": "prefill_expert_parallel",
     "CPU_ATTENTION_BACKEND": "attention_backend",
     "NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
+    "NIXL_EARLY_KV_LOAD": "nixl_early_kv_load",
     "NIXL_KV_LEASE_S": "kv_lease_s",
     "PROXY_CONNECT_TIMEOUT_S": "proxy_connect_timeout_s",
     "PROXY_PREFILL_TIMEOUT_S": "proxy_prefill_timeout_s",

@@ -33,6 +33,8 @@ def test_absent_keys_are_stock():
         {"cpu_nixl_progress_delay_us": True},
         {"cpu_skip_kv_core_pinning": "true"},
         {"cpu_skip_kv_core_pinning": 1},
+        {"cpu_early_kv_load": "yes"},
+        {"cpu_early_kv_load": 0},
     ],
 )
 def test_bad_values_are_clear_errors(extra):

@@ -96,6 +96,7 @@ def test_cpu_buffers_add_the_connectors_cpu_options() -> None:
         "kv_connector_extra_config": {
             "cpu_nixl_progress_delay_us": 250,
             "cpu_skip_kv_core_pinning": True,
+            "cpu_early_kv_load": False,
         },
     }
     assert serve.kv_transfer_config({**PREFILL, "KIT_KV_BUFFER_DEVICE": "cuda"}) == {
@@ -244,10 +245,11 @@ def test_supervise_forwards_sigterm_and_reports_an_unasked_exit(tmp_path) -> Non
     [
         ({**PREFILL, "KIT_KV_ROLE": "prefill"}, [], "KIT_KV_ROLE='prefill'"),
         ({**DECODE_CPU, "KIT_NIXL_PROGRESS_DELAY_US": "1ms"}, [], "'1ms'"),
+        ({**DECODE_CPU, "KIT_NIXL_EARLY_KV_LOAD": "yes"}, [], "KIT_NIXL_EARLY_KV_LOAD='yes'"),
         (CONNECTOR, [], "KIT_KV_ROLE=''"),
         (PREFILL, ["--kv-transfer-config", "{}"], "is in the arguments"),
     ],
-    ids=["unknown-role", "bad-delay", "no-role", "flag-given"],
+    ids=["unknown-role", "bad-delay", "bad-early-load", "no-role", "flag-given"],
 )
 def test_the_container_exits_with_one_clear_line(env, argv, needle) -> None:
     """Run as the container runs it: a refusal is one line on stderr and a non-zero exit, before
@@ -304,3 +306,13 @@ def test_supervise_stops_vllm_and_exits_1_when_an_interface_goes(tmp_path, monke
         poll_s=0.2,
     )
     assert status == 1 and marker.exists()
+
+
+def test_early_kv_load_follows_its_knob_and_defaults_off() -> None:
+    def early(env: dict[str, str]) -> object:
+        extra = serve.kv_transfer_config(env)["kv_connector_extra_config"]
+        return extra["cpu_early_kv_load"]  # type: ignore[index]
+
+    assert early({**DECODE_CPU, "KIT_NIXL_EARLY_KV_LOAD": "0"}) is False
+    assert early({**DECODE_CPU, "KIT_NIXL_EARLY_KV_LOAD": "1"}) is True
+    assert early({k: v for k, v in DECODE_CPU.items() if k != "KIT_NIXL_EARLY_KV_LOAD"}) is False

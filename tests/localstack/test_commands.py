@@ -29,6 +29,7 @@ def test_pd_servers_get_connector_role_and_cpu_knobs(role: str, kv_role: str) ->
     assert config["kv_connector_extra_config"] == {
         "cpu_nixl_progress_delay_us": 1000,
         "cpu_skip_kv_core_pinning": True,
+        "cpu_early_kv_load": False,
         "kv_lease_duration": 30,
     }
     assert spec.env["PYTHONPATH"] == "/repo/connector"

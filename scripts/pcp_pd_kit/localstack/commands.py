@@ -43,6 +43,7 @@ def kv_transfer_config(settings: StackSettings, role: Role) -> dict[str, object]
         "kv_connector_extra_config": {
             "cpu_nixl_progress_delay_us": settings.nixl_progress_delay_us,
             "cpu_skip_kv_core_pinning": True,
+            "cpu_early_kv_load": settings.nixl_early_kv_load,
             # How long prefill keeps a finished request's KV for decode to pull (vLLM's default
             # is 30 s; decode's heartbeats extend it while it waits).
             "kv_lease_duration": settings.kv_lease_s,

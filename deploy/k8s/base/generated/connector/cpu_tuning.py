@@ -17,7 +17,12 @@ only when ``current_platform.is_cpu()``:
 * ``cpu_nixl_progress_delay_us`` (int >= 0): progress-thread delay in
   microseconds given to the NIXL agent (1000 measured fine on CPU);
 * ``cpu_skip_kv_core_pinning`` (bool): keep the worker thread's CPU affinity
-  as it was before the NIXL worker started.
+  as it was before the NIXL worker started;
+* ``cpu_early_kv_load`` (bool): post a step's NIXL reads when the worker gets
+  the step's metadata, before its forward. vLLM starts asynchronous loads
+  after the forward *launch* (kv_connector_model_runner_mixin.py:80-90), which
+  costs nothing on a GPU but on the CPU is the whole forward: a request handed
+  over to a busy decode waited one full decode step before its read began.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 PROGRESS_DELAY_KEY = "cpu_nixl_progress_delay_us"
 SKIP_PINNING_KEY = "cpu_skip_kv_core_pinning"
+EARLY_LOAD_KEY = "cpu_early_kv_load"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class CpuKnobs:
 
     progress_delay_us: int | None = None
     skip_kv_core_pinning: bool = False
+    early_kv_load: bool = False
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> CpuKnobs:
@@ -55,15 +62,22 @@ class CpuKnobs:
                 f"kv_connector_extra_config[{PROGRESS_DELAY_KEY!r}] must be an int >= 0 "
                 f"(microseconds), got {delay!r}"
             )
-        skip = extra.get(SKIP_PINNING_KEY, False)
-        if not isinstance(skip, bool):
-            raise ValueError(
-                f"kv_connector_extra_config[{SKIP_PINNING_KEY!r}] must be a bool, got {skip!r}"
-            )
-        return cls(progress_delay_us=delay, skip_kv_core_pinning=skip)
+        flags = {key: extra.get(key, False) for key in (SKIP_PINNING_KEY, EARLY_LOAD_KEY)}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                raise ValueError(
+                    f"kv_connector_extra_config[{key!r}] must be a bool, got {value!r}"
+                )
+        return cls(
+            progress_delay_us=delay,
+            skip_kv_core_pinning=flags[SKIP_PINNING_KEY],
+            early_kv_load=flags[EARLY_LOAD_KEY],
+        )
 
     @property
     def is_stock(self) -> bool:
+        """Whether the NIXL worker's construction is left alone (the early load is not about
+        construction: the connector applies it per step)."""
         return self.progress_delay_us is None and not self.skip_kv_core_pinning
 
 
