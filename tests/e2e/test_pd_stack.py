@@ -13,6 +13,7 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -193,6 +194,18 @@ def test_demo_eval_through_proxy(pd_stack: Stack) -> None:
     assert not failed(checks), format_report(checks)
 
 
+def _served(pd_stack: Stack) -> Callable[[], Output | None]:
+    """The "short" case through the proxy, or None while it answers an error."""
+
+    def served() -> Output | None:
+        try:
+            return _pd(pd_stack, "short")
+        except HttpError:
+            return None
+
+    return served
+
+
 def test_proxy_clear_error_when_decode_stopped_then_recovers(
     references: dict[str, Output], pd_stack: Stack
 ) -> None:
@@ -206,14 +219,8 @@ def test_proxy_clear_error_when_decode_stopped_then_recovers(
     seconds = pd_stack.start_part("decode")
     log.info("decode restarted in %.0fs", seconds)
 
-    def served() -> Output | None:
-        try:
-            return _pd(pd_stack, "short")
-        except HttpError:
-            return None
-
     assert (
-        wait_until(served, 120, "the proxy to serve again after decode restart")
+        wait_until(_served(pd_stack), 120, "the proxy to serve again after decode restart")
         == (references["short"])
     )
     assert _pd(pd_stack, "multi_block") == references["multi_block"]
@@ -237,14 +244,9 @@ def test_stock_nixl_connector_leaks_the_same_request_the_kit_frees(
     log_text = pd_stack.processes["prefill"].log_path.read_text(errors="replace")
     assert "PcpCanonicalNixlConnector" not in log_text.split("=== start")[-1]
 
-    def served() -> Output | None:
-        try:
-            return _pd(pd_stack, "short")
-        except HttpError:
-            return None
-
     assert (
-        wait_until(served, 300, "a P/D request through the stock prefill") == (references["short"])
+        wait_until(_served(pd_stack), 300, "a P/D request through the stock prefill")
+        == (references["short"])
     )
     time.sleep(stock.kv_lease_s + 8)  # past the lease and its heartbeat extensions
     prefill = scrape(pd_stack.urls["prefill"])
