@@ -152,11 +152,11 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
                 "non-negative integer number of microseconds"
             )
         # The connector's CPU opt-ins (docs/cpu.md): a sleeping NIXL progress thread, no
-        # re-pinning of the model thread (it fails inside a container with a cpuset), and KV
-        # reads posted before the step's forward rather than after it.
+        # re-pinning of the model thread (it fails inside a container with a cpuset), and, when
+        # asked, KV reads posted before the step's forward rather than after it.
         extra["cpu_nixl_progress_delay_us"] = int(delay)
         extra["cpu_skip_kv_core_pinning"] = True
-        early = values["early_load"] or "1"
+        early = values["early_load"] or "0"
         if early not in ("0", "1"):
             raise ValueError(f"{KV_ENV['early_load']}={early!r} (NIXL_EARLY_KV_LOAD): want 1 or 0")
         extra["cpu_early_kv_load"] = early == "1"
