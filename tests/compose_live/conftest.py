@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.net import free_port
+from tests.support.net import free_ports
 
 from .stack import PROJECT, UP, UP_TIMEOUT_S, ComposeStack, compose_down
 
@@ -60,15 +60,15 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeS
         for key, value in os.environ.items()
         if not key.startswith(("COMPOSE_", "PD_PROXY_", "KIT_"))
     }
-    proxy_port, prom_port = free_port(), free_port()
+    proxy_port, prom_port, prefill_port, decode_port = free_ports(4)
     env.update(
         COMPOSE_PROJECT_NAME=PROJECT,
         COMPOSE_BAKE="false",
         PROXY_BIND_ADDRESS="127.0.0.1",
         PROXY_PORT=str(proxy_port),
         PROMETHEUS_PORT=str(prom_port),
-        PREFILL_PORT=str(free_port()),
-        DECODE_PORT=str(free_port()),
+        PREFILL_PORT=str(prefill_port),
+        DECODE_PORT=str(decode_port),
         KIT_SECRETS_DIR=str(secrets_dir),
         VLLM_START_PERIOD="10m",
         # Not the default subnet, so a deployment of the user's own can run beside the tests.

@@ -1,7 +1,9 @@
 """Free loopback ports for servers a test starts.
 
 One range, away from the kernel's ephemeral ports, so a port chosen here is not taken a moment
-later by some client socket's local end.
+later by some client socket's local end. A port is handed out once per test process: two calls
+that each ask for "a free port" before anything binds must not both get the same one (a compose
+run once published prefill and Prometheus on one port, and the stack test saw the wrong server).
 """
 
 from __future__ import annotations
@@ -15,18 +17,24 @@ from pcp_pd_kit.localstack.host import port_is_free
 
 PORT_RANGE = (17000, 17999)
 
+_handed_out: set[int] = set()
+
 
 def free_ports(count: int, skip: tuple[int, ...] = ()) -> list[int]:
-    """``count`` distinct ports in PORT_RANGE that nothing listens on right now."""
-    candidates = [p for p in range(*PORT_RANGE) if p not in skip]
+    """``count`` distinct ports in PORT_RANGE that nothing listens on right now and that no
+    earlier call in this process returned."""
+    candidates = [p for p in range(*PORT_RANGE) if p not in skip and p not in _handed_out]
     random.shuffle(candidates)
     ports: list[int] = []
     for port in candidates:
         if port_is_free("127.0.0.1", port):
             ports.append(port)
             if len(ports) == count:
+                _handed_out.update(ports)
                 return ports
-    raise RuntimeError(f"no {count} free ports in {PORT_RANGE}")
+    raise RuntimeError(
+        f"no {count} free ports left in {PORT_RANGE} ({len(_handed_out)} already handed out)"
+    )
 
 
 def free_port(skip: tuple[int, ...] = ()) -> int:
