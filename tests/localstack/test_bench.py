@@ -965,6 +965,27 @@ def fake_proxy() -> Iterator[tuple[str, type[_FakeProxy]]]:
         yield found
 
 
+def _remote_bench_args(url: str, key_file: Path, results: Path, concurrency: str) -> list[str]:
+    """`bench` against a running proxy: 3 prompts of 16 tokens in, 4 out, at each level."""
+    return [
+        "bench",
+        "--base-url",
+        url,
+        "--api-key-file",
+        str(key_file),
+        "--concurrency",
+        concurrency,
+        "--prompts",
+        "3",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--results-dir",
+        str(results),
+    ]
+
+
 def _run_cli(args: list[str], timeout_s: float, capsys: pytest.CaptureFixture[str]) -> tuple:
     """`python -m pcp_pd_kit ...` in its own session, its output echoed to the terminal."""
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
@@ -1018,27 +1039,7 @@ def test_remote_mode_sends_the_key_and_starts_nothing(
     key_file = tmp_path / "api_keys"
     key_file.write_text(f"{API_KEY}\n")
     results = tmp_path / "results"
-    code, out = _run_cli(
-        [
-            "bench",
-            "--base-url",
-            url,
-            "--api-key-file",
-            str(key_file),
-            "--concurrency",
-            "1,2",
-            "--prompts",
-            "3",
-            "--input-len",
-            "16",
-            "--output-len",
-            "4",
-            "--results-dir",
-            str(results),
-        ],
-        420,
-        capsys,
-    )
+    code, out = _run_cli(_remote_bench_args(url, key_file, results, "1,2"), 420, capsys)
     assert code == 0, out
     run = _only_run_dir(results)
     # vllm bench serve also GETs /metrics without a key (for speculative-decoding stats): ignored
@@ -1085,33 +1086,11 @@ def test_remote_mode_measures_the_first_token_proxy_and_the_handover(
             _,
         ),
     ):
-        code, out = _run_cli(
-            [
-                "bench",
-                "--base-url",
-                normal,
-                "--first-token-url",
-                first_token,
-                "--prefill-metrics-url",
-                f"{pages_url}/prefill",
-                "--decode-metrics-url",
-                f"{pages_url}/decode",
-                "--api-key-file",
-                str(key_file),
-                "--concurrency",
-                "1",
-                "--prompts",
-                "3",
-                "--input-len",
-                "16",
-                "--output-len",
-                "4",
-                "--results-dir",
-                str(results),
-            ],
-            420,
-            capsys,
-        )
+        args = _remote_bench_args(normal, key_file, results, "1")
+        args += ["--first-token-url", first_token]
+        args += ["--prefill-metrics-url", f"{pages_url}/prefill"]
+        args += ["--decode-metrics-url", f"{pages_url}/decode"]
+        code, out = _run_cli(args, 420, capsys)
     assert code == 0, out
     run = _only_run_dir(results)
     for target in ("pd", "pd-ft"):
