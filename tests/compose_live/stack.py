@@ -38,6 +38,15 @@ class ComposeStack:
             )
         return proc.stdout + proc.stderr
 
+    def rendered(self) -> dict[str, Any]:
+        """The cpu profile as the real Compose binary resolves it for this stack's env."""
+        argv = ["docker", "compose", "--env-file", str(REPO / ".env.example")]
+        argv += ["--profile", "cpu", "config", "--format", "json"]
+        proc = subprocess.run(
+            argv, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=60, check=True
+        )
+        return dict(json.loads(proc.stdout))
+
     def server_json(
         self, service: str, path: str, body: dict[str, Any] | None = None, timeout: float = 180
     ) -> Any:

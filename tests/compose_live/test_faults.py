@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from pcp_pd_kit.localstack.report import parse_metrics, total
+from pd_proxy.config import load_config
 
 from .stack import ComposeStack
 
@@ -31,8 +32,8 @@ PROMPTS = (
     " ".join(f"On day {day} the farmer sold {day * 7} eggs." for day in range(1, 7)),
 )
 MAX_TOKENS = 24
-# The clients' own limit: what the proxy may take at most (its prefill limit, its decode limit,
-# two connect attempts) and a margin. A client still waiting then has been left hanging.
+# The clients' own limit: what the proxy may take at most (proxy_limit_s) and a margin. A client
+# still waiting then has been left hanging.
 CLIENT_MARGIN_S = 15
 
 
@@ -46,12 +47,11 @@ class Outcome:
 
 
 def proxy_limit_s(stack: ComposeStack) -> float:
-    env = stack.env
-    return (
-        float(env.get("PROXY_PREFILL_TIMEOUT_S", 300))
-        + float(env.get("PROXY_DECODE_TIMEOUT_S", 20))
-        + 2 * float(env.get("PROXY_CONNECT_TIMEOUT_S", 3))
-    )
+    """The longest the running proxy may take to answer, by its own rule (``answer_wait_s``) and
+    from the environment Compose really gives ``proxy-cpu`` (``docker compose config``)."""
+    env = stack.rendered()["services"]["proxy-cpu"]["environment"]
+    env.pop("PD_PROXY_BACKEND_API_KEY_FILE")  # a path inside the container; not a limit
+    return load_config([], environ=env).limits().answer_wait_s()
 
 
 def ask(stack: ComposeStack, prompt: str, timeout_s: float) -> Outcome:
