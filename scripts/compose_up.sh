@@ -24,13 +24,17 @@ docker compose "$@" up -d --wait --wait-timeout "$timeout_s" || status=$?
 [ "$status" -eq 0 ] && exit 0
 
 printf '\ncompose_up: the deployment did not come up (docker compose exited %s). Not healthy:\n' "$status" >&2
-while read -r service state health; do
-  if [ "$state" != running ] || { [ -n "${health:-}" ] && [ "$health" != healthy ]; }; then
-    [ "$service" = keygen ] && [ "$state" = exited ] && continue
-    printf '\n--- %s (%s %s), last log lines:\n' "$service" "$state" "${health:-}" >&2
-    docker compose "$@" logs --no-color --tail 30 "$service" >&2 || true
-  fi
-done < <(docker compose "$@" ps -a --format '{{.Service}} {{.State}} {{.Health}}')
+# Each service of the selected profiles is asked for on its own: one `ps` snapshot of the whole
+# project once lacked a server that was restarting at that moment, and its log lines with it.
+# The inner commands read /dev/null, never the loop's list.
+while read -r service; do
+  read -r state health < <(docker compose "$@" ps -a --format '{{.State}} {{.Health}}' "$service" </dev/null 2>/dev/null | head -n 1) || true
+  state="${state:-no container}"
+  [ "$state" = running ] && { [ -z "${health:-}" ] || [ "$health" = healthy ]; } && continue
+  [ "$service" = keygen ] && [ "$state" = exited ] && continue
+  printf '\n--- %s (%s %s), last log lines:\n' "$service" "$state" "${health:-}" >&2
+  docker compose "$@" logs --no-color --tail 30 "$service" </dev/null >&2 || true
+done < <(docker compose "$@" config --services 2>/dev/null)
 if [ "${KEEP_ON_FAILURE:-0}" = 1 ]; then
   printf '\ncompose_up: KEEP_ON_FAILURE=1: containers kept; "docker compose %s down" removes them\n' "$*" >&2
 else
