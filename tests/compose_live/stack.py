@@ -28,7 +28,7 @@ class ComposeStack:
     notes: list[str] = field(default_factory=list)
 
     def compose(self, *args: str, timeout: float = 120, check: bool = True) -> str:
-        argv = ["docker", "compose", "--env-file", str(REPO / ".env.example"), *args]
+        argv = self._argv(*args)
         proc = subprocess.run(
             argv, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
         )
@@ -40,12 +40,16 @@ class ComposeStack:
 
     def rendered(self) -> dict[str, Any]:
         """The cpu profile as the real Compose binary resolves it for this stack's env."""
-        argv = ["docker", "compose", "--env-file", str(REPO / ".env.example")]
-        argv += ["--profile", "cpu", "config", "--format", "json"]
+        argv = self._argv("--profile", "cpu", "config", "--format", "json")
         proc = subprocess.run(
             argv, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=60, check=True
         )
         return dict(json.loads(proc.stdout))
+
+    @staticmethod
+    def _argv(*args: str) -> list[str]:
+        """`docker compose` with the documented defaults as its env file, then ``args``."""
+        return ["docker", "compose", "--env-file", str(REPO / ".env.example"), *args]
 
     def server_json(
         self, service: str, path: str, body: dict[str, Any] | None = None, timeout: float = 180

@@ -119,6 +119,13 @@ def serve_environment(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def one_or_zero(name: str, value: str, knob: str) -> bool:
+    """A 1/0 switch; ValueError naming the variable and its .env knob for anything else."""
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r} ({knob}): want 1 or 0")
+    return value == "1"
+
+
 def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
     """vLLM's --kv-transfer-config for this container, from KV_ENV; ValueError (one line naming
     the variable) for a missing or unreadable value, never a guessed default."""
@@ -157,9 +164,7 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
         extra["cpu_nixl_progress_delay_us"] = int(delay)
         extra["cpu_skip_kv_core_pinning"] = True
         early = values["early_load"] or "0"
-        if early not in ("0", "1"):
-            raise ValueError(f"{KV_ENV['early_load']}={early!r} (NIXL_EARLY_KV_LOAD): want 1 or 0")
-        extra["cpu_early_kv_load"] = early == "1"
+        extra["cpu_early_kv_load"] = one_or_zero(KV_ENV["early_load"], early, "NIXL_EARLY_KV_LOAD")
     lease = values["lease"]
     if lease:
         if not (lease.isascii() and lease.isdigit() and int(lease) >= 6):
@@ -182,12 +187,11 @@ def cpu_topology(env: Mapping[str, str], cores: Sequence[int]) -> tuple[list[str
     if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
         raise ValueError(f"{CPU_PCP_ENV}={raw!r} (CPU_PREFILL_PCP_SIZE): want an integer >= 1")
     ep = env.get(CPU_EP_ENV, "0").strip()
-    if ep not in ("0", "1"):
-        raise ValueError(f"{CPU_EP_ENV}={ep!r} (CPU_PREFILL_EXPERT_PARALLEL): want 1 or 0")
+    expert_parallel = one_or_zero(CPU_EP_ENV, ep, "CPU_PREFILL_EXPERT_PARALLEL")
     from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch
 
     try:
-        return cpu_server_launch(int(raw), ep == "1", cores)
+        return cpu_server_launch(int(raw), expert_parallel, cores)
     except ValueError as exc:
         raise ValueError(f"{CPU_PCP_ENV}={raw} on this container's CPUs: {exc}") from None
 
