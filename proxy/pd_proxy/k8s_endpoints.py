@@ -14,9 +14,13 @@ different pod (a reused IP) is checked again before it gets traffic.
 
 One watch per role: LIST the slices with ``kubernetes.io/service-name=<service>``, then WATCH from
 the list's ``resourceVersion`` with bookmarks, resume from the last version seen when the server
-ends the stream, LIST again on ``410 Gone``, and retry with backoff on any error. While the API
-cannot be reached the pool keeps what it had (pd_proxy.discovery counts and logs the outage). The
-proxy's ServiceAccount needs ``list`` and ``watch`` on ``endpointslices`` in the namespace, no more.
+ends the stream, LIST again on ``410 Gone`` (an ``ERROR`` event or the HTTP status: servers send
+either), and retry with backoff on any other error; a successful LIST resets the backoff, so one
+failure after hours of good service is retried at once. While the API cannot be reached the pool
+keeps what it had (pd_proxy.discovery counts and logs the outage). The watch runs as a task that
+only ends when closed: if a bug ends it anyway, the next poll logs the exception, reports an
+outage and starts it again (a dead task would otherwise freeze the pool silently). The proxy's
+ServiceAccount needs ``list`` and ``watch`` on ``endpointslices`` in the namespace, no more.
 """
 
 from __future__ import annotations
@@ -187,6 +191,8 @@ class EndpointSliceWatch:
         self._replaced: list[str] = []
         self.resource_version: str | None = None  # the last one seen (tests, debugging)
         self.lists = 0  # completed LISTs: 1 + relists after 410 Gone or errors
+        self.restarts = 0  # times the watch task ended by itself and was started again
+        self._closed = False
 
     @property
     def label(self) -> str:
@@ -195,9 +201,11 @@ class EndpointSliceWatch:
     # ------------------------------------------------------------------ Discovery's interface
     async def poll(self) -> dict[str, list[str]] | None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"pd-proxy-k8s-{self.role}")
+            self._start()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._settled.wait(), self.first_sync)
+        elif self._task.done():
+            self._revive(self._task)
         if self._error is not None:
             raise DiscoveryError(self._error)
         if not self._synced.is_set():
@@ -213,8 +221,37 @@ class EndpointSliceWatch:
         return urls
 
     def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
+
+    # ------------------------------------------------------------------ the watch task
+    def _start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"pd-proxy-k8s-{self.role}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The task only ends when closed: otherwise wake Discovery, whose poll revives it."""
+        if not self._closed and self.on_change is not None:
+            self.on_change()
+
+    def _revive(self, task: asyncio.Task[None]) -> None:
+        """Log why the task ended, start a new one (it lists again) and report an outage until
+        that LIST succeeds; the pool keeps its backends meanwhile."""
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
+            why = "cancelled"
+        else:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        log.error(
+            "%s: the EndpointSlice watch stopped (%s); starting it again",
+            self.label,
+            why,
+            exc_info=exc,
+        )
+        self.restarts += 1
+        self._error = f"the EndpointSlice watch stopped ({why}); restarted, listing again"
+        self._start()
 
     # ------------------------------------------------------------------ the endpoint set
     def _current(self) -> list[str]:
@@ -261,8 +298,9 @@ class EndpointSliceWatch:
             client = KubeClient(self.cluster, session)
             while True:
                 try:
-                    await self._list_and_watch(client)
-                    delay = RETRY_MIN_S
+                    await self._list(client)
+                    delay = RETRY_MIN_S  # it works again: the next failure is retried soon
+                    await self._watch(client)  # returns only by raising
                 except _Gone:
                     log.debug("%s: resourceVersion too old (410 Gone): listing again", self.label)
                     continue
@@ -270,6 +308,7 @@ class EndpointSliceWatch:
                     self._fail(str(exc) or type(exc).__name__)
                 except ValueError as exc:  # JSON that is not what the API returns
                     self._fail(f"unexpected answer: {exc}")
+                log.debug("%s: retrying in %gs", self.label, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
 
@@ -279,7 +318,7 @@ class EndpointSliceWatch:
             self._error = reason
             self._changed()  # so the next round reports it
 
-    async def _list_and_watch(self, client: KubeClient) -> None:
+    async def _list(self, client: KubeClient) -> None:
         doc = await client.list(self.path, {"labelSelector": self.selector}, LIST_TIMEOUT_S)
         self._slices = {
             item["metadata"]["name"]: item for item in doc.get("items") or [] if _named(item)
@@ -291,6 +330,9 @@ class EndpointSliceWatch:
         self._synced.set()
         self._settled.set()
         self._changed()
+
+    async def _watch(self, client: KubeClient) -> None:
+        """Watch from the last version seen, again each time the server ends the stream."""
         while True:
             params = {
                 "labelSelector": self.selector,
@@ -299,11 +341,18 @@ class EndpointSliceWatch:
             }
             if self.resource_version:
                 params["resourceVersion"] = self.resource_version
-            async for event in client.watch(self.path, params, self.watch_timeout + 30.0):
-                self._apply(event)
+            try:
+                async for event in client.watch(self.path, params, self.watch_timeout + 30.0):
+                    self._apply(event)
+            except KubeApiError as exc:
+                if exc.status == 410:  # the answer's status instead of an ERROR event
+                    raise _Gone() from exc
+                raise
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind, obj = event["type"], event["object"]
+        if kind != "ERROR" and not isinstance(obj, dict):
+            raise ValueError(f"a {kind} watch event whose object is not a JSON object")
         if kind == "ERROR":
             code = obj.get("code") if isinstance(obj, dict) else None
             if code == 410:

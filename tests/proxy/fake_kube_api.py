@@ -9,7 +9,8 @@ What pd_proxy.k8s_endpoints relies on, and nothing else:
   requested ``resourceVersion`` from the server's history, then live ones, until
   ``timeoutSeconds``; a version older than the history kept is answered, as the real server does,
   by a ``200`` whose only event is ``ERROR`` with a ``410`` ``Status`` ("too old resource
-  version");
+  version"), or, with ``gone_as_status`` (the other answer servers give, e.g. from the watch
+  cache), by the HTTP status ``410`` itself;
 - bearer-token authentication (``401``), and ``403`` while ``forbidden`` is set (a missing Role).
 
 Tests drive it with EndpointSlice watch events (tests/proxy/data/endpointslices.json): ``apply``
@@ -52,6 +53,7 @@ class FakeKubeApi:
         self.history: list[tuple[int, dict[str, Any]]] = []  # (version, event)
         self.oldest = self.version  # versions below this are compacted away (410)
         self.forbidden = False
+        self.gone_as_status = False  # 410 Gone as the answer's status, not an ERROR event
         self.requests: list[tuple[str, dict[str, str]]] = []  # (list|watch, query)
         self._watches: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self._runner: web.AppRunner | None = None
@@ -174,14 +176,17 @@ class FakeKubeApi:
         since = int(query.get("resourceVersion") or self.version)
         bookmarks = query.get("allowWatchBookmarks") == "true"
         timeout = float(query.get("timeoutSeconds") or 1800)
+        too_old = since < self.oldest - 1
+        message = f"too old resource version: {since} ({self.oldest - 1})"
+        if too_old and self.gone_as_status:
+            return web.json_response(status(410, "Gone", message), status=410)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
 
         async def send(event: dict[str, Any]) -> None:
             await response.write(json.dumps(event).encode() + b"\n")
 
-        if since < self.oldest - 1:
-            message = f"too old resource version: {since} ({self.oldest - 1})"
+        if too_old:
             await send({"type": "ERROR", "object": status(410, "Expired", message)})
             return response
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

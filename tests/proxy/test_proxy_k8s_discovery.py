@@ -27,7 +27,12 @@ from aiohttp import web
 from pd_proxy import kube_api
 from pd_proxy.app import build_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
-from pd_proxy.k8s_endpoints import ServiceRef, parse_service_ref, slice_endpoints
+from pd_proxy.k8s_endpoints import (
+    EndpointSliceWatch,
+    ServiceRef,
+    parse_service_ref,
+    slice_endpoints,
+)
 from pd_proxy.kube_api import InCluster, KubeConfigError
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL
 from tests.proxy.discovery_helpers import complete, find, fleet, until, url
@@ -449,3 +454,86 @@ async def test_api_outage_keeps_the_backends_and_the_token_is_read_again(
             lambda: any("works again" in r.getMessage() for r in caplog.records), "recovery"
         )
         assert sorted(b.url for b in pool.backends) == before
+
+
+async def test_http_410_lists_again_without_an_outage(tmp_path, monkeypatch, caplog):
+    """A server that answers a too-old watch with the HTTP status 410 (not an ERROR event): the
+    watch lists again at once, as for the event; no outage is logged or counted."""
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    async with deployment(tmp_path, monkeypatch) as (s, c, _p, _d, dp):
+        watch = watch_of(s, "decode")
+        gone_url = url(DECODE_IPS["10.244.2.22"], dp)
+        c.api.gone_as_status = True
+        await until(lambda: c.api.watching == 2, "both watches to be open")
+        c.api.end_watches()
+        c.apply(EVENTS["decode_scale_down"][2])  # lands while they reconnect ...
+        c.api.compact()  # ... and the history is gone: their version is too old
+        await until(lambda: watch.lists == 2, "a new LIST after the HTTP 410")
+        await until(lambda: find(s.proxy.decode_pool, gone_url) is None, "the removal")
+        assert warnings_about(caplog, "Service") == []
+        labels = {"role": "decode", "source": "k8s"}
+        assert s.sample("pd_proxy_discovery_errors_total", labels) == 0
+
+
+async def test_backoff_resets_after_a_successful_list(tmp_path, monkeypatch, caplog):
+    """Refused for a while, the retries space out (0.01 s doubling); once a LIST succeeds, the
+    next failure is retried after the shortest delay again, not after the grown one."""
+    caplog.set_level(logging.DEBUG, logger="pd_proxy.discovery")
+    monkeypatch.setattr("pd_proxy.k8s_endpoints.RETRY_MIN_S", 0.01)
+    async with deployment(tmp_path, monkeypatch) as (s, c, _p, _d, _dp):
+        watch = watch_of(s, "decode")
+        good = c.api.token
+
+        def retries() -> list[float]:
+            text = f"{watch.label}: retrying in "
+            return [
+                float(r.getMessage().removeprefix(text).rstrip("s"))
+                for r in caplog.records
+                if r.getMessage().startswith(text)
+            ]
+
+        def requests() -> int:
+            return sum(1 for _kind, q in c.api.requests if "pcp-pd-decode" in q["labelSelector"])
+
+        c.api.token = "refused"  # every request is now 401
+        c.api.end_watches()
+        before = requests()
+        # The watch, then LISTs 0.01, 0.02, ... 0.64 s apart: the next delay is 1.28 s.
+        await until(lambda: requests() >= before + 8, "eight refused requests")
+        c.api.token = good
+        await until(lambda: watch.lists == 2, "a successful LIST")
+        await until(lambda: c.api.watching == 2, "the watches to be open again")
+        c.api.token = "refused"
+        c.api.end_watches()
+        before, seen = requests(), len(retries())
+        # Reset: 0.01, 0.02, 0.04 s; without it the first retry alone would wait 2.56 s.
+        await until(lambda: requests() >= before + 3, "three quick retries", timeout=1.0)
+        c.api.token = good
+        assert retries()[:3] == [0.01, 0.02, 0.04] and retries()[seen] == 0.01, retries()
+
+
+async def test_a_dead_watch_task_is_logged_and_restarted(tmp_path, monkeypatch, caplog):
+    """A bug that ends the watch task (an exception nobody expected) must not freeze the pool:
+    the next poll logs it with its traceback, starts the watch again (a new LIST) and the
+    changes since then arrive."""
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    apply = EndpointSliceWatch._apply
+    bugs = [RuntimeError("a bug in the event handling")]
+
+    def buggy(self: EndpointSliceWatch, event: dict[str, Any]) -> None:
+        if self.role == "decode" and event["type"] != "BOOKMARK" and bugs:
+            raise bugs.pop()
+        apply(self, event)
+
+    async with deployment(tmp_path, monkeypatch) as (s, c, _p, _d, dp):
+        monkeypatch.setattr(EndpointSliceWatch, "_apply", buggy)
+        watch = watch_of(s, "decode")
+        gone_url = url(DECODE_IPS["10.244.2.22"], dp)
+        await until(lambda: c.api.watching == 2, "both watches to be open")
+        c.apply(EVENTS["decode_scale_down"][2])  # the pod is gone; its event hits the bug
+        await until(lambda: find(s.proxy.decode_pool, gone_url) is None, "the removal")
+        assert bugs == [] and watch.restarts == 1 and watch.lists == 2
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "watch stopped (RuntimeError" in errors[0].getMessage()
+        assert errors[0].exc_info is not None  # the traceback, to find the bug
+        assert any("works again" in r.getMessage() for r in caplog.records)
