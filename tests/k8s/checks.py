@@ -570,12 +570,16 @@ def _proxy_identity(objs: list[Obj], t: PodTemplate) -> list[str]:
 
 def check_hardening(objs: list[Obj]) -> list[str]:
     """Compose's restrictions carry over: no privilege escalation for vLLM (no-new-privileges),
-    and pd-proxy non-root, read-only root, no capabilities (compose's least-privilege)."""
+    and pd-proxy non-root, read-only root, no capabilities (compose's least-privilege); no API
+    token in the vLLM pods (the proxy keeps its own: check_proxy)."""
     problems = []
     for t in role_templates(objs, "prefill") + role_templates(objs, "decode"):
         sc = t.container(VLLM_CONTAINER).get("securityContext", {})
         if sc.get("allowPrivilegeEscalation") is not False:
             problems.append(f"{t.owner}: vLLM may escalate privileges")
+        # It runs the model's own code (--trust-remote-code) and needs no Kubernetes API.
+        if t.spec.get("automountServiceAccountToken") is not False:
+            problems.append(f"{t.owner}: the ServiceAccount token is mounted into vLLM's pod")
     t = proxy_template(objs)
     if t is not None:
         sc = t.spec["containers"][0].get("securityContext", {})

@@ -8,6 +8,7 @@ import textwrap
 
 import yaml
 
+from pcp_pd_kit import k8s_check as kc
 from tests.k8s import checks as ck
 from tests.k8s import operations as op
 from tests.k8s.manifests import (
@@ -78,6 +79,8 @@ def test_stale_statements_are_gone() -> None:
     text = doc()
     assert "not implemented" not in text and "implemented in pd-proxy separately" not in text
     assert "PD_PROXY_PREFILL_DNS" not in text  # pd-proxy watches the API on Kubernetes
+    services = (DEPLOY / "base" / "services.yaml").read_text()
+    assert "_DNS" not in services and "EndpointSlices" in services
     assert "rdma/ib" not in text
     lws = text[text.index("With `lws-prefill`") : text.index("**One copy of the code")]
     assert "leaderworkerset/pcp-pd-prefill-lws" in lws
@@ -112,6 +115,9 @@ def test_documented_overlay_snippets_render_as_described() -> None:
     for t in role_templates(objs, "prefill") + role_templates(objs, "decode"):
         volume = next(v for v in t.spec["volumes"] if v["name"] == "hf-cache")
         assert volume == {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}
+        # The weights no longer take node disk: no ephemeral-storage reserved for them.
+        assert "ephemeral-storage" not in t.container("vllm")["resources"]["requests"]
+    assert kc.problems(objs) == []  # `make k8s-check` accepts the checklist's overlay
     assert {pm["metadata"]["labels"]["release"] for pm in find(objs, "PodMonitor")} == {
         "my-prometheus-release"
     }

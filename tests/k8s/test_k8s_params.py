@@ -10,20 +10,26 @@ from tests.k8s.manifests import BASE, env_example, find, params_file, role_templ
 from tests.k8s.renders import needs_kubectl, rendered
 
 PARAMS = BASE / "params.env"
+# Knobs compose does not have (it mounts the host's HF_CACHE_DIR): params.env is their one place,
+# and .env.example must not grow a second copy.
+K8S_ONLY = {"HF_CACHE_SIZE"}
 
 
 def params_problems(params: dict[str, str], env: dict[str, str]) -> list[str]:
-    """Every params.env key is a .env.example knob with the same value."""
+    """Every params.env key is a .env.example knob with the same value (K8S_ONLY: only here)."""
     problems = []
     for key, value in params.items():
-        if key not in env:
+        if key in K8S_ONLY:
+            if key in env:
+                problems.append(f"{key} is Kubernetes-only: remove it from .env.example")
+        elif key not in env:
             problems.append(f"{key} is in deploy/k8s/base/params.env but not in .env.example")
         elif env[key] != value:
             problems.append(
                 f"{key}: params.env {value!r} != .env.example {env[key]!r} "
                 f"(copy the line: {key}={env[key]})"
             )
-        if value[:1] in "\"'":
+        if value.startswith(('"', "'")):
             problems.append(f"{key}: quoted value (kustomize keeps the quotes)")
     return problems
 
@@ -51,6 +57,8 @@ def test_params_cover_the_serving_knobs() -> None:
         "UCX_NET_DEVICES",
         "PREFILL_NIXL_SIDE_CHANNEL_PORT",
         "DECODE_NIXL_SIDE_CHANNEL_PORT",
+        "ENFORCE_EAGER",
+        "HF_CACHE_SIZE",
     } <= set(params_file(PARAMS))
 
 
@@ -59,6 +67,7 @@ def test_params_check_can_fail() -> None:
     params = params_file(PARAMS)
     assert params_problems({**params, "MOE_BACKEND": "triton"}, env)
     assert params_problems({**params, "NOT_A_KNOB": "1"}, env)
+    assert params_problems(params, {**env, "HF_CACHE_SIZE": params["HF_CACHE_SIZE"]})
     assert params_problems(
         {**params, "VLLM_EXTRA_ARGS": '"--x 1"'}, {**env, "VLLM_EXTRA_ARGS": '"--x 1"'}
     )

@@ -339,6 +339,13 @@ def test_hardening_check_fails_when_a_transport_drops_it() -> None:
     objs = base()
     deployment(objs, "pcp-pd-proxy")["spec"]["template"]["spec"].pop("securityContext")
     assert ck.check_hardening(objs)
+    objs = rendered("lws")  # the token would be mounted by default, as before
+    lws = find(objs, "LeaderWorkerSet")[0]["spec"]["leaderWorkerTemplate"]
+    lws["workerTemplate"]["spec"].pop("automountServiceAccountToken")
+    assert ck.check_hardening(objs) == [
+        "LeaderWorkerSet/pcp-pd-prefill-lws/worker: the ServiceAccount token is mounted into "
+        "vLLM's pod"
+    ]
 
 
 def test_reference_check_fails_on_an_unknown_secret() -> None:
