@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The kit's one command line (scripts/pcp_pd_kit); every user-facing target below calls it.
 KIT := $(VENV)/bin/pcp-pd-kit
 
-.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s preflight lint format bench compose-up compose-down clean
+.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s k8s-check k8s-proxy-image k8s-sources preflight lint format bench compose-up compose-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -45,6 +45,14 @@ test-compose: images  ## only the live compose tests (docker compose --profile c
 
 test-k8s: install  ## render and validate deploy/k8s (needs kubectl; no cluster)
 	$(PY) -m pytest -ra -m k8s tests/k8s
+
+# The overlay to check (docs/kubernetes.md: `--render` checks and prints it for kubectl apply).
+OVERLAY ?= deploy/k8s/overlays/1p1d
+k8s-check: install  ## render OVERLAY (yours) as kubectl apply -k would; refuse placeholder images, params not copied
+	@$(PY) -m pcp_pd_kit.k8s_check $(OVERLAY)
+
+k8s-proxy-image:  ## build pd-proxy and push it to REGISTRY for Kubernetes (TAG=..., PUSH=0: build only)
+	@REGISTRY="$(REGISTRY)" TAG="$(TAG)" PUSH="$(PUSH)" bash scripts/k8s_proxy_image.sh
 
 k8s-sources:  ## copy the connector, vLLM entrypoint, dashboard and alerts into deploy/k8s (kubectl apply -k)
 	python3 deploy/k8s/sources.py
