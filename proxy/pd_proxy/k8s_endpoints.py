@@ -15,12 +15,14 @@ different pod (a reused IP) is checked again before it gets traffic.
 One watch per role: LIST the slices with ``kubernetes.io/service-name=<service>``, then WATCH from
 the list's ``resourceVersion`` with bookmarks, resume from the last version seen when the server
 ends the stream, LIST again on ``410 Gone`` (an ``ERROR`` event or the HTTP status: servers send
-either), and retry with backoff on any other error; a successful LIST resets the backoff, so one
-failure after hours of good service is retried at once. While the API cannot be reached the pool
-keeps what it had (pd_proxy.discovery counts and logs the outage). The watch runs as a task that
-only ends when closed: if a bug ends it anyway, the next poll logs the exception, reports an
-outage and starts it again (a dead task would otherwise freeze the pool silently). The proxy's
-ServiceAccount needs ``list`` and ``watch`` on ``endpointslices`` in the namespace, no more.
+either; with backoff when it answers the very version a LIST just gave, which listing again at
+once cannot fix), and retry with backoff on any other error; a successful LIST resets the
+backoff, so one failure after hours of good service is retried at once. While the API cannot be
+reached the pool keeps what it had (pd_proxy.discovery counts and logs the outage). The watch
+runs as a task that only ends when closed: if a bug ends it anyway, the next poll logs the
+exception, reports an outage and starts it again (a dead task would otherwise freeze the pool
+silently). The proxy's ServiceAccount needs ``list`` and ``watch`` on ``endpointslices`` in the
+namespace, no more.
 """
 
 from __future__ import annotations
@@ -292,6 +294,7 @@ class EndpointSliceWatch:
     # ------------------------------------------------------------------ list + watch
     async def _run(self) -> None:
         delay = RETRY_MIN_S
+        stuck = was_stuck = False  # 410 Gone right after the (previous) LIST
         async with aiohttp.ClientSession(
             skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar()
         ) as session:
@@ -299,11 +302,24 @@ class EndpointSliceWatch:
             while True:
                 try:
                     await self._list(client)
-                    delay = RETRY_MIN_S  # it works again: the next failure is retried soon
+                    if not stuck:
+                        delay = RETRY_MIN_S  # it works again: the next failure is retried soon
+                    was_stuck, stuck = stuck, False
                     await self._watch(client)  # returns only by raising
-                except _Gone:
-                    log.debug("%s: resourceVersion too old (410 Gone): listing again", self.label)
-                    continue
+                except _Gone as gone:
+                    if not gone.fresh:
+                        log.debug(
+                            "%s: resourceVersion too old (410 Gone): listing again", self.label
+                        )
+                        continue
+                    # Gone for the version the LIST just gave: listing again at once would loop.
+                    if not was_stuck:
+                        log.warning(
+                            "%s: the API server answers 410 Gone to a watch from the version its "
+                            "list just returned; listing again with backoff",
+                            self.label,
+                        )
+                    stuck = True
                 except (KubeApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                     self._fail(str(exc) or type(exc).__name__)
                 except ValueError as exc:  # JSON that is not what the API returns
@@ -333,6 +349,7 @@ class EndpointSliceWatch:
 
     async def _watch(self, client: KubeClient) -> None:
         """Watch from the last version seen, again each time the server ends the stream."""
+        fresh = True  # no event and no stream since the LIST: a 410 now is the server's fault
         while True:
             params = {
                 "labelSelector": self.selector,
@@ -344,10 +361,15 @@ class EndpointSliceWatch:
             try:
                 async for event in client.watch(self.path, params, self.watch_timeout + 30.0):
                     self._apply(event)
+                    fresh = False
+            except _Gone as gone:
+                gone.fresh = fresh
+                raise
             except KubeApiError as exc:
                 if exc.status == 410:  # the answer's status instead of an ERROR event
-                    raise _Gone() from exc
+                    raise _Gone(fresh) from exc
                 raise
+            fresh = False
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind, obj = event["type"], event["object"]
@@ -377,7 +399,12 @@ class EndpointSliceWatch:
 
 
 class _Gone(Exception):
-    """The watch's resourceVersion is older than the server keeps: list again."""
+    """The watch's resourceVersion is older than the server keeps: list again. ``fresh``: it came
+    right after a LIST, for the version that LIST returned."""
+
+    def __init__(self, fresh: bool = False) -> None:
+        super().__init__("410 Gone")
+        self.fresh = fresh
 
 
 def _named(obj: Any) -> bool:

@@ -54,6 +54,7 @@ class FakeKubeApi:
         self.oldest = self.version  # versions below this are compacted away (410)
         self.forbidden = False
         self.gone_as_status = False  # 410 Gone as the answer's status, not an ERROR event
+        self.always_gone = False  # a broken server: 410 Gone to every watch, even a fresh one
         self.requests: list[tuple[str, dict[str, str]]] = []  # (list|watch, query)
         self._watches: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self._runner: web.AppRunner | None = None
@@ -176,7 +177,7 @@ class FakeKubeApi:
         since = int(query.get("resourceVersion") or self.version)
         bookmarks = query.get("allowWatchBookmarks") == "true"
         timeout = float(query.get("timeoutSeconds") or 1800)
-        too_old = since < self.oldest - 1
+        too_old = since < self.oldest - 1 or self.always_gone
         message = f"too old resource version: {since} ({self.oldest - 1})"
         if too_old and self.gone_as_status:
             return web.json_response(status(410, "Gone", message), status=410)

@@ -537,3 +537,30 @@ async def test_a_dead_watch_task_is_logged_and_restarted(tmp_path, monkeypatch, 
         assert len(errors) == 1 and "watch stopped (RuntimeError" in errors[0].getMessage()
         assert errors[0].exc_info is not None  # the traceback, to find the bug
         assert any("works again" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("as_status", [False, True])
+async def test_a_server_that_is_always_gone_is_listed_with_backoff(
+    tmp_path, monkeypatch, caplog, as_status
+):
+    """410 Gone to a watch from the version the LIST just returned cannot be fixed by listing
+    again at once: that would loop as fast as the server answers. The watch backs off (and
+    says so once), keeps following the LISTs, and watches again once the server does."""
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    monkeypatch.setattr("pd_proxy.k8s_endpoints.RETRY_MIN_S", 0.05)
+    async with deployment(tmp_path, monkeypatch) as (s, c, _p, _d, dp):
+        watch = watch_of(s, "decode")
+        gone_url = url(DECODE_IPS["10.244.2.22"], dp)
+        c.api.always_gone, c.api.gone_as_status = True, as_status
+        await until(lambda: c.api.watching == 2, "both watches to be open")
+        c.api.end_watches()
+        c.apply(EVENTS["decode_scale_down"][2])
+        await until(lambda: find(s.proxy.decode_pool, gone_url) is None, "the removal, listed")
+        before = watch.lists
+        await asyncio.sleep(1.0)
+        # 0.05 + 0.1 + 0.2 + 0.4 s: about 4 more LISTs, not hundreds.
+        assert 2 <= watch.lists - before <= 8, watch.lists - before
+        found = warnings_about(caplog, "answers 410 Gone")
+        assert len(found) == 2, found  # once per role
+        c.api.always_gone = False
+        await until(lambda: c.api.watching == 2, "the watches to be open again", timeout=5)
