@@ -28,7 +28,6 @@ namespace, no more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from collections.abc import Callable
@@ -202,12 +201,18 @@ class EndpointSliceWatch:
 
     # ------------------------------------------------------------------ Discovery's interface
     async def poll(self) -> dict[str, list[str]] | None:
-        if self._task is None:
-            self._start()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._settled.wait(), self.first_sync)
-        elif self._task.done():
-            self._revive(self._task)
+        task = self._task
+        if task is None:
+            task = self._start()
+            settled = asyncio.ensure_future(self._settled.wait())
+            try:  # the first LIST, its failure, or the task's end (a bug): whichever comes first
+                await asyncio.wait(
+                    {settled, task}, timeout=self.first_sync, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                settled.cancel()
+        if task.done():
+            self._revive(task)
         if self._error is not None:
             raise DiscoveryError(self._error)
         if not self._synced.is_set():
@@ -228,9 +233,10 @@ class EndpointSliceWatch:
             self._task.cancel()
 
     # ------------------------------------------------------------------ the watch task
-    def _start(self) -> None:
+    def _start(self) -> asyncio.Task[None]:
         self._task = asyncio.create_task(self._run(), name=f"pd-proxy-k8s-{self.role}")
         self._task.add_done_callback(self._ended)
+        return self._task
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """The task only ends when closed: otherwise wake Discovery, whose poll revives it."""

@@ -564,3 +564,32 @@ async def test_a_server_that_is_always_gone_is_listed_with_backoff(
         assert len(found) == 2, found  # once per role
         c.api.always_gone = False
         await until(lambda: c.api.watching == 2, "the watches to be open again", timeout=5)
+
+
+async def test_a_watch_that_dies_before_its_first_list_is_restarted_at_once(
+    tmp_path, monkeypatch, caplog
+):
+    """The first poll waits for the first LIST at most FIRST_SYNC_S (5 s), but not for a task
+    that already died: it restarts it and the backends join without that wait."""
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    list_ = EndpointSliceWatch._list
+    bugs = [KeyError("metadata")]
+
+    async def buggy(self: EndpointSliceWatch, client: Any) -> None:
+        if self.role == "decode" and bugs:
+            raise bugs.pop()
+        await list_(self, client)
+
+    monkeypatch.setattr(EndpointSliceWatch, "_list", buggy)
+    loop = asyncio.get_running_loop()
+    async with (
+        fleet(PREFILL, ("127.0.0.2", "127.0.0.3")) as (pp, _),
+        fleet(DECODE, DECODE_HOSTS[:3]) as (dp, _),
+        cluster(tmp_path, monkeypatch, {"pcp-pd-prefill": pp, "pcp-pd-decode": dp}),
+    ):
+        started = loop.time()
+        async with proxy() as s:  # its start-up polls once
+            await until(lambda: len(s.proxy.decode_pool.healthy()) == 3, "the decodes")
+            assert loop.time() - started < 3.0  # not FIRST_SYNC_S (5 s) and more
+            assert watch_of(s, "decode").restarts == 1 and bugs == []
+            assert any("watch stopped (KeyError" in r.getMessage() for r in caplog.records)
