@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from . import upstream_gate
+
 MARKER = "_pcp_nixl_cpu_rope_fix"
 
 
@@ -48,8 +50,10 @@ def forward_cpu_fixed(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward_cpu
 
 
-def install(rotary_cls: Any) -> bool:
-    """Patch ``rotary_cls.forward_cpu`` once; False when it already is."""
+def install(rotary_cls: Any, vllm_version: str | None = None) -> bool:
+    """Patch ``rotary_cls.forward_cpu`` once; False when it already is. Refuses a vLLM the fix
+    was not checked against (``upstream_gate``; default: the installed vLLM)."""
+    upstream_gate.check(upstream_gate.ROPE, vllm_version)
     current = rotary_cls.forward_cpu
     if getattr(current, MARKER, False):
         return False
