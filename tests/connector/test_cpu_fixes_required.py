@@ -112,3 +112,21 @@ def test_an_allowlist_without_the_general_plugin_is_caught_in_a_fresh_process() 
     assert done.returncode != 0
     assert "missing: ['RotaryEmbedding.forward_cpu (rope)'" in done.stdout
     assert "CpuCompatError" in done.stderr and "VLLM_PLUGINS" in done.stderr
+
+
+def test_triton_is_declared_once_and_installed() -> None:
+    """The CPU PCP path needs Triton: the cpu extra pins what constraints.txt pins, and it is
+    installed here (before, it came only through xgrammar)."""
+    import re
+    from importlib.metadata import version
+
+    import tomllib
+
+    from tests.support.paths import REPO
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = [d for d in extra["optional-dependencies"]["cpu"] if d.startswith("triton")]
+    constraints = re.search(r"^triton==(\S+)$", (REPO / "constraints.txt").read_text(), re.M)
+    assert len(pins) == 1 and constraints is not None
+    assert pins[0].startswith(f"triton=={constraints.group(1)};")
+    assert plugin.triton_installed() and version("triton") == constraints.group(1)
