@@ -4,13 +4,15 @@ Stock vLLM 0.32/0.33 leaks a replicated-PCP producer's KV blocks: PCP rank > 0
 reports its requests as sent, the facade clears those reports, and the
 scheduler still waits for world_size reports. Here the scheduler waits for
 TP x PP reports (the canonical ranks, PCP rank 0) and non-canonical reports
-are suppressed and counted - or, with ``pcp_completion_mode="world_size"``,
-the scheduler waits for world_size reports and every rank reports. All other
+are suppressed and counted - or, with ``pcp_completion_mode="world_size"``
+(chosen by itself inside vLLM's ``MultiConnector``, see topology.py), the
+scheduler waits for world_size reports and every rank reports. All other
 layouts and roles behave as stock vLLM.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,7 +43,9 @@ from vllm.logger import init_logger
 
 from . import handover
 from .amx import ensure_amx_permission
+from .cpu_compat.plugin import verify_installed as verify_cpu_fixes
 from .cpu_tuning import CpuKnobs, is_cpu_platform, tuned_worker_init
+from .nesting import inside_multiconnector
 from .stats import PcpNixlKVConnectorStats, PcpNixlPromMetrics
 from .topology import PcpLayout, layout_from_config, pcp_rank_from_global_rank
 
@@ -87,7 +91,8 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
     ) -> None:
         # NixlPullConnector.__init__ would build the stock worker; build ours.
         NixlBaseConnector.__init__(self, vllm_config, role, kv_cache_config)
-        self.pcp_layout = layout_from_config(vllm_config)
+        self.in_multiconnector = inside_multiconnector()
+        self.pcp_layout = layout_from_config(vllm_config, in_multiconnector=self.in_multiconnector)
         self.cpu_knobs = CpuKnobs.from_extra_config(
             self.kv_transfer_config.kv_connector_extra_config
         )
@@ -108,6 +113,9 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
                 # Before the first attention step: a decode worker's first step is a 1-token
                 # step that would run vLLM's AMX attention kernel without permission (SIGILL).
                 ensure_amx_permission()
+                # The CPU knobs on but the plugins not run (allowlist, PYTHONPATH, a load error
+                # vLLM only logged) would silently bring the CPU defects back: stop instead.
+                verify_cpu_fixes(os.environ)
             with tuned_worker_init(self.cpu_knobs):
                 worker = NixlPullConnectorWorker(vllm_config, self.engine_id, kv_cache_config)
             worker.xfer_stats = PcpNixlKVConnectorStats()
@@ -128,9 +136,10 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         self._bind_rank(self.pcp_rank)
         if self.pcp_layout.replicated_pcp_producer:
             logger.info(
-                "PcpCanonicalNixlConnector: replicated PCP producer, mode=%s, pcp_rank=%d, "
+                "PcpCanonicalNixlConnector: replicated PCP producer, mode=%s%s, pcp_rank=%d, "
                 "scheduler waits for %d reports per request",
                 self.pcp_layout.mode.value,
+                " (inside MultiConnector)" if self.in_multiconnector else "",
                 self.pcp_rank,
                 self.pcp_layout.expected_reports(),
             )

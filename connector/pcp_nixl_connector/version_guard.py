@@ -39,6 +39,26 @@ REQUIRED_METHODS: tuple[str, ...] = (
     "build_kv_connector_stats",
     "build_prom_metrics",
 )
+# Class -> members the connector reads or sets on vLLM objects, instance attributes included
+# (which hasattr on a class cannot see): checked statically, against each supported release's
+# sources, by tests/connector/test_vllm_api_surface.py.
+REQUIRED_MEMBERS: dict[str, tuple[str, ...]] = {
+    "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector.NixlPullConnector": (
+        *REQUIRED_METHODS,
+        "kv_transfer_config",
+        "engine_id",
+        "connector_scheduler",
+        "connector_worker",
+        "_connector_metadata",
+    ),
+    "vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker.NixlPullConnectorWorker": (
+        "pcp_rank",
+        "xfer_stats",
+        "xfer_handshake_metadata",
+        "get_transfer_results",
+        "get_kv_connector_stats",
+    ),
+}
 
 
 class UnsupportedVllmError(ImportError):

@@ -62,8 +62,8 @@ def make_config(
     return cfg
 
 
-def make_scheduler(cfg: VllmConfig) -> Scheduler:
-    kv_cache_config = KVCacheConfig(
+def make_kv_cache_config() -> KVCacheConfig:
+    return KVCacheConfig(
         num_blocks=NUM_BLOCKS,
         kv_cache_tensors=[],
         kv_cache_groups=[
@@ -75,10 +75,13 @@ def make_scheduler(cfg: VllmConfig) -> Scheduler:
             )
         ],
     )
+
+
+def make_scheduler(cfg: VllmConfig) -> Scheduler:
     cfg.cache_config.num_gpu_blocks = NUM_BLOCKS
     return Scheduler(
         vllm_config=cfg,
-        kv_cache_config=kv_cache_config,
+        kv_cache_config=make_kv_cache_config(),
         log_stats=True,
         structured_output_manager=StructuredOutputManager(cfg),
         block_size=BLOCK_SIZE,
@@ -134,10 +137,30 @@ class StubPcpWorker:
         return None if self.xfer_stats.is_empty() else self.xfer_stats.clone_and_reset()
 
 
-class PdProducerSim:
-    """One producer engine: real scheduler, real aggregator, per-rank facades."""
+def nixl_metadata(meta: Any) -> Any:
+    """The NIXL connector's metadata of a step: ``meta`` itself, or, from a
+    ``MultiConnector``, the child metadata that carries ``reqs_to_send``."""
+    children = getattr(meta, "metadata", None)
+    if isinstance(children, tuple):
+        return next((m for m in children if hasattr(m, "reqs_to_send")), None)
+    return meta
 
-    def __init__(self, cfg: VllmConfig, facades: list[Any], workers: list[StubPcpWorker]):
+
+class PdProducerSim:
+    """One producer engine: real scheduler, real aggregator, per-rank facades.
+
+    ``multi``: the facades are real worker-side ``MultiConnector`` objects: each step binds
+    their metadata and takes their (grouped) stats, as vLLM's worker does.
+    """
+
+    def __init__(
+        self,
+        cfg: VllmConfig,
+        facades: list[Any],
+        workers: list[StubPcpWorker],
+        multi: bool = False,
+    ):
+        self.multi = multi
         self.scheduler = make_scheduler(cfg)
         self.aggregator = KVOutputAggregator.from_connector(
             self.scheduler.connector, cfg.parallel_config.world_size
@@ -158,14 +181,19 @@ class PdProducerSim:
         """One engine step; returns the req ids the aggregator reported finished_sending."""
         out = self.scheduler.schedule()
         meta = out.kv_connector_metadata
-        reqs_to_send = dict(getattr(meta, "reqs_to_send", {}) or {})
+        reqs_to_send = dict(getattr(nixl_metadata(meta), "reqs_to_send", {}) or {})
         rank_outputs = []
         for facade, worker in zip(self.facades, self.workers, strict=True):
+            if self.multi:
+                facade.bind_connector_metadata(meta)
             worker.start_load_kv(reqs_to_send)
             results = facade.get_transfer_results(set())
+            stats = facade.get_kv_connector_stats() if self.multi else None
+            if self.multi:
+                facade.clear_connector_metadata()
             kv_out = KVConnectorOutput(
                 finished_sending=results.finished_sending or None,
-                kv_connector_stats=worker.get_kv_connector_stats(),
+                kv_connector_stats=stats if self.multi else worker.get_kv_connector_stats(),
             )
             if out.num_scheduled_tokens:
                 ids = list(out.num_scheduled_tokens)

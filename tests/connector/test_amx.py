@@ -77,7 +77,7 @@ def test_the_connector_worker_asks_before_building_the_nixl_worker() -> None:
         obj = connector.PcpCanonicalNixlConnector.__new__(connector.PcpCanonicalNixlConnector)
         connector.NixlBaseConnector.__init__ = lambda self, *a: setattr(
             self, "kv_transfer_config", type("C", (), {"kv_connector_extra_config": {}})())
-        connector.layout_from_config = lambda cfg: None
+        connector.layout_from_config = lambda cfg, **kw: None
         try:
             connector.PcpCanonicalNixlConnector.__init__(obj, None, KVConnectorRole.WORKER, None)
         except Stop:

@@ -29,7 +29,7 @@ def test_stats_only_dedup_events_are_not_empty_and_aggregate():
     assert isinstance(clone, PcpNixlKVConnectorStats) and merged.is_empty()
 
 
-def _build_prom(cfg):
+def _build_prom(cfg, connector_cls=None):
     """``build_prom_metrics`` as vLLM's ``KVConnectorProm`` calls it, on a private registry."""
     import prometheus_client
     from prometheus_client import Counter, Gauge, Histogram
@@ -45,7 +45,7 @@ def _build_prom(cfg):
 
         return Bound
 
-    prom = PcpCanonicalNixlConnector.build_prom_metrics(
+    prom = (connector_cls or PcpCanonicalNixlConnector).build_prom_metrics(
         cfg,
         {Gauge: bound(Gauge), Counter: bound(Counter), Histogram: bound(Histogram)},
         ["model_name", "engine"],
@@ -110,6 +110,26 @@ def test_expected_suppressed_gauge_from_config(tiny_model_dir, role, pcp, mode, 
         labels = f'{{engine="{engine}",model_name="m"}}'
         assert f"{EXPECTED_SUPPRESSED_PER_COMPLETION}{labels} {float(want)}" in text
         assert f"vllm:nixl_pcp_canonical_completions_total{labels} 0.0" in text
+
+
+def test_multiconnector_gauge_follows_the_mode_chosen_inside_it(tiny_model_dir):
+    """MultiConnector builds its children's metrics itself: the gauge says world_size (0)."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+    from pcp_nixl_connector import EXPECTED_SUPPRESSED_PER_COMPLETION
+    from tests.connector.test_scheduler_leak import COUNTLESS
+
+    cfg = _config(tiny_model_dir, "kv_producer", 2)
+    kit = {**_config(tiny_model_dir).kv_transfer_config.__dict__}
+    child = {k: kit[k] for k in ("kv_connector", "kv_connector_module_path")}
+    cfg.kv_transfer_config = KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_producer",
+        kv_connector_extra_config={"connectors": [{**child, "kv_role": "kv_producer"}, COUNTLESS]},
+    )
+    _prom, text_of = _build_prom(cfg, MultiConnector)
+    assert f'{EXPECTED_SUPPRESSED_PER_COMPLETION}{{engine="0",model_name="m"}} 0.0' in text_of()
 
 
 def test_push_is_refused_clearly():

@@ -7,8 +7,11 @@ import pytest
 from pcp_nixl_connector.topology import (
     CompletionMode,
     PcpLayout,
+    layout_from_config,
     parse_completion_mode,
     pcp_rank_from_global_rank,
+    requested_completion_mode,
+    resolve_completion_mode,
 )
 
 C, W = CompletionMode.CANONICAL, CompletionMode.WORLD_SIZE
@@ -120,3 +123,50 @@ def test_rank_out_of_range_is_an_error(rank):
     layout = PcpLayout(tp=1, pp=1, pcp=2, dcp=1, kv_role="kv_producer")
     with pytest.raises(ValueError, match="pcp_rank"):
         layout.is_canonical(rank)
+
+
+@pytest.mark.parametrize(
+    "requested,in_multi,replicated,want",
+    [
+        (None, False, True, C),  # on its own: canonical by default
+        (None, True, True, W),  # inside MultiConnector: world_size by itself
+        (None, True, False, W),
+        (W, True, True, W),
+        (W, False, True, W),
+        (C, False, True, C),
+        (C, True, False, C),  # canonical only matters for a replicated-PCP producer
+    ],
+)
+def test_resolve_completion_mode(requested, in_multi, replicated, want):
+    got = resolve_completion_mode(
+        requested, in_multiconnector=in_multi, replicated_pcp_producer=replicated
+    )
+    assert got is want
+
+
+def test_explicit_canonical_inside_multiconnector_is_refused_by_the_setting_name():
+    with pytest.raises(ValueError, match=r"\['pcp_completion_mode'\] = 'canonical' inside vLLM's"):
+        resolve_completion_mode(C, in_multiconnector=True, replicated_pcp_producer=True)
+
+
+@pytest.mark.parametrize(
+    "extra,want", [(None, None), ({}, None), ({"pcp_completion_mode": "canonical"}, C)]
+)
+def test_requested_completion_mode_tells_unset_from_canonical(extra, want):
+    assert requested_completion_mode(extra) is want
+
+
+def test_layout_from_config_resolves_the_mode_for_its_place():
+    from types import SimpleNamespace
+
+    parallel = SimpleNamespace(
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        prefill_context_parallel_size=2,
+        decode_context_parallel_size=1,
+    )
+    ktc = SimpleNamespace(kv_role="kv_producer", kv_connector_extra_config={})
+    cfg = SimpleNamespace(kv_transfer_config=ktc, parallel_config=parallel)
+    assert layout_from_config(cfg).mode is C
+    assert layout_from_config(cfg, in_multiconnector=True).mode is W
+    assert layout_from_config(cfg, in_multiconnector=True).finished_count() is None

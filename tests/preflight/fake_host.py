@@ -34,7 +34,10 @@ case "$1" in
     [[ -f "$d/compose-real" ]] && exec "$(cat "$d/compose-real")" "${@:2}"
     answer compose-config ;;
   info) answer info ;;
-  image) answer image-inspect ;;
+  image)  # image inspect NAME: image-inspect-NAME.out (NAME with / : @ as _) if present
+    per="image-inspect-$(printf '%s' "$3" | tr '/:@' '___')"
+    [[ -f "$d/$per.out" ]] && answer "$per"
+    answer image-inspect ;;
   run) answer run ;;
   network) [[ "$2" == ls ]] && answer network-ls; answer network-inspect ;;
   ps) answer ps ;;
@@ -183,6 +186,8 @@ class FakeHost:
             "DockerRootDir": str(tmp / "docker-root"),
         }
         self.image: dict[str, Any] | None = {"Config": {"Env": ["CUDA_VERSION=13.0.1"]}}
+        # Per-image `docker image inspect` answers (None: not pulled); others get `image`.
+        self.images: dict[str, dict[str, Any] | None] = {}
         self.nixl_rc = 0
         self.nixl_output = ""
         self.networks: list[dict[str, Any]] = [
@@ -252,6 +257,11 @@ class FakeHost:
             real.write_text(str(self.compose_real))
         self._answer("info", None if self.info is None else json.dumps(self.info))
         self._answer("image-inspect", None if self.image is None else json.dumps([self.image]))
+        for old in self.fake_dir.glob("image-inspect-*"):
+            old.unlink()
+        for name, info in self.images.items():
+            key = "image-inspect-" + name.replace("/", "_").replace(":", "_").replace("@", "_")
+            self._answer(key, json.dumps([info]) if info is not None else "", 0 if info else 1)
         self._answer("run", self.nixl_output, self.nixl_rc)
         ids = "".join(net["Id"][:12] + "\n" for net in self.networks)
         self._answer("network-ls", ids)

@@ -17,7 +17,7 @@ def test_healthy_host_passes_every_check(host: FakeHost) -> None:
     assert {r["status"] for r in out.results} == {"ok"}, out.dump()
     expected = {"compose", "settings", "profile", "nvidia-runtime", "gpus", "gpu-ids",
                 "moe-backend", "memory", "driver-cuda", "nixl", "cdi", "subnet", "disk",
-                "model", "secrets", "ports"}  # fmt: skip
+                "model", "secrets", "ports", "vllm-version"}  # fmt: skip
     assert {r["check"] for r in out.results} == expected
     assert "3 GPU(s) for 3 needed (prefill 1 x 2, decode 1)" in out.text("gpus")
 

@@ -138,8 +138,14 @@ def reduce_scatterv(self: Any, input_: torch.Tensor, dim: int = -1, sizes: Any =
     return scatter_varlen_sum(input_, sizes, dim, self.rank_in_group, self.all_reduce)
 
 
-def install(experts_cls: Any, communicator_cls: Any) -> bool:
-    """Patch both classes once; False when already patched."""
+def install(experts_cls: Any, communicator_cls: Any, vllm_version: str | None = None) -> bool:
+    """Patch both classes once; False when already patched. Refuses a vLLM either fix was not
+    checked against (``upstream_gate``; default: the installed vLLM): one that honours
+    ``expert_map`` itself would get already-local ids mapped a second time."""
+    from . import upstream_gate
+
+    upstream_gate.check(upstream_gate.EXPERT_MAP, vllm_version)
+    upstream_gate.check(upstream_gate.COLLECTIVES, vllm_version)
     if getattr(experts_cls.apply, MARKER, False):
         return False
     experts_cls.apply = apply_with_expert_map(experts_cls.apply)

@@ -28,9 +28,17 @@ def build_parser():  # -> vllm.utils.argparse_utils.FlexibleArgumentParser
     return parser
 
 
+def cli_env_setup() -> None:
+    """vLLM's CLI start-up: in vllm.entrypoints.common.startup from 0.33, api_utils before."""
+    try:
+        from vllm.entrypoints.common.startup import cli_env_setup as setup
+    except ImportError:  # vLLM 0.32
+        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup as setup
+    setup()
+
+
 def main(argv: list[str] | None = None) -> int:
     from vllm import platforms
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args
 
     cli_env_setup()

@@ -23,6 +23,7 @@ from pcp_pd_kit.preflight import (
     check_profile,
     check_subnet,
     check_timeouts,
+    check_vllm,
     report,
 )
 from pcp_pd_kit.preflight.context import Context
@@ -35,8 +36,8 @@ DESCRIPTION = """\
 Checks a GPU host before `docker compose up`: Docker Compose v2, the NVIDIA runtime, the GPUs
 named by PREFILL_GPUS/DECODE_GPUS, the MoE backend for their compute capability, ENFORCE_EAGER,
 GPU memory for the weights, the driver for the image's CUDA, NIXL in the image, CDI devices for
-compose's GPU requests, PD_SUBNET, free disk, the model and its token, free host ports, and the
-KV lease against pd-proxy's timeouts.
+compose's GPU requests, PD_SUBNET, free disk, the model and its token, free host ports, the
+KV lease against pd-proxy's timeouts, and one vLLM release for prefill and decode.
 Settings are the ones Compose resolves from compose.yaml's x-kit-settings (environment > env
 file > defaults). Each result is one line, ok/WARN/FAIL, and
 every FAIL names the fix; the exit status is the number of FAILs (at most 100).
@@ -60,7 +61,7 @@ WITH_SETTINGS = (
     (check_memory.gpu_memory, "gpu_mode"), (check_driver.driver_cuda, "gpu_mode"),
     (check_docker.nixl, "gpu_mode"), (check_cdi.cdi, "gpu_mode"), (check_subnet.subnet, ""),
     (check_disk.disk, ""), (check_model.model, ""), (check_model.secret_files, ""),
-    (check_ports.ports, ""), (check_timeouts.kv_timeouts, ""),
+    (check_ports.ports, ""), (check_timeouts.kv_timeouts, ""), (check_vllm.same_vllm, ""),
 )  # fmt: skip
 #: The command line's options.
 OPTIONS = (

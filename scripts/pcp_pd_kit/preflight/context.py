@@ -48,8 +48,7 @@ class Context:
     info: dict[str, Any] | None = None  # `docker info` JSON; None while the daemon is unreachable
     gpus: list[Gpu] | None = None
     assigned: dict[str, list[Gpu]] = field(default_factory=dict)  # "prefill"/"decode" -> GPUs
-    _image: dict[str, Any] | None = None
-    _image_looked: bool = False
+    _images: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     _model: ModelInfo | None = None
 
     @property
@@ -71,17 +70,22 @@ class Context:
     def image(self) -> dict[str, Any] | None:
         """`docker image inspect` of VLLM_IMAGE, or None when it is not present locally (or the
         daemon cannot say). Never pulls."""
-        if not self._image_looked and self.info is not None:
-            self._image_looked = True
-            image = self.need_settings().text("vllm_image")
+        return self.inspect(self.need_settings().text("vllm_image"))
+
+    def inspect(self, image: str) -> dict[str, Any] | None:
+        """`docker image inspect` of ``image`` (looked up once per image), or None when it is
+        not present locally or the daemon cannot say. Never pulls."""
+        if image not in self._images and self.info is not None:
+            found: dict[str, Any] | None = None
             out = proc.run([self.docker, "image", "inspect", image], QUICK_S)
             if out.ok:
                 try:
-                    found = json.loads(out.stdout)
+                    answer = json.loads(out.stdout)
                 except ValueError:
-                    found = None
-                self._image = found[0] if isinstance(found, list) and found else {}
-        return self._image
+                    answer = None
+                found = answer[0] if isinstance(answer, list) and answer else {}
+            self._images[image] = found
+        return self._images.get(image)
 
     def image_known(self) -> bool:
         """Whether `image()` answers at all: it needs a reachable daemon."""

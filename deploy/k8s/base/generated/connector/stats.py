@@ -33,6 +33,7 @@ from .metric_names import (
     KV_LEASE_SECONDS,
     STATS_KEYS,
 )
+from .nesting import inside_multiconnector
 from .topology import layout_from_config
 
 HANDOVER_BUCKETS = [
@@ -145,8 +146,9 @@ class PcpNixlPromMetrics(NixlPromMetrics):
             name=HELD_REQUESTS, documentation=_DOCS[HELD_REQUESTS], labelnames=labelnames
         )
         self.held_requests = create_metric_per_engine(held, self.per_engine_labelvalues)
+        # Inside a MultiConnector (its build_prom_metrics builds us) the mode is the child's.
         self.expected_suppressed_per_completion = layout_from_config(
-            vllm_config
+            vllm_config, in_multiconnector=inside_multiconnector()
         ).expected_suppressed_per_completion()
         gauge = gauge_cls(
             name=EXPECTED_SUPPRESSED_PER_COMPLETION,

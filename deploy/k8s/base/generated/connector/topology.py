@@ -13,13 +13,16 @@ accountings are consistent:
   ranks' ``finished_sending`` reports are suppressed;
 * ``world_size``: the scheduler waits for world_size reports and
   non-canonical ranks report (stock vLLM's worker reports them at once).
-  Use it inside a ``MultiConnector``, which discards a child's TP x PP count.
+  Inside a ``MultiConnector``, which discards a child's TP x PP count as soon as
+  another child counts world_size, this is the only consistent one:
+  ``resolve_completion_mode`` picks it when the mode is unset and refuses an
+  explicit ``canonical`` there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -35,9 +38,12 @@ class CompletionMode(str, Enum):
     WORLD_SIZE = "world_size"
 
 
-def parse_completion_mode(extra_config: Mapping[str, Any] | None) -> CompletionMode:
-    """Read ``pcp_completion_mode`` from ``kv_connector_extra_config``."""
-    raw = (extra_config or {}).get(COMPLETION_MODE_KEY, CompletionMode.CANONICAL.value)
+def requested_completion_mode(extra_config: Mapping[str, Any] | None) -> CompletionMode | None:
+    """``pcp_completion_mode`` from ``kv_connector_extra_config``; None when it is not set."""
+    extra = extra_config or {}
+    if COMPLETION_MODE_KEY not in extra:
+        return None
+    raw = extra[COMPLETION_MODE_KEY]
     try:
         return CompletionMode(raw)
     except ValueError:
@@ -45,6 +51,36 @@ def parse_completion_mode(extra_config: Mapping[str, Any] | None) -> CompletionM
         raise ValueError(
             f"kv_connector_extra_config[{COMPLETION_MODE_KEY!r}] = {raw!r} is not one of {allowed}"
         ) from None
+
+
+def parse_completion_mode(extra_config: Mapping[str, Any] | None) -> CompletionMode:
+    """The mode of a connector used on its own: the setting, ``canonical`` when unset."""
+    return requested_completion_mode(extra_config) or CompletionMode.CANONICAL
+
+
+def resolve_completion_mode(
+    requested: CompletionMode | None, *, in_multiconnector: bool, replicated_pcp_producer: bool
+) -> CompletionMode:
+    """The mode to run: the setting, or the default that cannot leak where the connector is.
+
+    Inside vLLM's ``MultiConnector`` the scheduler waits for world_size reports as soon as any
+    other child's ``get_finished_count()`` is None (the base class's answer), so ``canonical``
+    (ranks > 0 suppressed) would never free a replicated-PCP producer's blocks. Unset there, the
+    mode is ``world_size``; set to ``canonical`` by hand, it is refused rather than overridden,
+    because an explicit choice that cannot work is a configuration error to fix, not to hide.
+    """
+    if requested is None:
+        return CompletionMode.WORLD_SIZE if in_multiconnector else CompletionMode.CANONICAL
+    if requested is CompletionMode.CANONICAL and in_multiconnector and replicated_pcp_producer:
+        raise ValueError(
+            f"kv_connector_extra_config[{COMPLETION_MODE_KEY!r}] = 'canonical' inside vLLM's "
+            "MultiConnector: MultiConnector counts world_size reports per request as soon as "
+            "any other child's get_finished_count() is None, while canonical mode suppresses "
+            "PCP rank > 0's reports, so the producer's KV blocks would never be freed. Set "
+            f"{COMPLETION_MODE_KEY!r} to 'world_size' in this connector's own "
+            "kv_connector_extra_config, or leave it unset (then world_size is chosen here)"
+        )
+    return requested
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -130,23 +166,30 @@ class PcpLayout:
         return self.tp * self.pp
 
 
-def layout_from_config(vllm_config: Any) -> PcpLayout:
+def layout_from_config(vllm_config: Any, *, in_multiconnector: bool = False) -> PcpLayout:
     """The engine's parallel layout, role and completion mode from a ``VllmConfig``.
 
-    Duck-typed (attribute access only) so this module stays free of vLLM imports.
+    ``in_multiconnector``: this connector is a child of vLLM's ``MultiConnector`` (see
+    ``resolve_completion_mode``). Duck-typed (attribute access only) so this module stays free
+    of vLLM imports.
     """
     ktc = vllm_config.kv_transfer_config
     if ktc is None or ktc.kv_role is None:
         raise ValueError("PcpCanonicalNixlConnector needs kv_transfer_config with a kv_role")
     pc = vllm_config.parallel_config
-    return PcpLayout(
+    layout = PcpLayout(
         tp=pc.tensor_parallel_size,
         pp=pc.pipeline_parallel_size,
         pcp=pc.prefill_context_parallel_size,
         dcp=pc.decode_context_parallel_size,
         kv_role=ktc.kv_role,
-        mode=parse_completion_mode(ktc.kv_connector_extra_config),
     )
+    mode = resolve_completion_mode(
+        requested_completion_mode(ktc.kv_connector_extra_config),
+        in_multiconnector=in_multiconnector,
+        replicated_pcp_producer=layout.replicated_pcp_producer,
+    )
+    return replace(layout, mode=mode)
 
 
 def pcp_rank_from_global_rank(global_rank: int, tp: int, pp: int, pcp: int) -> int:

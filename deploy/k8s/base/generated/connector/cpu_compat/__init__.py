@@ -11,7 +11,8 @@ Two vLLM plugin entry points, both no-ops unless their knob is set *and* vLLM is
 * ``PCP_NIXL_CPU_FIXES=1`` (``vllm.general_plugins`` -> ``register``): three defects of vLLM
   0.32's CPU path that change answers; see ``fixes``.
 
-Nothing here is imported by the connector itself; vLLM imports it through the entry points that
+The connector imports only ``plugin.verify_installed`` (its worker checks that the fixes the knobs
+ask for are in place); vLLM imports the rest through the entry points that
 ``connector/pcp_nixl_connector-*.dist-info`` declares (so a mounted ``connector/`` folder on
 ``PYTHONPATH`` is enough, no ``pip install``).
 """

@@ -7,8 +7,10 @@ made here are in place for every layer and communicator the process creates.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+from collections.abc import Mapping
 
 from . import FIXES_ENV, TRITON_INTERPRETER_ENV
 from .knobs import knob_on, wants_fixes
@@ -26,16 +28,29 @@ def _is_cpu_build() -> bool:
     return current_platform.is_cpu()
 
 
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def check_triton_interpreter() -> None:
     """The Triton knob must have taken effect before vLLM read ``HAS_TRITON``."""
     from vllm.triton_utils import HAS_TRITON
 
-    if not HAS_TRITON:
+    if HAS_TRITON:
+        return
+    if not triton_installed():
         raise CpuCompatError(
-            f"{TRITON_INTERPRETER_ENV}=1 but vLLM decided Triton is unavailable: the platform "
-            "plugin did not run first (VLLM_TARGET_DEVICE=cpu skips platform plugins: unset it; "
-            "VLLM_PLUGINS must include 'pcp_nixl_triton' if set)"
+            f"{TRITON_INTERPRETER_ENV}=1 but the Python package 'triton' is not installed, and "
+            "Model Runner V2 (which PCP needs) runs its kernels with Triton's interpreter on "
+            "CPU: install the kit's cpu extra (pip install -e '.[cpu]', which pins triton) or "
+            "'pip install triton' into this vLLM's environment"
         )
+    raise CpuCompatError(
+        f"{TRITON_INTERPRETER_ENV}=1 and triton is installed, but vLLM decided Triton is "
+        "unavailable: the kit's platform plugin 'pcp_nixl_triton' did not run before vLLM "
+        "checked (VLLM_TARGET_DEVICE=cpu skips platform plugins: unset it; VLLM_PLUGINS, if "
+        "set, must include 'pcp_nixl_triton'; connector/ must be on PYTHONPATH)"
+    )
 
 
 def apply_fixes() -> list[str]:
@@ -52,6 +67,50 @@ def apply_fixes() -> list[str]:
     if expert_parallel.install(CPUUnquantizedExperts, CpuCommunicator):
         installed.append("expert-parallel MoE (expert_map, all_gatherv, reduce_scatterv)")
     return installed
+
+
+def missing_fixes() -> list[str]:
+    """The CPU fixes this process's vLLM classes lack (their markers, or our collectives)."""
+    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    from . import expert_parallel, rope
+
+    missing = []
+    if not getattr(RotaryEmbedding.forward_cpu, rope.MARKER, False):
+        missing.append("RotaryEmbedding.forward_cpu (rope)")
+    if not getattr(CPUUnquantizedExperts.apply, expert_parallel.MARKER, False):
+        missing.append("CPUUnquantizedExperts.apply (expert_map)")
+    for name in ("all_gatherv", "reduce_scatterv"):
+        if getattr(CpuCommunicator, name) is not getattr(expert_parallel, name):
+            missing.append(f"CpuCommunicator.{name}")
+    return missing
+
+
+def verify_installed(environ: Mapping[str, str]) -> None:
+    """In a process where vLLM's plugins should have run: what the knobs ask for is in place.
+
+    The general plugin can be left out without a word: a ``VLLM_PLUGINS`` allowlist without
+    ``pcp_nixl_cpu_fixes``, a ``PYTHONPATH`` without ``connector/`` (whose dist-info declares the
+    entry points), or an import error that vLLM only logs. The rope defect then silently comes
+    back, so the connector's worker calls this and the server stops instead.
+    """
+    if not _is_cpu_build():
+        return
+    if knob_on(environ, TRITON_INTERPRETER_ENV):
+        check_triton_interpreter()
+    if not knob_on(environ, FIXES_ENV):
+        return
+    missing = missing_fixes()
+    if missing:
+        raise CpuCompatError(
+            f"{FIXES_ENV}=1 but this vLLM process lacks the kit's CPU fixes "
+            f"({', '.join(missing)}): vLLM did not run the general plugin 'pcp_nixl_cpu_fixes'. "
+            "Check that VLLM_PLUGINS, if set, includes pcp_nixl_cpu_fixes, that the connector "
+            "folder is on PYTHONPATH (its pcp_nixl_connector-*.dist-info declares the plugin), "
+            "and vLLM's log for a plugin that failed to load"
+        )
 
 
 def register() -> None:

