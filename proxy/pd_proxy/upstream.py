@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pd_proxy.pool import Backend
@@ -513,7 +513,7 @@ class Upstream:
         self.opened = 0  # connections opened, for tests and curiosity
         self._closed = False
 
-    async def post(
+    def post(
         self,
         backend: Backend,
         path: str,
@@ -521,25 +521,26 @@ class Upstream:
         body: bytes,
         deadline: float | None = None,
         silence: float | None = None,
-    ) -> Reply:
-        """POST the JSON ``body`` to ``path`` on ``backend`` with ``headers`` added; see
-        ``request`` for ``deadline`` and ``silence``."""
+    ) -> Coroutine[Any, Any, Reply]:
+        """POST the JSON ``body`` to ``path`` on ``backend`` with ``headers`` added; await it for
+        the ``Reply`` (see ``request`` for ``deadline`` and ``silence``). Not a coroutine itself:
+        each coroutine frame costs the proxy about 1% of its CPU per request."""
         head = self._head("POST", backend, path) + _lines(headers)
         head += b"Content-Length: %d\r\n\r\n" % len(body)
         data = head + body if len(body) < LARGE_BODY else [head, body]
-        return await self.request(backend.address, data, deadline, silence)
+        return self.request(backend.address, data, deadline, silence)
 
-    async def get(
+    def get(
         self,
         backend: Backend,
         path: str,
         headers: Mapping[str, str],
         deadline: float | None = None,
         silence: float | None = None,
-    ) -> Reply:
-        """GET ``path`` on ``backend`` with ``headers`` added."""
+    ) -> Coroutine[Any, Any, Reply]:
+        """GET ``path`` on ``backend`` with ``headers`` added; await it for the ``Reply``."""
         head = self._head("GET", backend, path) + _lines(headers) + b"\r\n"
-        return await self.request(backend.address, head, deadline, silence)
+        return self.request(backend.address, head, deadline, silence)
 
     def _head(self, method: str, backend: Backend, path: str) -> bytes:
         """The fixed start of a request: request line, Host, Accept (and Content-Type for a POST);
