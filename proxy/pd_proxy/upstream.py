@@ -46,6 +46,7 @@ MAX_TRAILER_BYTES = 64 * 1024  # all trailer lines of a chunked body
 MAX_BODY_BYTES = 256 * 1024 * 1024  # body bytes buffered and not yet taken (read() or readany())
 HIGH_WATER = 256 * 1024  # streamed body bytes buffered before the socket stops being read
 LARGE_BODY = 64 * 1024  # bodies from this size are sent without a copy into the head
+MAX_CACHED_HEADS = 4096  # request heads kept, by method, backend and path
 
 # Response body framing.
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = 1, 2, 3
@@ -548,6 +549,8 @@ class Upstream:
         key = (method, backend.url, path)
         head = self._heads.get(key)
         if head is None:
+            if len(self._heads) >= MAX_CACHED_HEADS:  # backends come and go with discovery
+                self._heads.clear()
             url = backend.endpoint(path)
             kind = "Accept: */*\r\nContent-Type: application/json\r\n"
             if method == "GET":
@@ -557,11 +560,6 @@ class Upstream:
                 + kind
             ).encode("ascii")
         return head
-
-    def forget(self, backend: Backend) -> None:
-        """Drop the cached heads of a backend that left its pool."""
-        for key in [k for k in self._heads if k[1] == backend.url]:
-            del self._heads[key]
 
     async def request(
         self,
