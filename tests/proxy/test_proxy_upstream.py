@@ -9,12 +9,16 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import aiohttp
 import pytest
 
+from pd_proxy.pool import Backend
 from pd_proxy.upstream import (
     HIGH_WATER,
     ConnectFailed,
     Connection,
+    Reply,
+    StaleConnection,
     Upstream,
     UpstreamBroken,
     UpstreamTimeout,
@@ -498,3 +502,140 @@ def test_chunked_decoding_of_random_chunks_cut_anywhere():
         body, conn = _decode_in_pieces(wire, cuts)
         assert body == b"".join(body_parts)
         assert conn.at_eof() is False and conn._done and conn._reusable  # pieces not taken yet
+
+
+# ----------------------------------------------------------------------------- the gaps closed
+async def test_transfer_encoding_with_content_length_is_broken_and_not_kept():
+    """RFC 9112 section 6.3: both framings in one answer is an error, and the connection goes."""
+    both = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'7\r\n{"a":1}\r\n0\r\n\r\n'
+    )
+
+    def make(server: Server) -> Script:
+        async def script(reader, writer) -> None:
+            while await server.read_request(reader) is not None:
+                writer.write(both if server.connections == 1 else JSON_200)
+                await writer.drain()
+
+        return script
+
+    async with serving(make) as (server, upstream):
+        with pytest.raises(UpstreamBroken, match="both Transfer-Encoding and Content-Length"):
+            await call(server, upstream)
+        assert await call(server, upstream) == (200, b'{"a":1}')
+        assert server.connections == 2 and upstream.opened == 2
+
+
+async def test_trailers_have_a_total_limit():
+    """Each trailer line is short, but together they never end: broken, not a hang."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n"
+    line = b"X-Pad: " + b"p" * 1000 + b"\r\n"
+
+    def make(server: Server) -> Script:
+        async def script(reader, writer) -> None:
+            await server.read_request(reader)
+            writer.write(head)
+            for _ in range(200):  # about 200 kB of trailer lines, no end
+                writer.write(line)
+                await writer.drain()
+            await asyncio.sleep(30)
+
+        return script
+
+    async with serving(make) as (server, upstream):
+        with pytest.raises(UpstreamBroken, match="trailers too large"):
+            await asyncio.wait_for(call(server, upstream, silence=20.0), 10)
+
+
+async def test_read_has_a_body_size_limit():
+    body = b"x" * 5000
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    async with serving(answering(answer), max_body=4096) as (server, upstream):
+        with pytest.raises(UpstreamBroken, match="over 4096 bytes"):
+            await call(server, upstream)
+    async with serving(answering(answer), max_body=8192) as (server, upstream):
+        assert await call(server, upstream) == (200, body)
+
+
+async def test_a_reused_connection_closed_before_any_answer_is_stale():
+    """The backend read the second request and closed the connection without a byte: that is
+    ``StaleConnection`` (the request may go again), and the idle connections to it are dropped."""
+
+    def make(server: Server) -> Script:
+        async def script(reader, writer) -> None:
+            await server.read_request(reader)
+            writer.write(JSON_200)
+            await writer.drain()
+            await server.read_request(reader)
+            writer.close()  # unanswered
+
+        return script
+
+    async with serving(make) as (server, upstream):
+        assert await call(server, upstream) == (200, b'{"a":1}')
+        with pytest.raises(StaleConnection):
+            await call(server, upstream)
+        assert upstream.idle_count() == 0
+        assert await call(server, upstream) == (200, b'{"a":1}')  # a new connection
+        assert server.connections == 2
+
+
+# ------------------------------------------------------------------ the client against aiohttp's
+class AiohttpReply:
+    """aiohttp's client behind the ``Reply`` protocol: a second client to compare with, never
+    used by the proxy."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = {k.lower(): v for k, v in resp.headers.items()}
+
+    async def read(self) -> bytes:
+        return await self._resp.read()
+
+    async def readany(self) -> bytes:
+        return await self._resp.content.readany()
+
+    def at_eof(self) -> bool:
+        return self._resp.content.at_eof()
+
+    def release(self) -> None:
+        self._resp.release()
+
+
+async def drain(reply: Reply, read: str) -> tuple[int, str | None, bytes]:
+    try:
+        if read == "read":
+            body = await reply.read()
+        else:
+            pieces = []
+            while piece := await reply.readany():
+                pieces.append(piece)
+            body = b"".join(pieces)
+        return reply.status, reply.headers.get("content-type"), body
+    finally:
+        reply.release()
+
+
+@pytest.mark.parametrize("read", ["read", "readany"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        JSON_200,
+        CHUNKED,
+        b"HTTP/1.1 100 Continue\r\n\r\n" + CHUNKED,
+        b"HTTP/1.1 503 Busy\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nbusy",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+    ],
+)
+async def test_the_client_and_aiohttp_read_the_same_answers(answer, read):
+    """Both clients behind the one ``Reply`` protocol, on the same scripted answers."""
+    async with serving(answering(answer)) as (server, upstream):
+        backend = Backend("decode", f"http://127.0.0.1:{server.port}")
+        ours = await drain(await upstream.post(backend, "/v1/completions", {}, b"{}"), read)
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(backend.endpoint("/v1/completions"), data=b"{}")
+            theirs = await drain(AiohttpReply(resp), read)
+    assert ours == theirs
+    assert server.requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\n")
