@@ -49,8 +49,8 @@ WARMUP = 2
 class ConnectorStack(Stack):
     """The local stack, with the servers' plugins and connector from another folder."""
 
-    def __init__(self, settings: StackSettings, connector_dir: Path) -> None:
-        super().__init__(settings, parts=("prefill",))
+    def __init__(self, settings: StackSettings, connector_dir: Path, work_dir: Path) -> None:
+        super().__init__(settings, parts=("prefill",), work_dir=work_dir)
         self.connector_dir = connector_dir
 
     def _spec(self, part: str, settings: StackSettings | None = None) -> ProcessSpec:
@@ -91,10 +91,15 @@ def request_ms(url: str, model: str, ids: list[int]) -> float:
 
 
 def measure(
-    settings: StackSettings, connector_dir: Path, lengths: Sequence[int], repeats: int
+    settings: StackSettings,
+    connector_dir: Path,
+    work_dir: Path,
+    lengths: Sequence[int],
+    repeats: int,
 ) -> tuple[dict[int, float], str]:
-    """Median ms per length for one server; and its log (to check which fix it ran)."""
-    stack = ConnectorStack(settings, connector_dir)
+    """Median ms per length for one server; and its log (to check which fix it ran). Each
+    server logs into its own ``work_dir`` (the stack appends to an existing log)."""
+    stack = ConnectorStack(settings, connector_dir, work_dir)
     with stack:
         url, model = stack.urls["prefill"], stack.served_model_name
         medians = {}
@@ -161,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             for variant in variants:
                 label = f"PREFILL_CPUS={cpus} {variant}"
                 print(f"measuring {label} ...", file=sys.stderr, flush=True)
-                medians, log = measure(settings, dirs[variant], args.lengths, args.repeats)
+                work_dir = Path(tmp) / f"run-{cpus.replace(',', '_')}-{variant}"
+                medians, log = measure(
+                    settings, dirs[variant], work_dir, args.lengths, args.repeats
+                )
                 check_version(log, variant == "after", label)
                 results[(cpus, variant)] = medians
     ranks = int(env["CPU_PREFILL_PCP_SIZE"])
