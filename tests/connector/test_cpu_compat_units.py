@@ -1,4 +1,4 @@
-"""The CPU plugins' pure parts: knobs, core groups, routing and variable-size collectives."""
+"""The CPU plugins' pure parts: knobs, core groups and variable-size collectives."""
 
 from __future__ import annotations
 
@@ -7,12 +7,7 @@ import torch
 
 from pcp_nixl_connector.cpu_compat import FIXES_ENV, TRITON_INTERPRETER_ENV
 from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
-from pcp_nixl_connector.cpu_compat.expert_parallel import (
-    apply_with_expert_map,
-    gather_varlen,
-    local_routing,
-    scatter_varlen_sum,
-)
+from pcp_nixl_connector.cpu_compat.expert_parallel import gather_varlen, scatter_varlen_sum
 from pcp_nixl_connector.cpu_compat.knobs import (
     KnobError,
     knob_on,
@@ -76,32 +71,6 @@ def test_cores_split_evenly_per_rank(cores: list[int], ranks: int, bind: str) ->
 def test_uneven_core_splits_are_refused(cores: list[int], ranks: int) -> None:
     with pytest.raises(ValueError):
         omp_threads_bind(cores, ranks)
-
-
-def test_local_routing_keeps_own_experts_and_zeroes_the_others() -> None:
-    # EP rank 1 of 2 with 4 experts owns global experts 2 and 3 as local slots 0 and 1.
-    expert_map = torch.tensor([-1, -1, 0, 1], dtype=torch.int32)
-    topk_ids = torch.tensor([[0, 2], [3, 1]], dtype=torch.int32)
-    weights = torch.tensor([[0.25, 0.75], [0.6, 0.4]])
-    ids, w = local_routing(topk_ids, weights, expert_map)
-    assert ids.dtype == topk_ids.dtype
-    assert ids.tolist() == [[0, 0], [1, 0]]
-    assert torch.allclose(w, torch.tensor([[0.0, 0.75], [0.6, 0.0]]))
-
-
-def test_apply_wrapper_remaps_only_with_an_expert_map() -> None:
-    seen = []
-
-    def original(self, output, hidden, w1, w2, weights, ids, act, n, emap, *rest, **kw):
-        seen.append((ids.tolist(), weights.tolist(), rest, kw))
-
-    apply = apply_with_expert_map(original)
-    ids = torch.tensor([[1, 2]])
-    weights = torch.tensor([[0.5, 0.5]])
-    apply(None, None, None, None, None, weights, ids, "silu", 4, None, "extra", flag=True)
-    apply(None, None, None, None, None, weights, ids, "silu", 4, torch.tensor([0, 1, -1, -1]))
-    assert seen[0] == ([[1, 2]], [[0.5, 0.5]], ("extra",), {"flag": True})
-    assert seen[1][:2] == ([[1, 0]], [[0.5, 0.0]])
 
 
 def test_varlen_gather_and_reduce_scatter_match_a_two_rank_reference() -> None:

@@ -66,6 +66,9 @@ def apply_fixes() -> list[str]:
         installed.append("rotary embedding for [tokens, heads, dim] inputs")
     if expert_parallel.install(CPUUnquantizedExperts, CpuCommunicator):
         installed.append("expert-parallel MoE (expert_map, all_gatherv, reduce_scatterv)")
+    refused = expert_parallel.refuse_under_expert_parallel(_quantized_cpu_experts())
+    if refused:
+        installed.append(f"expert parallelism refused for quantized CPU MoE ({', '.join(refused)})")
     return installed
 
 
@@ -111,6 +114,21 @@ def verify_installed(environ: Mapping[str, str]) -> None:
             "folder is on PYTHONPATH (its pcp_nixl_connector-*.dist-info declares the plugin), "
             "and vLLM's log for a plugin that failed to load"
         )
+
+
+def _quantized_cpu_experts() -> list[type]:
+    """vLLM's quantized CPU expert classes (they ignore ``expert_map`` like the unquantized one,
+    and the kit does not fix them)."""
+    from vllm.model_executor.layers.fused_moe import modular_kernel
+    from vllm.model_executor.layers.fused_moe.experts import cpu_int4_moe, cpu_moe
+
+    from . import expert_parallel
+
+    return expert_parallel.quantized_cpu_experts(
+        (cpu_moe, cpu_int4_moe),
+        modular_kernel.FusedMoEExperts,
+        cpu_moe.CPUUnquantizedExperts,
+    )
 
 
 def register() -> None:

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Prefill latency of the CPU PCP2 + EP2 prefill server, before and after a connector change.
+
+Starts the local stack's prefill server alone (the same command line as `pcp-pd-kit up`, the
+tiny default model unless MODEL is set) once per core placement and connector version, sends
+one request at a time with `max_tokens` 1 and prompts of fixed token counts, and prints the
+median milliseconds per request side by side.
+
+The "before" server runs the `connector/` folder of a git revision (``--before REF``, taken with
+`git archive` into a temporary directory and put first on the server's PYTHONPATH); the "after"
+server runs this checkout's. Each server's log must show which EP fix it loaded (the current
+one logs its refusal of quantized experts; older ones do not), so the columns cannot be mixed up.
+
+Usage (heavy: starts vLLM servers; on shared machines run it under the kit's lock):
+    .venv/bin/python scripts/bench_prefill_ep.py --before d68f419
+    .venv/bin/python scripts/bench_prefill_ep.py --placements 0 0,1 --lengths 250 1000 --repeats 8
+Not a timed test: numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+from pcp_pd_kit.localstack.commands import ProcessSpec  # noqa: E402
+from pcp_pd_kit.localstack.stack import Stack  # noqa: E402
+from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env  # noqa: E402
+
+# A line only the current EP fix logs (cpu_compat/plugin.py), to tell the two servers apart.
+CURRENT_FIX_LINE = "expert parallelism refused for quantized CPU MoE"
+WARMUP = 2
+
+
+class ConnectorStack(Stack):
+    """The local stack, with the servers' plugins and connector from another folder."""
+
+    def __init__(self, settings: StackSettings, connector_dir: Path, work_dir: Path) -> None:
+        super().__init__(settings, parts=("prefill",), work_dir=work_dir)
+        self.connector_dir = connector_dir
+
+    def _spec(self, part: str, settings: StackSettings | None = None) -> ProcessSpec:
+        spec = super()._spec(part, settings)
+        return dataclasses.replace(spec, env={**spec.env, "PYTHONPATH": str(self.connector_dir)})
+
+
+def export_connector(ref: str, into: Path) -> Path:
+    """``connector/`` as it is at git revision ``ref``, unpacked under ``into``."""
+    archive = into / "connector.tar"
+    with archive.open("wb") as out:
+        git = ["git", "-C", str(REPO), "archive", ref, "connector"]
+        subprocess.run(git, stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into / "connector"
+
+
+def prompt_ids(length: int, seed: int) -> list[int]:
+    """A prompt of exactly ``length`` token ids (no tokenizer round trip), inside any vocab
+    the tiny model's 2048 covers."""
+    rng = random.Random(seed)
+    return [rng.randrange(100, 2000) for _ in range(length)]
+
+
+def request_ms(url: str, model: str, ids: list[int]) -> float:
+    body = json.dumps({"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0})
+    req = urllib.request.Request(
+        f"{url}/v1/completions", body.encode(), {"Content-Type": "application/json"}
+    )
+    start = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        answer = json.load(resp)
+    took = (time.perf_counter() - start) * 1000
+    if answer["usage"]["prompt_tokens"] != len(ids):
+        raise RuntimeError(f"server saw {answer['usage']['prompt_tokens']} prompt tokens")
+    return took
+
+
+def measure(
+    settings: StackSettings,
+    connector_dir: Path,
+    work_dir: Path,
+    lengths: Sequence[int],
+    repeats: int,
+) -> tuple[dict[int, float], str]:
+    """Median ms per length for one server; and its log (to check which fix it ran). Each
+    server logs into its own ``work_dir`` (the stack appends to an existing log)."""
+    stack = ConnectorStack(settings, connector_dir, work_dir)
+    with stack:
+        url, model = stack.urls["prefill"], stack.served_model_name
+        medians = {}
+        for length in lengths:
+            for i in range(WARMUP):
+                request_ms(url, model, prompt_ids(length, -1 - i))
+            samples = [request_ms(url, model, prompt_ids(length, i)) for i in range(repeats)]
+            medians[length] = statistics.median(samples)
+        log = stack.processes["prefill"].log_path.read_text(errors="replace")
+    return medians, log
+
+
+def check_version(log: str, current: bool, label: str) -> None:
+    if (CURRENT_FIX_LINE in log) != current:
+        raise RuntimeError(
+            f"{label}: the prefill log {'lacks' if current else 'has'} {CURRENT_FIX_LINE!r}: "
+            "the server did not run the connector folder it was given"
+        )
+
+
+def placement_label(cpus: str, ranks: int) -> str:
+    cores = cpus.split(",")
+    if len(cores) == 1:
+        return f"both ranks on core {cpus}" if ranks > 1 else f"core {cpus}"
+    return f"ranks on cores {' and '.join(cores)}"
+
+
+def format_table(
+    results: dict[tuple[str, str], dict[int, float]],
+    placements: Sequence[str],
+    variants: Sequence[str],
+    lengths: Sequence[int],
+    ranks: int,
+) -> str:
+    """Markdown: one row per placement, a before/after column pair per prompt length."""
+    head = ["placement"] + [f"{n} tokens, {v}" for n in lengths for v in variants]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cpus in placements:
+        cells = [f"{results[(cpus, v)][n]:.1f} ms" for n in lengths for v in variants]
+        lines.append(f"| {placement_label(cpus, ranks)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", help="git revision whose connector/ is the 'before' column")
+    ap.add_argument("--placements", nargs="+", default=["0", "0,1"], help="PREFILL_CPUS values")
+    ap.add_argument("--lengths", nargs="+", type=int, default=[250, 1000])
+    ap.add_argument("--repeats", type=int, default=8, help="timed requests; the median is shown")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or min(args.lengths) < 1:
+        ap.error("--repeats and --lengths must be >= 1")
+
+    env = kit_env(os.environ, REPO)
+    env.update({"CPU_PREFILL_PCP_SIZE": "2", "CPU_PREFILL_EXPERT_PARALLEL": "1"})
+    variants = (["before"] if args.before else []) + ["after"]
+    results: dict[tuple[str, str], dict[int, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-prefill-ep-") as tmp:
+        dirs = {"after": REPO / "connector"}
+        if args.before:
+            dirs["before"] = export_connector(args.before, Path(tmp))
+        for cpus in args.placements:
+            settings = settings_from_env({**env, "PREFILL_CPUS": cpus})
+            for variant in variants:
+                label = f"PREFILL_CPUS={cpus} {variant}"
+                print(f"measuring {label} ...", file=sys.stderr, flush=True)
+                work_dir = Path(tmp) / f"run-{cpus.replace(',', '_')}-{variant}"
+                medians, log = measure(
+                    settings, dirs[variant], work_dir, args.lengths, args.repeats
+                )
+                check_version(log, variant == "after", label)
+                results[(cpus, variant)] = medians
+    ranks = int(env["CPU_PREFILL_PCP_SIZE"])
+    print(
+        f"prefill, PCP{ranks} + EP{ranks}, median of {args.repeats} requests one at a time, "
+        f"max_tokens 1 (before: connector/ at {args.before or '-'}; after: this checkout)"
+    )
+    print(format_table(results, args.placements, variants, args.lengths, ranks))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
