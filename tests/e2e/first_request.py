@@ -22,15 +22,15 @@ from .clients import SHORT_PROMPT
 
 log = logging.getLogger("pcp_pd_kit.localstack")
 
-# Apart from the e2e stack's ports (185xx) and `make up`'s (18000-18300).
+# Apart from make up (18000s), make bench (18400s), e2e (18500s), the bench smoke (18600s).
 PORTS = {
-    "proxy_port": 18600,
-    "prefill_port": 18610,
-    "prefill_side_channel_port": 18611,
-    "decode_port": 18620,
-    "decode_side_channel_port": 18621,
-    "reference_port": 18630,
-    "prometheus_port": 18690,
+    "proxy_port": 18700,
+    "prefill_port": 18710,
+    "prefill_side_channel_port": 18711,
+    "decode_port": 18720,
+    "decode_side_channel_port": 18721,
+    "reference_port": 18730,
+    "prometheus_port": 18790,
 }
 MAX_TOKENS = 8
 
