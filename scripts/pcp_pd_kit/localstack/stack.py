@@ -16,16 +16,23 @@ from pathlib import Path
 from typing import TypeVar
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.localstack import commands, host, prometheus_config
+from pcp_pd_kit.localstack import commands, host, prometheus_config, warmup
 from pcp_pd_kit.localstack.host import run_dir
 from pcp_pd_kit.localstack.model_source import ResolvedModel, resolve_model
-from pcp_pd_kit.localstack.process import ManagedProcess, StackProcessError, wait_healthy
+from pcp_pd_kit.localstack.process import (
+    ManagedProcess,
+    StackProcessError,
+    log_tail,
+    wait_healthy,
+)
 from pcp_pd_kit.settings import StackSettings
 
 log = logging.getLogger("pcp_pd_kit.localstack")
 
 T = TypeVar("T")
 PD_PARTS = ("prefill", "decode", "proxy", "prometheus")
+# With all three, start() sends one request through them before it returns (warmup.py).
+WARMED_PARTS = frozenset({"prefill", "decode", "proxy"})
 REFERENCE_PARTS = ("reference",)
 # Opt-in (the bench): a second pd-proxy with --first-token-from-prefill, on its own port.
 FIRST_TOKEN_PROXY = "proxy-first-token"
@@ -41,6 +48,7 @@ class Stack:
         repo: Path | None = None,
         work_dir: Path | None = None,
         first_token_proxy_port: int | None = None,
+        warm: bool = True,
     ) -> None:
         unknown = set(parts) - set(PD_PARTS) - set(REFERENCE_PARTS) - {FIRST_TOKEN_PROXY}
         if unknown:
@@ -54,6 +62,9 @@ class Stack:
         self.log_dir = self.work_dir / "logs"
         self.model: ResolvedModel | None = None
         self.processes: dict[str, ManagedProcess] = {}
+        # warm=False leaves the first request to the caller (the first-request test's A/B).
+        self.warm = warm
+        self.warmup: warmup.WarmupResult | None = None
         self._atexit_registered = False
 
     # --- URLs -------------------------------------------------------------------------------
@@ -119,7 +130,8 @@ class Stack:
         raise ValueError(part)
 
     def start(self) -> Stack:
-        """Check ports, resolve the model, start every part, wait until all are healthy."""
+        """Check ports, resolve the model, start every part, wait until all are healthy, then
+        warm the P/D path (one request through proxy, prefill and decode)."""
         host.ensure_ports_free(self.settings.host, self._ports())
         s = self.settings
         self.model = resolve_model(s.model, s.served_model_name, self.repo)
@@ -138,10 +150,34 @@ class Stack:
                 self.processes[part] = ManagedProcess(self._spec(part), self.log_dir)
                 self.processes[part].start()
             wait_healthy(list(self.processes.values()), s.startup_timeout_s)
+            if self.warm and WARMED_PARTS <= set(self.parts):
+                self._warm_up()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _warm_up(self) -> None:
+        """The decode's first NIXL handshake and transfer, before anyone else's request."""
+        s = self.settings
+        # The proxy's own limits end a stalled try (its 504); ours only backs them up.
+        timeout_s = 2 * s.proxy_connect_timeout_s + s.proxy_prefill_timeout_s
+        timeout_s += s.proxy_decode_timeout_s + 10.0
+        send = warmup.proxy_sender(self.urls["proxy"], self.served_model_name, timeout_s)
+        try:
+            self.warmup = warmup.warm_up(send)
+        except warmup.WarmupError as exc:
+            tails = "\n".join(
+                f"--- {name} ({proc.log_path}):\n{log_tail(proc.log_path, 15)}"
+                for name, proc in self.processes.items()
+                if name in WARMED_PARTS
+            )
+            raise StackProcessError(f"{exc}\n{tails}") from exc
+        log.info(
+            "P/D path warmed: one request through the proxy in %.2fs%s",
+            self.warmup.seconds,
+            f" after {len(self.warmup.failures)} failed tries" if self.warmup.failures else "",
+        )
 
     def startup_seconds(self) -> dict[str, float]:
         """Seconds from spawn to first healthy answer, per part."""
