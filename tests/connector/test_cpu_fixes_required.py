@@ -50,7 +50,10 @@ def test_the_fixes_installed_pass_and_one_missing_is_named(vllm_classes: None) -
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     stock_rope = RotaryEmbedding.forward_cpu
-    assert len(plugin.apply_fixes()) == 2
+    installed = plugin.apply_fixes()
+    # The two fixes, then (once per process) the quantized experts' refusal under EP.
+    assert [name.split(" ")[0] for name in installed[:2]] == ["rotary", "expert-parallel"]
+    assert plugin.missing_fixes() == []
     plugin.verify_installed({FIXES_ENV: "1"})
     RotaryEmbedding.forward_cpu = stock_rope  # restored by the fixture
     with pytest.raises(plugin.CpuCompatError, match=r"lacks the kit's CPU fixes \(RotaryEmb"):

@@ -88,6 +88,11 @@ def missing_fixes() -> list[str]:
     for name in ("all_gatherv", "reduce_scatterv"):
         if getattr(CpuCommunicator, name) is not getattr(expert_parallel, name):
             missing.append(f"CpuCommunicator.{name}")
+    missing.extend(
+        f"{cls.__name__}.__init__ (refusal under expert parallelism)"
+        for cls in _quantized_cpu_experts()
+        if not getattr(cls.__dict__.get("__init__"), expert_parallel.REFUSAL_MARKER, False)
+    )
     return missing
 
 
