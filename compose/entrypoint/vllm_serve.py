@@ -36,6 +36,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 HF_TOKEN_FILE = Path("/run/secrets/kit_secrets/hf_token")
 VLLM_KEY_FILE = Path("/run/kit-keys/vllm_api_key")
@@ -83,7 +84,8 @@ CRASH_LIMIT = 3
 CRASH_RESET_S = 600.0
 # The exit status for settings the entrypoint refuses (before vLLM starts).
 USAGE_EXIT = 2
-Interfaces = frozenset[tuple[int, str]]
+if TYPE_CHECKING:  # an alias for annotations only: preflight loads this file on Python 3.8
+    Interfaces = frozenset[tuple[int, str]]
 
 
 def split_ids(value: str) -> list[str]:
