@@ -6,7 +6,6 @@ what the containers would refuse."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from types import ModuleType
 
@@ -83,7 +82,6 @@ def _auto_line(backend: str, placed: list[Gpu]) -> Result:
 ENTRYPOINT = repo_root() / "compose" / "entrypoint" / "vllm_serve.py"
 
 
-@functools.lru_cache(maxsize=None)
 def entrypoint() -> ModuleType:
     spec = importlib.util.spec_from_file_location("kit_vllm_serve", ENTRYPOINT)
     if spec is None or spec.loader is None:
