@@ -59,7 +59,7 @@ install_compose() {
 # Close every file descriptor above stderr in this (sub)shell.
 close_inherited_fds() {
   local fd
-  for fd in /proc/$BASHPID/fd/*; do
+  for fd in "/proc/$BASHPID/fd"/*; do
     fd="${fd##*/}"
     [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
   done
