@@ -349,6 +349,7 @@ PARITY_ALLOWED = {
     "environment": "GPU ids and CPU knobs (the rest is compared below)",
     "volumes": "the model source (the rest is compared below)",
     "networks": "aliases giving the cpu services the GPU names",
+    "ulimits": "memlock for GPU buffers (an engine without CAP_SYS_RESOURCE refuses it)",
 }
 PARITY_ENV_ALLOWED = frozenset(
     {
@@ -400,6 +401,10 @@ def check_server_parity(gpu: Compose, cpu: Compose) -> list[str]:
 
         if mounts(g) != mounts(c):
             problems.append(f"{cpu_name}: mounts besides the model differ from {gpu_name}'s")
+        g_limits, c_limits = dict(g.get("ulimits") or {}), dict(c.get("ulimits") or {})
+        g_limits.pop("memlock", None)
+        if g_limits != c_limits:
+            problems.append(f"{cpu_name}: ulimits {c_limits} != {gpu_name}'s (memlock aside)")
         if set(g.get("networks") or {}) != set(c.get("networks") or {}):
             problems.append(f"{cpu_name}: networks differ from {gpu_name}'s")
     return problems
