@@ -56,6 +56,16 @@ install_compose() {
   docker compose version >/dev/null || die "docker compose does not run after installing $plugin_dir/docker-compose"
 }
 
+# Close every file descriptor above stderr in this (sub)shell.
+close_inherited_fds() {
+  local fd
+  for fd in "/proc/$BASHPID/fd"/*; do
+    fd="${fd##*/}"
+    [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+  done
+  return 0
+}
+
 start_dockerd() {
   command -v dockerd >/dev/null 2>&1 || install_engine
   [ "$(id -u)" -eq 0 ] || die "dockerd must be started as root; start your Docker service instead (e.g. 'sudo systemctl start docker')"
@@ -63,7 +73,10 @@ start_dockerd() {
   iptables-save >"$STATE/iptables.before" 2>/dev/null || true
   if ip link show docker0 >/dev/null 2>&1; then echo yes >"$STATE/docker0.before"; else echo no >"$STATE/docker0.before"; fi
   log "starting dockerd (log: $STATE/dockerd.log)"
-  setsid dockerd >"$STATE/dockerd.log" 2>&1 </dev/null &
+  # dockerd outlives this script: it must not inherit our other open files, or it would hold, for
+  # as long as it runs, whatever they are (a `flock FILE scripts/docker_engine.sh` lock, a pipe
+  # a caller waits on to close).
+  (close_inherited_fds; exec setsid dockerd >"$STATE/dockerd.log" 2>&1 </dev/null) &
   echo $! >"$STATE/dockerd.pid"
   local waited=0
   until engine_answers; do
@@ -89,8 +102,10 @@ stop_dockerd() {
   pid="$(cat "$STATE/dockerd.pid")"
   if kill -0 "$pid" 2>/dev/null; then
     log "stopping dockerd (pid $pid)"
+    # SIGTERM, as a host's shutdown does: dockerd stops its containers (each within its own
+    # stop_grace_period) and exits; 90 s like systemd's default stop timeout, then SIGKILL.
     kill -TERM "$pid"
-    for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    for _ in $(seq 1 90); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
   fi
   rm -f "$STATE/dockerd.pid"

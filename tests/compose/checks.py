@@ -294,8 +294,8 @@ def _shared_namespaces(
 ) -> list[str]:
     """prefill and decode join one holder's IPC and PID namespaces (CUDA IPC needs both): a
     service of its own, with Docker's init as PID 1 (so neither server is the PID 1 whose exit
-    kills the other), shareable IPC holding /dev/shm, no GPU, and the servers' image (nothing
-    more to pull)."""
+    kills the other), shareable IPC holding /dev/shm, no GPU, the servers' restart policy, and
+    keygen's image (the kit's own, present on every path: nothing more to pull)."""
     problems = []
     owners = set()
     for role, service in (("prefill", prefill), ("decode", decode)):
@@ -322,9 +322,91 @@ def _shared_namespaces(
             problems.append(f"{name}: shm_size {holder.get('shm_size')!r} (the servers' /dev/shm)")
         if gpu_requests(holder):
             problems.append(f"{name}: reserves GPUs")
-        image, servers = holder.get("image"), prefill.get("image")
-        if image != servers:
-            problems.append(f"{name}: image {image!r} is not the servers' {servers!r}")
+        if holder.get("restart") != prefill.get("restart"):
+            problems.append(
+                f"{name}: restart {holder.get('restart')!r} is not the servers' "
+                f"{prefill.get('restart')!r} (the engine must bring both back)"
+            )
+        # The kit's own image, which keygen already needs on every path: nothing more to pull.
+        image, kit = holder.get("image"), services.get("keygen", {}).get("image")
+        if image != kit:
+            problems.append(f"{name}: image {image!r} is not keygen's {kit!r}")
+    return problems
+
+
+# What a cpu-profile server may differ in from its GPU twin (and why); everything else must be
+# the same rendered value: one template, the namespaces, the restart policy, the entrypoint.
+SERVER_TWINS = (("prefill", "prefill-cpu"), ("decode", "decode-cpu"))
+PARITY_ALLOWED = {
+    "image": "the vLLM CPU build",
+    "build": "the CPU image is built here (images.sh); the GPU one is pulled",
+    "pull_policy": "the CPU image exists only locally",
+    "profiles": "which deployment",
+    "deploy": "GPU devices",
+    "cpuset": "CPU knob: the role's cores",
+    "cap_add": "CPU knob: SYS_NICE for vLLM's NUMA binding",
+    "command": "model and engine flags (the shared ones are compared below)",
+    "environment": "GPU ids and CPU knobs (the rest is compared below)",
+    "volumes": "the model source (the rest is compared below)",
+    "networks": "aliases giving the cpu services the GPU names",
+    "ulimits": "memlock for GPU buffers (an engine without CAP_SYS_RESOURCE refuses it)",
+}
+PARITY_ENV_ALLOWED = frozenset(
+    {
+        "KIT_ROLE_GPUS",
+        "KIT_ALL_GPUS",
+        "UCX_TLS",
+        "KIT_KV_BUFFER_DEVICE",
+        "KIT_NIXL_PROGRESS_DELAY_US",
+        "KIT_NIXL_EARLY_KV_LOAD",
+        "KIT_CPU_PCP_SIZE",
+        "KIT_CPU_EXPERT_PARALLEL",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "HF_HUB_OFFLINE",
+        "VLLM_NO_USAGE_STATS",
+    }
+)
+PARITY_FLAGS = ("--host", "--port", "--max-model-len", "--shutdown-timeout")
+MODEL_TARGETS = frozenset({"/root/.cache/huggingface", "/models"})
+
+
+def check_server_parity(gpu: Compose, cpu: Compose) -> list[str]:
+    """The cpu profile's servers against the GPU ones, key by key (PARITY_ALLOWED lists what may
+    differ); within the allowed keys, the parts that must still agree."""
+    problems = []
+    for gpu_name, cpu_name in SERVER_TWINS:
+        g, c = gpu["services"].get(gpu_name), cpu["services"].get(cpu_name)
+        if g is None or c is None:
+            problems.append(f"{gpu_name}/{cpu_name}: not both in the models")
+            continue
+        for key in sorted(set(g) | set(c)):
+            if key not in PARITY_ALLOWED and g.get(key) != c.get(key):
+                problems.append(f"{cpu_name}: {key} {c.get(key)!r} != {gpu_name}'s {g.get(key)!r}")
+        ge, ce = environment(g), environment(c)
+        for var in sorted((set(ge) | set(ce)) - PARITY_ENV_ALLOWED):
+            if ge.get(var) != ce.get(var):
+                problems.append(
+                    f"{cpu_name}: {var} {ce.get(var)!r} != {gpu_name}'s {ge.get(var)!r}"
+                )
+        ga, ca = command_args(g), command_args(c)
+        for flag in PARITY_FLAGS:
+            if flag_value(ga, flag) != flag_value(ca, flag):
+                problems.append(
+                    f"{cpu_name}: {flag} {flag_value(ca, flag)!r} != {gpu_name}'s "
+                    f"{flag_value(ga, flag)!r}"
+                )
+
+        def mounts(service: Service) -> list[Any]:
+            return [v for v in service.get("volumes") or [] if v.get("target") not in MODEL_TARGETS]
+
+        if mounts(g) != mounts(c):
+            problems.append(f"{cpu_name}: mounts besides the model differ from {gpu_name}'s")
+        g_limits, c_limits = dict(g.get("ulimits") or {}), dict(c.get("ulimits") or {})
+        g_limits.pop("memlock", None)
+        if g_limits != c_limits:
+            problems.append(f"{cpu_name}: ulimits {c_limits} != {gpu_name}'s (memlock aside)")
+        if set(g.get("networks") or {}) != set(c.get("networks") or {}):
+            problems.append(f"{cpu_name}: networks differ from {gpu_name}'s")
     return problems
 
 
@@ -385,6 +467,9 @@ def check_cpu_services(compose: Compose, settings: Mapping[str, str]) -> list[st
                 f"{name}: cpu_nixl_progress_delay_us {delay!r} != NIXL_PROGRESS_DELAY_US"
             )
     prefill = compose["services"].get("prefill-cpu")
+    decode = compose["services"].get("decode-cpu")
+    if prefill is not None and decode is not None:
+        problems += _shared_namespaces(compose["services"], prefill, decode)
     if prefill is not None:
         ep = environment(prefill).get("KIT_CPU_EXPERT_PARALLEL")
         if ep != settings["CPU_PREFILL_EXPERT_PARALLEL"]:

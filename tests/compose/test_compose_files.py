@@ -87,10 +87,10 @@ def test_bare_defaults_render_like_env_example(gpu, bare) -> None:
     ("profiles", "want"),
     [
         ((), {"keygen", "holder", "prefill", "decode", "proxy", "prometheus", "grafana"}),
-        (("cpu",), {"keygen", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus"}),
+        (("cpu",), {"keygen", "holder", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus"}),
         (
             ("cpu", "grafana"),
-            {"keygen", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus", "grafana"},
+            {"keygen", "holder", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus", "grafana"},
         ),
     ],
     ids=["bare-up", "cpu", "cpu-grafana"],
@@ -256,14 +256,28 @@ def test_gpu_flags_follow_the_variables(tmp_path) -> None:
         assert cc.environment(service)["KIT_ALL_GPUS"] == "all", name
 
 
-@pytest.mark.parametrize(("value", "eager"), [("", False), ("1", True)], ids=["default", "eager"])
+@pytest.mark.parametrize(
+    ("value", "eager"),
+    [("", False), ("1", True), ("0", False), ("true", True), ("off", False)],
+    ids=["default", "eager", "zero", "true", "off"],
+)
 def test_enforce_eager_knob(tmp_path, value, eager) -> None:
+    """The entrypoint decides (KIT_ENFORCE_EAGER): ENFORCE_EAGER=0 is off, not a non-empty on."""
     model, settings = render(tmp_path, {"ENFORCE_EAGER": value})
     for name in ("prefill", "decode"):
-        args = cc.command_args(model["services"][name])
+        service = model["services"][name]
+        assert cc.environment(service)["KIT_ENFORCE_EAGER"] == value, name
+        args = cc.exec_argv(service)
         assert ("--enforce-eager" in args) is eager, (name, args)
+        assert "--enforce-eager" not in cc.command_args(service), name
     assert model["x-kit-settings"]["enforce_eager"] == value
     assert cc.check_gpu_topology(model, settings) == []
+
+
+def test_a_bad_enforce_eager_is_refused_before_vllm(tmp_path) -> None:
+    model, _ = render(tmp_path, {"ENFORCE_EAGER": "yes"})
+    with pytest.raises(ValueError, match="KIT_ENFORCE_EAGER='yes'"):
+        cc.exec_argv(model["services"]["prefill"])
 
 
 @pytest.mark.parametrize("model", ["gpu", "bare"])
@@ -278,19 +292,88 @@ def test_gpu_device_requests_name_one_gpu_each(request, model) -> None:
             assert all("," not in str(e) for e in device.get("device_ids") or []), device
 
 
-def test_servers_share_namespaces_of_a_holder_with_init(gpu) -> None:
-    services = gpu["services"]
-    assert cc.namespace_holders(gpu) == {"holder"}
+@pytest.mark.parametrize(
+    ("model", "servers"), [("gpu", ("prefill", "decode")), ("cpu", ("prefill-cpu", "decode-cpu"))]
+)
+def test_servers_share_namespaces_of_a_holder_with_init(request, model, servers) -> None:
+    """The same holder in both profiles: the cpu profile runs the GPU services' structure."""
+    compose = request.getfixturevalue(model)
+    services = compose["services"]
+    assert cc.namespace_holders(compose) == {"holder"}
     holder = services["holder"]
     assert holder["init"] is True and holder["ipc"] == "shareable"
-    assert holder["image"] == services["prefill"]["image"]  # nothing more to pull
+    assert holder["image"] == services["keygen"]["image"]  # the kit's own: nothing to pull
+    assert holder["restart"] == "unless-stopped"
     assert cc.container_argv(holder) == ["sleep", "infinity"]
-    for name in ("prefill", "decode"):
+    for name in servers:
         assert services[name]["ipc"] == services[name]["pid"] == "service:holder", name
         assert services[name]["depends_on"]["holder"]["restart"] is True, name
+        assert services[name]["restart"] == "unless-stopped", name
         # /dev/shm is the holder's; the servers repeat its size (Docker ignores it there)
         assert services[name]["shm_size"] == holder["shm_size"], name
-    assert "prefill" not in services["decode"]["depends_on"]
+    assert servers[0] not in services[servers[1]]["depends_on"]
+
+
+def test_gpu_and_cpu_servers_differ_only_where_they_must(gpu, cpu) -> None:
+    assert cc.check_server_parity(gpu, cpu) == []
+
+
+@pytest.mark.parametrize(
+    ("edits", "needle"),
+    [
+        (
+            [
+                (
+                    "  pull_policy: never\n  # vLLM's CPU",
+                    "  restart: on-failure:3\n  pull_policy: never\n  # vLLM's CPU",
+                )
+            ],
+            "prefill-cpu: restart 'on-failure:3'",
+        ),
+        (
+            [
+                (
+                    "  pull_policy: never\n  # vLLM's CPU",
+                    "  ipc: private\n  pull_policy: never\n  # vLLM's CPU",
+                )
+            ],
+            "decode-cpu: ipc 'private'",
+        ),
+        (
+            [
+                (
+                    "  pull_policy: never\n  # vLLM's CPU",
+                    "  entrypoint: [vllm, serve]\n  pull_policy: never\n  # vLLM's CPU",
+                )
+            ],
+            "prefill-cpu: entrypoint",
+        ),
+        (
+            [
+                (
+                    '      KIT_CPU_PCP_SIZE: "1"\n',
+                    '      KIT_CPU_PCP_SIZE: "1"\n      KIT_ENFORCE_EAGER: "1"\n',
+                )
+            ],
+            "decode-cpu: KIT_ENFORCE_EAGER '1'",
+        ),
+        (
+            [
+                (
+                    "      --host 0.0.0.0 --port 8200\n      --block-size ${CPU_BLOCK",
+                    "      --host 0.0.0.0 --port 8201\n      --block-size ${CPU_BLOCK",
+                )
+            ],
+            "decode-cpu: --port '8201'",
+        ),
+    ],
+    ids=["restart", "ipc", "entrypoint", "env", "port"],
+)
+def test_parity_check_catches_a_drifted_cpu_service(tmp_path, gpu, edits, needle) -> None:
+    broken = cli.edited_copy(tmp_path, edits, COMPOSE_FILE)
+    cpu = cli.config(files=[broken], profiles=["cpu"])
+    problems = cc.check_server_parity(gpu, cpu)
+    assert any(needle in p for p in problems), problems
 
 
 @pytest.mark.parametrize(
@@ -338,7 +421,7 @@ def test_gpu_check_catches_bad_overrides(tmp_path, overrides, needle) -> None:
         (
             [
                 (
-                    "image: ${VLLM_IMAGE:-vllm/vllm-openai:v0.32.0}\n    init",
+                    "image: pcp-pd-kit/pd-proxy:0.1.0\n    pull_policy: never\n    init",
                     "image: busybox:1\n    init",
                 )
             ],
@@ -406,7 +489,8 @@ def test_cpu_services_follow_core_lists(tmp_path) -> None:
             "sets VLLM_CPU_OMP_THREADS_BIND",
         ),
         ({}, [("  cap_add: [SYS_NICE]\n", "")], "SYS_NICE"),
-        ({}, [("  shm_size: 1g\n", "  shm_size: 256m\n")], "under 1g"),
+        ({"SHM_SIZE": "256m"}, [], "under 1g"),
+        ({}, [("    ipc: shareable\n", "    ipc: private\n")], "holder: ipc"),
         (
             {},
             [("      KIT_KV_BUFFER_DEVICE: cpu\n", "")],
@@ -432,6 +516,7 @@ def test_cpu_services_follow_core_lists(tmp_path) -> None:
         "pinned-omp",
         "no-sys-nice",
         "small-shm",
+        "holder-ipc",
         "pinning",
         "buffer",
         "cuda-buffer",

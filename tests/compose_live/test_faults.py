@@ -206,28 +206,35 @@ def finish(
 
 
 # ------------------------------------------------------------------------------ the faults
+# The servers share the holder's PID namespace, so /proc lists the other server's processes too:
+# only those in this container's own cgroup are its own.
 KILL_ENGINE = (
     "import os, signal\n"
+    "mine = open('/proc/self/cgroup').read()\n"
     "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
     "    try:\n"
     "        name = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+    "        group = open(f'/proc/{pid}/cgroup').read()\n"
     "    except OSError:\n"
     "        continue\n"
-    "    if b'EngineCore' in name:\n"
+    "    if b'EngineCore' in name and group == mine:\n"
     "        os.kill(int(pid), signal.SIGKILL)\n"
 )
 
 
 def test_prefill_killed_mid_transfer(compose_stack, expected) -> None:
     """Prefill's engine dies under load (SIGKILL, as the OOM killer would); its container exits
-    and `restart: on-failure` brings it back with no one touching it."""
+    and `restart: unless-stopped` brings it back with no one touching it. Decode, in the same
+    PID namespace (the holder's), is left alone."""
     before = compose_stack.container_state("prefill-cpu")
+    decode_before = compose_stack.container_state("decode-cpu")
     load = Load(compose_stack).start()
     time.sleep(1.5)
     t0 = time.monotonic()
     compose_stack.compose("exec", "-T", "prefill-cpu", "python3", "-c", KILL_ENGINE, check=False)
     finish(compose_stack, load, expected, "prefill engine killed", t0)
     assert compose_stack.container_state("prefill-cpu")[2] > before[2], "prefill was not restarted"
+    assert compose_stack.container_state("decode-cpu") == decode_before, "decode was restarted"
 
 
 def test_decode_paused_past_the_lease(compose_stack, expected) -> None:

@@ -73,8 +73,9 @@ def test_main_runs_the_topology_with_the_containers_own_cores(monkeypatch, tmp_p
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(serve.os, "sched_getaffinity", lambda pid: {5, 4})
+    monkeypatch.setenv("KIT_CRASH_FILE", str(tmp_path / "crashes.json"))
     seen = []
-    monkeypatch.setattr(serve, "supervise", lambda cmd, env: seen.append((cmd, env)) or 0)
+    monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append((cmd, env)) or 0)
     with pytest.raises(SystemExit):
         serve.main(["--port", "8100"])
     ((cmd, env),) = seen

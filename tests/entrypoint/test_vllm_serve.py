@@ -189,8 +189,9 @@ def test_main_runs_vllm_with_the_config(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
     for key, value in DECODE_CPU.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KIT_CRASH_FILE", str(tmp_path / "crashes.json"))
     seen = []
-    monkeypatch.setattr(serve, "supervise", lambda cmd, env: seen.append((cmd, env)) or 0)
+    monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append((cmd, env)) or 0)
     with pytest.raises(SystemExit) as done:
         serve.main(["--port", "8200"])
     assert done.value.code == 0
@@ -248,20 +249,24 @@ def test_supervise_forwards_sigterm_and_reports_an_unasked_exit(tmp_path) -> Non
         ({**DECODE_CPU, "KIT_NIXL_EARLY_KV_LOAD": "yes"}, [], "KIT_NIXL_EARLY_KV_LOAD='yes'"),
         (CONNECTOR, [], "KIT_KV_ROLE=''"),
         (PREFILL, ["--kv-transfer-config", "{}"], "is in the arguments"),
+        ({**PREFILL, "KIT_ENFORCE_EAGER": "yes"}, [], "KIT_ENFORCE_EAGER='yes' (ENFORCE_EAGER)"),
+        ({**PREFILL, "KIT_ENFORCE_EAGER": "2"}, [], "want 1/true/on or 0/false/off/empty"),
     ],
-    ids=["unknown-role", "bad-delay", "bad-early-load", "no-role", "flag-given"],
+    ids=["unknown-role", "bad-delay", "bad-early-load", "no-role", "flag-given", "eager", "eager2"],
 )
-def test_the_container_exits_with_one_clear_line(env, argv, needle) -> None:
-    """Run as the container runs it: a refusal is one line on stderr and a non-zero exit, before
-    vLLM starts (nothing on stdout)."""
+def test_the_container_exits_with_one_clear_line(env, argv, needle, tmp_path) -> None:
+    """Run as the container runs it: a refusal is one line on stderr and exit 2, before vLLM
+    starts (nothing on stdout); the refusal counts towards the crash-loop bound."""
+    crashes = tmp_path / "crashes.json"
     res = subprocess.run(
         [sys.executable, str(PATH), "--model", "m", *argv],
-        env={"PATH": "/usr/bin:/bin", **env},
+        env={"PATH": "/usr/bin:/bin", "KIT_CRASH_FILE": str(crashes), **env},
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert res.returncode != 0
+    assert res.returncode == 2
+    assert json.loads(crashes.read_text())["count"] == 1
     assert res.stdout == ""
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("vllm_serve: ") and needle in lines[0], lines
@@ -316,3 +321,102 @@ def test_early_kv_load_follows_its_knob_and_defaults_off() -> None:
     assert early({**DECODE_CPU, "KIT_NIXL_EARLY_KV_LOAD": "0"}) is False
     assert early({**DECODE_CPU, "KIT_NIXL_EARLY_KV_LOAD": "1"}) is True
     assert early({k: v for k, v in DECODE_CPU.items() if k != "KIT_NIXL_EARLY_KV_LOAD"}) is False
+
+
+@pytest.mark.parametrize(
+    ("value", "eager"),
+    [
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("OFF", False),
+        (" 1 ", True),
+        ("true", True),
+        ("On", True),
+    ],
+)
+def test_enforce_eager_switch(value, eager) -> None:
+    cmd = serve.vllm_command(["--port", "1"], {**PREFILL, "KIT_ENFORCE_EAGER": value}, "py")
+    assert ("--enforce-eager" in cmd) is eager, cmd
+    assert serve.enforce_eager({"KIT_ENFORCE_EAGER": value}) is eager
+
+
+def test_enforce_eager_unset_is_off_and_never_doubled() -> None:
+    assert "--enforce-eager" not in serve.vllm_command([], PREFILL, "py")
+    argv = ["--enforce-eager"]
+    cmd = serve.vllm_command(argv, {**PREFILL, "KIT_ENFORCE_EAGER": "1"}, "py")
+    assert cmd.count("--enforce-eager") == 1
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "enabled", "0n"])
+def test_enforce_eager_refuses_other_values(value) -> None:
+    with pytest.raises(ValueError, match="ENFORCE_EAGER"):
+        serve.vllm_command([], {**PREFILL, "KIT_ENFORCE_EAGER": value}, "py")
+
+
+@pytest.mark.parametrize(
+    ("previous", "crashed", "ran_s", "want"),
+    [
+        (0, True, 5.0, 1),
+        (2, True, 5.0, 3),  # a third quick crash in a row: the bound
+        (2, True, serve.CRASH_RESET_S, 1),  # after a long run: a new series
+        (2, False, 5.0, 0),  # a stop asked for (compose stop, engine shutdown) clears it
+    ],
+)
+def test_crash_count(previous, crashed, ran_s, want) -> None:
+    assert serve.next_crash_count(previous, crashed, ran_s) == want
+
+
+def test_crash_record_survives_garbage(tmp_path) -> None:
+    path = tmp_path / "sub" / "crashes.json"
+    assert serve.read_crashes(path) == (0, "")
+    serve.write_crashes(path, 2, "vLLM exited with 1")
+    assert serve.read_crashes(path) == (2, "vLLM exited with 1")
+    path.write_text("{not json")
+    assert serve.read_crashes(path) == (0, "")
+
+
+def test_supervise_counts_unasked_exits_and_a_stop_clears_them(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(serve.signal, "signal", lambda *args: None)  # keep pytest's handlers
+    crashes = tmp_path / "crashes.json"
+    crash = [sys.executable, "-c", "raise SystemExit(0)"]  # vLLM's API server after its engine died
+    for want in (1, 2):
+        assert serve.supervise(crash, dict(os.environ), crash_file=crashes) == 1
+        assert serve.read_crashes(crashes) == (want, "vLLM exited with 0")
+    runner = (
+        "import os, signal, sys, threading\n"
+        f"sys.path.insert(0, {str(PATH.parent)!r})\n"
+        "import vllm_serve\n"
+        "threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
+        "cmd = [sys.executable, '-c', 'import time; time.sleep(30)']\n"
+        f"sys.exit(vllm_serve.supervise(cmd, dict(os.environ), crash_file=__import__('pathlib')"
+        f".Path({str(crashes)!r})))\n"
+    )
+    stopped = subprocess.run([sys.executable, "-c", runner], capture_output=True, timeout=60)
+    assert stopped.returncode in (0, 143), stopped.stderr
+    assert serve.read_crashes(crashes) == (0, "")
+
+
+def test_after_the_crash_limit_the_container_waits_without_vllm(tmp_path) -> None:
+    """Run as the container runs it: with CRASH_LIMIT unasked exits recorded, vLLM is not
+    started (the settings here would be refused, so reaching them would exit 2); the process
+    stays up until stopped, then exits 0 and clears the count for the next start."""
+    crashes = tmp_path / "crashes.json"
+    serve.write_crashes(crashes, serve.CRASH_LIMIT, "vLLM exited with 1")
+    proc = subprocess.Popen(
+        [sys.executable, str(PATH), "--model", "m"],
+        env={"PATH": "/usr/bin:/bin", "KIT_CRASH_FILE": str(crashes)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+        assert "3 unasked exits in a row (last: vLLM exited with 1)" in line, line
+        assert "not starting vLLM again" in line
+        assert proc.poll() is None
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert serve.read_crashes(crashes) == (0, "")

@@ -186,11 +186,14 @@ def test_requests_of_the_repo_compose_file(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "status"), [("", []), ("1", ["ok"]), ("0", ["FAIL"]), ("true", ["FAIL"])]
+    ("value", "status"),
+    [("", []), ("1", ["ok"]), ("0", []), ("off", []), ("true", ["ok"]), ("yes", ["FAIL"])],
 )
-def test_enforce_eager_is_1_or_empty(host: FakeHost, value: str, status: list[str]) -> None:
+def test_enforce_eager_agrees_with_the_entrypoint(
+    host: FakeHost, value: str, status: list[str]
+) -> None:
     host.settings["enforce_eager"] = value
     out = consistent(host.run())
     assert out.status("enforce-eager") == status, out.dump()
     if status == ["FAIL"]:
-        assert f"ENFORCE_EAGER='{value}' still adds --enforce-eager" in out.text("enforce-eager")
+        assert f"KIT_ENFORCE_EAGER='{value}' (ENFORCE_EAGER)" in out.text("enforce-eager")

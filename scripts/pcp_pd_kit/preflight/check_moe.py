@@ -1,10 +1,15 @@
 """The GPU servers' kernel settings against vLLM 0.32.0. MOE_BACKEND: a name it knows, one it
 accepts for an unquantized MoE model, and a kernel that runs on the assigned GPUs' compute
-capability (else vLLM raises at start-up). ENFORCE_EAGER: 1 or empty (compose adds
---enforce-eager for any non-empty value, so `0` would not mean off)."""
+capability (else vLLM raises at start-up). ENFORCE_EAGER: read by the servers' entrypoint's own
+switch parser (compose/entrypoint/vllm_serve.py, loaded by path), so preflight refuses exactly
+what the containers would refuse."""
 
 from __future__ import annotations
 
+import importlib.util
+from types import ModuleType
+
+from pcp_pd_kit import repo_root
 from pcp_pd_kit.preflight import VLLM_VERSION, moe
 from pcp_pd_kit.preflight.check_gpu import ROLES
 from pcp_pd_kit.preflight.context import Context
@@ -73,15 +78,38 @@ def _auto_line(backend: str, placed: list[Gpu]) -> Result:
     return ok(CHECK, text)
 
 
+#: The vLLM containers' entrypoint, which decides ENFORCE_EAGER (standard library only).
+ENTRYPOINT = repo_root() / "compose" / "entrypoint" / "vllm_serve.py"
+
+
+def entrypoint() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kit_vllm_serve", ENTRYPOINT)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load the vLLM entrypoint {ENTRYPOINT}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def enforce_eager(ctx: Context) -> list[Result]:
-    """Silent when empty (vLLM's compiled default); one line when eager; FAIL on other values."""
+    """Silent when off (vLLM's compiled default); one line when eager; FAIL where the servers'
+    entrypoint would refuse the value and exit before vLLM starts."""
     value = ctx.need_settings().text("enforce_eager")
-    if value == "1":
-        return [ok("enforce-eager", "ENFORCE_EAGER=1: both GPU servers run eager (no CUDA graphs)")]
-    if not value:
-        return []
-    msg = (
-        f"ENFORCE_EAGER='{value}' still adds --enforce-eager (compose adds it for any non-empty "
-        f"value): set ENFORCE_EAGER=1 for eager servers, or leave it empty, in {ctx.env_label}."
-    )
-    return [fail("enforce-eager", msg)]
+    serve = entrypoint()
+    try:
+        eager = serve.enforce_eager({serve.EAGER_ENV: value})
+    except ValueError as exc:
+        return [
+            fail(
+                "enforce-eager",
+                f"{exc}: the vLLM servers would not start; fix it in {ctx.env_label}.",
+            )
+        ]
+    if eager:
+        return [
+            ok(
+                "enforce-eager",
+                f"ENFORCE_EAGER={value}: both GPU servers run eager (no CUDA graphs)",
+            )
+        ]
+    return []

@@ -13,7 +13,9 @@ The request is idempotent and harmless where AMX is absent.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,17 +63,63 @@ def cpu_has_amx(cpuinfo_path: Path = Path("/proc/cpuinfo")) -> bool:
     return "amx_tile" in cpu_flags(text)
 
 
-def _arch_prctl(code: int, arg: int | ctypes.c_void_p) -> int:
+def syscall_available(
+    machine: str | None = None, release: str | None = None, system: str | None = None
+) -> str | None:
+    """None where ARCH_GET/REQ_XCOMP_PERM exist (Linux x86-64, kernel >= 5.16), else why not."""
+    machine = platform.machine() if machine is None else machine
+    release = platform.release() if release is None else release
+    system = platform.system() if system is None else system
+    if system != "Linux" or machine not in ("x86_64", "AMD64"):
+        return f"arch_prctl's XCOMP_PERM codes are Linux x86-64 only (this is {system} {machine})"
+    parts = release.split(".")
+    try:
+        version = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0))
+    except (IndexError, ValueError):
+        return None  # an odd release string: let the kernel answer
+    if version < (5, 16):
+        return f"kernel {release} predates ARCH_GET_XCOMP_PERM (Linux 5.16)"
+    return None
+
+
+def _arch_prctl(code: int, arg: int | ctypes.c_uint64) -> None:
+    """arch_prctl(code, arg) through syscall(2); OSError with the kernel's errno on failure.
+
+    The arguments are typed C longs and the readback buffer goes by reference: syscall() is
+    variadic, so an untyped Python int would be passed as a 32-bit C int and a 64-bit address
+    cut in half (the kernel then answers EFAULT).
+    """
+    why_not = syscall_available()
+    if why_not is not None:
+        raise OSError(errno.ENOSYS, why_not)
     libc = ctypes.CDLL(None, use_errno=True)
-    return int(libc.syscall(SYS_ARCH_PRCTL, code, arg))
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    ptr_or_int = ctypes.byref(arg) if isinstance(arg, ctypes.c_uint64) else ctypes.c_long(arg)
+    ctypes.set_errno(0)
+    rc = syscall(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(code), ptr_or_int)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"arch_prctl({code:#x}) failed: {os.strerror(err)} (rc {rc})")
 
 
 def permitted_xfeatures() -> int:
-    """The bitmask of extended state components this process may use (0 if unknown)."""
+    """The bitmask of extended state components this process may use (ARCH_GET_XCOMP_PERM).
+
+    Raises OSError when the kernel refuses the call: a readback of 0 would be indistinguishable
+    from "nothing permitted".
+    """
     mask = ctypes.c_uint64(0)
-    if _arch_prctl(ARCH_GET_XCOMP_PERM, ctypes.addressof(mask)) != 0:
-        return 0
+    _arch_prctl(ARCH_GET_XCOMP_PERM, mask)
     return mask.value
+
+
+def request_xfeature(feature: int) -> None:
+    """Ask for a dynamic state component (ARCH_REQ_XCOMP_PERM); OSError if refused.
+
+    The kernel answers EOPNOTSUPP for a component the CPU lacks (XTILEDATA without AMX).
+    """
+    _arch_prctl(ARCH_REQ_XCOMP_PERM, feature)
 
 
 def tile_data_permitted() -> bool:
@@ -79,14 +127,24 @@ def tile_data_permitted() -> bool:
 
 
 def ensure_amx_permission(*, has_amx: bool | None = None) -> AmxStatus:
-    """Request XTILEDATA permission if the CPU has AMX; log and return the outcome."""
+    """Request XTILEDATA permission if the CPU has AMX; log and return the outcome.
+
+    A refused call is logged at ERROR with the kernel's reason and reported as not permitted
+    (the worker then goes on: vLLM picks its AMX kernel only for bf16, and the log says why a
+    later SIGILL would happen).
+    """
     supported = cpu_has_amx() if has_amx is None else has_amx
     if not supported:
         status = AmxStatus(supported=False, permitted=False)
         logger.info("%s", status.describe())
         return status
-    if not tile_data_permitted():
-        _arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
-    status = AmxStatus(supported=True, permitted=tile_data_permitted())
+    try:
+        if not tile_data_permitted():
+            request_xfeature(XFEATURE_XTILEDATA)
+        permitted = tile_data_permitted()
+    except OSError as exc:
+        logger.error("AMX tile permission: %s", exc)
+        permitted = False
+    status = AmxStatus(supported=True, permitted=permitted)
     (logger.info if status.permitted else logger.error)("%s", status.describe())
     return status

@@ -10,12 +10,18 @@ into vLLM's own environment here, inside the process.
 The --kv-transfer-config JSON is written here and nowhere else for the containers (compose's four
 vLLM services, the Kubernetes pods): they set only environment variables (KV_ENV below), and
 kv_transfer_config() turns them into the JSON, refusing anything it cannot read.
-vLLM runs as this process's child (supervise()): its API server exits 0 when its engine dies, and
-only a non-zero status lets the restart policy bring a crashed server back. supervise() also
+vLLM runs as this process's child (supervise()): its API server exits 0 when its engine dies, so
+the wrapper decides what a crash is (an exit nobody asked for: non-zero status, counted for the
+crash-loop bound below) and what a stop is (SIGTERM/SIGINT passed on). supervise() also
 watches the container's network interfaces: UCX binds to the interfaces it finds at start, so one
 that goes away (`docker network disconnect`, even when reconnected: it comes back under another
 name) leaves NIXL unable to connect to any new peer while /health stays green. The server is then
 stopped and the container exits 1, so the restart policy starts it on the interfaces it has now.
+Restarts (docs/gpu.md, "Restarts"): the services run under `restart: unless-stopped`, so the engine
+starts them again after its own restart or a reboot, and leaves alone what was stopped by hand.
+Docker bounds nothing under that policy, so the bound on crash loops is here: each unasked exit
+is counted in the container's own filesystem (CRASH_FILE), and after CRASH_LIMIT in a row the
+entrypoint stays up without starting vLLM (unhealthy, saying why) instead of looping.
 Standard library only: it runs with the image's own Python, before vLLM is imported.
 """
 
@@ -27,8 +33,10 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 HF_TOKEN_FILE = Path("/run/secrets/kit_secrets/hf_token")
 VLLM_KEY_FILE = Path("/run/kit-keys/vllm_api_key")
@@ -62,7 +70,22 @@ BUFFER_DEVICES = ("cuda", "cpu")
 # headless mode (headless engines run only on the GPU image, whose distribution is `vllm`).
 API_SERVER = "vllm.entrypoints.launchers.api_server.entry"
 NETWORK_POLL_S = 2.0
-Interfaces = frozenset[tuple[int, str]]
+# ENFORCE_EAGER (compose: KIT_ENFORCE_EAGER; Kubernetes: the params' ENFORCE_EAGER via the KIT_
+# prefix), read here and nowhere else: the one switch parser (preflight loads this file too).
+EAGER_ENV = "KIT_ENFORCE_EAGER"
+SWITCH_ON = ("1", "true", "on")
+SWITCH_OFF = ("0", "false", "off", "")
+# The crash-loop bound: unasked exits in a row, kept in the container's writable layer (so it
+# lives as long as the container: a restart keeps it, `up --force-recreate` starts afresh). A run
+# that lasted CRASH_RESET_S counts as the first of a new series; a stop asked for clears it.
+CRASH_FILE = Path("/var/tmp/pcp-pd-kit/crashes.json")
+CRASH_FILE_ENV = "KIT_CRASH_FILE"  # another place for the record (tests, a read-only root)
+CRASH_LIMIT = 3
+CRASH_RESET_S = 600.0
+# The exit status for settings the entrypoint refuses (before vLLM starts).
+USAGE_EXIT = 2
+if TYPE_CHECKING:  # an alias for annotations only: preflight loads this file on Python 3.8
+    Interfaces = frozenset[tuple[int, str]]
 
 
 def split_ids(value: str) -> list[str]:
@@ -124,6 +147,22 @@ def one_or_zero(name: str, value: str, knob: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{name}={value!r} ({knob}): want 1 or 0")
     return value == "1"
+
+
+def switch(name: str, value: str, knob: str) -> bool:
+    """An on/off switch: 1/true/on or 0/false/off/empty (any case); ValueError naming the
+    variable and its .env knob for anything else (``0`` must never mean on)."""
+    word = value.strip().lower()
+    if word in SWITCH_ON:
+        return True
+    if word in SWITCH_OFF:
+        return False
+    raise ValueError(f"{name}={value!r} ({knob}): want 1/true/on or 0/false/off/empty")
+
+
+def enforce_eager(env: Mapping[str, str]) -> bool:
+    """Whether both servers run eager (no CUDA graphs / torch.compile): ENFORCE_EAGER."""
+    return switch(EAGER_ENV, env.get(EAGER_ENV, ""), "ENFORCE_EAGER")
 
 
 def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
@@ -209,7 +248,8 @@ def gives_kv_flag(argv: Sequence[str]) -> bool:
 def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> list[str]:
     """The command this entrypoint execs for its arguments ``argv`` (vLLM's flags) in ``env``:
     vLLM's API server (``python -m``), or `vllm serve` for a --headless engine, with the
-    --kv-transfer-config from kv_transfer_config() appended. ValueError when argv gives the flag
+    --kv-transfer-config from kv_transfer_config() appended (and --enforce-eager when
+    KIT_ENFORCE_EAGER is on). ValueError when argv gives the flag
     itself (it would fight the built one) or the environment is not usable."""
     if gives_kv_flag(argv):
         raise ValueError(
@@ -217,9 +257,10 @@ def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> li
             f"{', '.join(KV_ENV.values())}; set those instead"
         )
     config = json.dumps(kv_transfer_config(env), separators=(",", ":"))
+    eager = ["--enforce-eager"] if enforce_eager(env) and "--enforce-eager" not in argv else []
     # `python -m API_SERVER` rather than the `vllm` CLI (see API_SERVER).
     program = ["vllm", "serve"] if "--headless" in argv else [python, "-m", API_SERVER]
-    return [*program, *argv, KV_FLAG, config]
+    return [*program, *argv, *eager, KV_FLAG, config]
 
 
 def exit_status(returncode: int, stop_requested: bool) -> int:
@@ -234,6 +275,56 @@ def exit_status(returncode: int, stop_requested: bool) -> int:
     if returncode == 0 and not stop_requested:
         return 1
     return returncode
+
+
+def next_crash_count(previous: int, crashed: bool, ran_s: float) -> int:
+    """Unasked exits in a row after a run of ``ran_s`` seconds: a stop asked for clears the
+    series, a crash after a long run starts a new one."""
+    if not crashed:
+        return 0
+    return 1 if ran_s >= CRASH_RESET_S else previous + 1
+
+
+def read_crashes(path: Path) -> tuple[int, str]:
+    """The recorded series (count, last reason); (0, "") when absent or unreadable."""
+    try:
+        doc = json.loads(path.read_text())
+        return int(doc["count"]), str(doc.get("last", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, ""
+
+
+def write_crashes(path: Path, count: int, last: str) -> None:
+    """Record the series; a container whose filesystem is read-only just has no bound here."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"count": count, "last": last}))
+    except OSError as exc:
+        print(f"vllm_serve: cannot record crashes in {path} ({exc})", file=sys.stderr, flush=True)
+
+
+def record_exit(path: Path, crashed: bool, ran_s: float, reason: str) -> int:
+    count = next_crash_count(read_crashes(path)[0], crashed, ran_s)
+    write_crashes(path, count, reason if crashed else "")
+    return count
+
+
+def hold_after_crash_loop(path: Path, count: int, last: str) -> int:
+    """CRASH_LIMIT unasked exits in a row: stay up without vLLM (a container that exits would
+    be started again at once under `unless-stopped`) until stopped; a stop clears the series,
+    so `docker compose restart <service>` or a reboot gives it new tries."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # held for sigwait: none can slip past
+    print(
+        f"vllm_serve: {count} unasked exits in a row (last: {last or 'unknown'}): not starting "
+        f"vLLM again, so the crash loop stops here. Fix the cause (docker compose logs), then "
+        "`docker compose restart` this service (a stop clears the count)",
+        file=sys.stderr,
+        flush=True,
+    )
+    signal.sigwait(stops)
+    write_crashes(path, 0, "")
+    return 0
 
 
 def network_interfaces() -> Interfaces:
@@ -258,10 +349,26 @@ def supervise(
     env: Mapping[str, str],
     interfaces: Callable[[], Interfaces] = network_interfaces,
     poll_s: float = NETWORK_POLL_S,
+    crash_file: Path | None = None,
 ) -> int:
-    """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C), stop it
-    when the network interfaces change under it, and return the exit status for the restart
-    policy (``exit_status``; 1 after a network change)."""
+    """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C, the
+    engine's own shutdown), stop it when the network interfaces change under it, and return the
+    container's exit status (``exit_status``; 1 after a network change). With ``crash_file``
+    every exit is recorded there for the crash-loop bound (an unasked one counts)."""
+    started = time.monotonic()
+    status, crashed, reason = _supervise(cmd, env, interfaces, poll_s)
+    if crash_file is not None:
+        record_exit(crash_file, crashed, time.monotonic() - started, reason)
+    return status
+
+
+def _supervise(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    interfaces: Callable[[], Interfaces],
+    poll_s: float,
+) -> tuple[int, bool, str]:
+    """supervise()'s loop: (exit status, whether the exit was unasked, why)."""
     at_start = interfaces()
     child = subprocess.Popen(list(cmd), env=dict(env))
     stop_requested = False
@@ -289,7 +396,7 @@ def supervise(
                 )
                 child.send_signal(signal.SIGTERM)
                 child.wait()
-                return 1
+                return 1, True, f"network interfaces changed ({change})"
     status = exit_status(returncode, stop_requested)
     if status != returncode:
         print(
@@ -298,17 +405,24 @@ def supervise(
             file=sys.stderr,
             flush=True,
         )
-    return status
+    return status, not stop_requested, f"vLLM exited with {returncode}"
 
 
 def main(argv: Sequence[str]) -> None:
+    crash_file = Path(os.environ.get(CRASH_FILE_ENV) or CRASH_FILE)
+    count, last = read_crashes(crash_file)
+    if count >= CRASH_LIMIT:
+        sys.exit(hold_after_crash_loop(crash_file, count, last))
     try:
         env = serve_environment(os.environ)
         flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)))
         env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
         cmd = vllm_command([*argv, *flags], env, sys.executable)
     except ValueError as exc:
-        sys.exit(f"vllm_serve: {exc}")
+        # A refused setting is a crash too: the restart policy would otherwise retry it forever.
+        record_exit(crash_file, True, 0.0, str(exc))
+        print(f"vllm_serve: {exc}", file=sys.stderr, flush=True)
+        sys.exit(USAGE_EXIT)
     devices = env.get("CUDA_VISIBLE_DEVICES", "(unset)")
     token = "set" if "HF_TOKEN" in env else "not set"
     key = "set" if "VLLM_API_KEY" in env else "not set"
@@ -317,7 +431,7 @@ def main(argv: Sequence[str]) -> None:
         print(f"vllm_serve: CPU topology {' '.join(flags)}")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
     sys.stdout.flush()
-    sys.exit(supervise(cmd, env))
+    sys.exit(supervise(cmd, env, crash_file=crash_file))
 
 
 if __name__ == "__main__":
