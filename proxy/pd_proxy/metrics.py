@@ -52,6 +52,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_backends",
     "pd_proxy_discovery_errors_total",
     "pd_proxy_first_token_requests_total",
+    "pd_proxy_refused_total",
+    "pd_proxy_fanout_requests_total",
+    "pd_proxy_fanout_legs_total",
 )
 BACKEND_STATES = ("healthy", "unhealthy", "draining")
 
@@ -202,6 +205,26 @@ class ProxyMetrics:
             "prefill, the rest from decode), finished (token 1 ended the request), normal (the "
             "normal flow; reason: the request parameter or prefill answer that needed it).",
             ("outcome", "reason"),
+            registry=reg,
+        )
+        self.refused = Counter(
+            "pd_proxy_refused",
+            "Requests refused before any backend was touched, by the shape that P/D cannot "
+            "serve (reason: its name in pd_proxy/shapes.yaml).",
+            ("reason",),
+            registry=reg,
+        )
+        self.fanout_requests = Counter(
+            "pd_proxy_fanout_requests",
+            "Client requests served as one P/D request per choice, by shape (n, prompt_list, "
+            "prompt_token_id_lists).",
+            ("shape",),
+            registry=reg,
+        )
+        self.fanout_legs = Counter(
+            "pd_proxy_fanout_legs",
+            "P/D requests that fan-outs made, by shape.",
+            ("shape",),
             registry=reg,
         )
         self._request_children: dict[tuple[str, int], Counter] = {}
