@@ -101,16 +101,12 @@ class BlockSizes:
         upstream = self._upstream()
         if upstream is None:
             return None
-        url = backend.endpoint("/metrics")
-        head = (
-            f"GET {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"
-            "Accept: text/plain\r\n"
-        ).encode("ascii")
+        headers = {}
         if self.backend_key is not None:
-            head += b"Authorization: " + self.backend_key.header().encode() + b"\r\n"
+            headers["Authorization"] = self.backend_key.header()
         try:
-            resp = await upstream.request(
-                backend.address, head + b"\r\n", upstream.loop.time() + self.timeout, self.timeout
+            resp = await upstream.get(
+                backend, "/metrics", headers, upstream.loop.time() + self.timeout, self.timeout
             )
             try:
                 data = await resp.read()

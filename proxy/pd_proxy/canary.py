@@ -201,12 +201,8 @@ class Canary:
         pd = await self._through_pd(rid)
         return compare(pd, alone)
 
-    def _headers(self, rid: str) -> bytes:
-        headers = b"X-Request-Id: " + rid.encode() + b"\r\n"
-        key = self.flow.backend_key
-        if key is not None:
-            headers += b"Authorization: " + key.header().encode() + b"\r\n"
-        return headers
+    def _headers(self, rid: str) -> dict[str, str]:
+        return self.flow.backend_headers(rid)
 
     async def _prefill_alone(self, rid: str) -> Leg:
         flow = self.flow

@@ -2,7 +2,8 @@
 
 Every flag has a ``PD_PROXY_*`` variable so compose files can configure the proxy without a
 command line; a flag given on the command line wins. Bad values raise ``ConfigError`` (the CLI turns
-it into exit code 2) instead of surfacing as a traceback at the first request.
+it into exit code 2) instead of surfacing as a traceback at the first request. Nothing here reads a
+file or the network: pd_proxy.validate checks the key files, the endpoints file and the cluster.
 """
 
 from __future__ import annotations
@@ -16,21 +17,34 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pd_proxy.auth import KeyFileError, read_key_file
-from pd_proxy.endpoints import EndpointsFileError, read_endpoints_file
 from pd_proxy.k8s_endpoints import parse_service_ref
-from pd_proxy.kube_api import InCluster
 from pd_proxy.timeouts import PROXY_NAMES, ProxyLimits, timeout_problems
 
 ENV_PREFIX = "PD_PROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 ROLES = ("prefill", "decode")
 MAX_WORKERS = 256
+ENDPOINTS_FLAG = f"--endpoints-file ({ENV_PREFIX}ENDPOINTS_FILE)"
+# (field, flag) of the key files pd_proxy.validate reads.
+KEY_FILES = (("api_key_file", "--api-key-file"), ("backend_api_key_file", "--backend-api-key-file"))
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 
 class ConfigError(ValueError):
-    """A setting is missing or malformed; the message names the flag and its variable."""
+    """Settings are missing or malformed; each of ``problems`` names its flag and variable."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def no_backend(role: str) -> str:
+    return (
+        f"no {role} backend: give --{role} URL ({ENV_PREFIX}{role.upper()}), "
+        f"--{role}-dns HOST:PORT ({ENV_PREFIX}{role.upper()}_DNS), "
+        f"--{role}-k8s-service NAME ({ENV_PREFIX}{role.upper()}_K8S_SERVICE) or "
+        f"an --endpoints-file listing one ({ENV_PREFIX}ENDPOINTS_FILE)"
+    )
 
 
 @dataclass(frozen=True)
@@ -80,33 +94,26 @@ class ProxyConfig:
     canary_timeout: float = 60.0
 
     def __post_init__(self) -> None:
+        """Normalise the values and check what needs no I/O; every problem is listed at once.
+
+        Files and the cluster are checked by pd_proxy.validate, once, before serving.
+        """
+        problems: list[str] = []
+
         for role in ROLES:
-            urls = tuple(normalize_url(u, role) for u in getattr(self, role))
-            object.__setattr__(self, role, urls)
-            name = f"{role}_dns"
-            value = getattr(self, name)
-            if value is not None:
-                flag = f"--{role}-dns ({ENV_PREFIX}{name.upper()})"
-                object.__setattr__(self, name, check_host_port(value, flag))
-            name = f"{role}_k8s_service"
-            value = getattr(self, name)
-            if value is not None:
-                flag = f"--{role}-k8s-service ({ENV_PREFIX}{name.upper()})"
-                object.__setattr__(self, name, check_k8s_service(value, flag))
-        file_roles: tuple[str, ...] = ()
-        if self.endpoints_file is not None:
-            file_roles = check_endpoints_file(self.endpoints_file)
+            try:
+                self._normalize_role(role)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
         for role in ROLES:
-            if not getattr(self, role) and getattr(self, f"{role}_dns") is None:
-                if role not in file_roles and getattr(self, f"{role}_k8s_service") is None:
-                    raise ConfigError(
-                        f"no {role} backend: give --{role} URL ({ENV_PREFIX}{role.upper()}), "
-                        f"--{role}-dns HOST:PORT ({ENV_PREFIX}{role.upper()}_DNS), "
-                        f"--{role}-k8s-service NAME ({ENV_PREFIX}{role.upper()}_K8S_SERVICE) or "
-                        f"an --endpoints-file listing one ({ENV_PREFIX}ENDPOINTS_FILE)"
-                    )
+            sources = (getattr(self, f"{role}_dns"), getattr(self, f"{role}_k8s_service"))
+            if not getattr(self, role) and sources == (None, None) and not self.endpoints_file:
+                # With an endpoints file, pd_proxy.validate reads it to know the roles it covers.
+                problems.append(no_backend(role))
+        if self.endpoints_file is not None and not self.endpoints_file.strip():
+            problems.append(f"{ENDPOINTS_FLAG} is an empty path")
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port {self.port} is outside 0-65535")
+            problems.append(f"port {self.port} is outside 0-65535")
         for name in (
             "connect_timeout",
             "prefill_timeout",
@@ -117,43 +124,57 @@ class ProxyConfig:
             "discovery_interval",
         ):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        self._check_lease_and_canary()
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        problems += self._lease_and_canary_problems()
         if not 1 <= self.workers <= MAX_WORKERS:
-            raise ConfigError(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
+            problems.append(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
         if self.max_body_bytes <= 0:
-            raise ConfigError(f"max_body_bytes must be > 0, got {self.max_body_bytes}")
+            problems.append(f"max_body_bytes must be > 0, got {self.max_body_bytes}")
         if self.log_level.lower() not in LOG_LEVELS:
-            raise ConfigError(f"log level {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
-        object.__setattr__(self, "log_level", self.log_level.lower())
-        for name, flag in (
-            ("api_key_file", "--api-key-file"),
-            ("backend_api_key_file", "--backend-api-key-file"),
-        ):
+            problems.append(f"log level {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        else:
+            object.__setattr__(self, "log_level", self.log_level.lower())
+        for name, flag in KEY_FILES:
             path = getattr(self, name)
-            if path is not None:
-                check_key_file(path, flag, f"{ENV_PREFIX}{name.upper()}")
+            if path is not None and not path.strip():
+                problems.append(f"{flag} ({ENV_PREFIX}{name.upper()}) is an empty path")
         if self.metrics_port is not None:
             if not 0 <= self.metrics_port <= 65535:
-                raise ConfigError(f"metrics port {self.metrics_port} is outside 0-65535")
+                problems.append(f"metrics port {self.metrics_port} is outside 0-65535")
             if self.metrics_port == self.port != 0:
-                raise ConfigError(f"metrics port {self.metrics_port} is the main port")
+                problems.append(f"metrics port {self.metrics_port} is the main port")
             if not self.metrics:
-                raise ConfigError(
-                    "--metrics-port (PD_PROXY_METRICS_PORT) is set but metrics are off"
-                )
+                problems.append("--metrics-port (PD_PROXY_METRICS_PORT) is set but metrics are off")
+        if problems:
+            raise ConfigError(*problems)
 
-    def _check_lease_and_canary(self) -> None:
+    def _normalize_role(self, role: str) -> None:
+        urls = tuple(normalize_url(u, role) for u in getattr(self, role))
+        object.__setattr__(self, role, urls)
+        name = f"{role}_dns"
+        value = getattr(self, name)
+        if value is not None:
+            flag = f"--{role}-dns ({ENV_PREFIX}{name.upper()})"
+            object.__setattr__(self, name, check_host_port(value, flag))
+        name = f"{role}_k8s_service"
+        value = getattr(self, name)
+        if value is not None:
+            flag = f"--{role}-k8s-service ({ENV_PREFIX}{name.upper()})"
+            object.__setattr__(self, name, check_k8s_service(value, flag))
+
+    def _lease_and_canary_problems(self) -> list[str]:
+        problems: list[str] = []
         if self.kv_lease_s is not None:
             if self.kv_lease_s <= 0:
-                raise ConfigError(f"kv_lease_s must be > 0, got {self.kv_lease_s}")
-            problems = timeout_problems(self.kv_lease_s, self.limits(), names=PROXY_NAMES)
-            if problems:
-                raise ConfigError(problems[0])
+                problems.append(f"kv_lease_s must be > 0, got {self.kv_lease_s}")
+            elif min(self.connect_timeout, self.prefill_timeout, self.decode_timeout) > 0:
+                found = timeout_problems(self.kv_lease_s, self.limits(), names=PROXY_NAMES)
+                problems += found[:1]
         if self.canary_minutes is not None and self.canary_minutes < 0:
-            raise ConfigError(f"canary_minutes must be >= 0 (0: off), got {self.canary_minutes}")
+            problems.append(f"canary_minutes must be >= 0 (0: off), got {self.canary_minutes}")
         if self.canary_timeout <= 0:
-            raise ConfigError(f"canary_timeout must be > 0, got {self.canary_timeout}")
+            problems.append(f"canary_timeout must be > 0, got {self.canary_timeout}")
+        return problems
 
     def limits(self) -> ProxyLimits:
         """The limits the KV-lease rule reads (pd_proxy.timeouts)."""
@@ -187,16 +208,6 @@ class ProxyConfig:
         if self.endpoints_file is not None:
             found.append(f"file:{self.endpoints_file}")
         return found
-
-
-def check_key_file(path: str, flag: str, env: str) -> None:
-    """A key file must hold at least one key at start; later changes only log (pd_proxy.auth)."""
-    if not path.strip():
-        raise ConfigError(f"{flag} ({env}) is an empty path")
-    try:
-        read_key_file(path)
-    except KeyFileError as exc:
-        raise ConfigError(f"{flag} ({env}): {exc}") from None
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -236,28 +247,12 @@ def check_host_port(value: str, flag: str) -> str:
 
 
 def check_k8s_service(value: str, flag: str) -> str:
-    """``value`` as a canonical ``[NAMESPACE/]NAME[:PORT]``; the pod must see the API server and
-    know its namespace (or the value names one). A ``ConfigError`` names ``flag``."""
+    """``value`` as a canonical ``[NAMESPACE/]NAME[:PORT]``, or a ``ConfigError`` naming ``flag``.
+    Whether the pod sees the API server (and knows its namespace) is pd_proxy.validate's check."""
     try:
-        ref = parse_service_ref(value)
-        cluster = InCluster.from_environment()
-    except ValueError as exc:  # KubeConfigError too
+        return str(parse_service_ref(value))
+    except ValueError as exc:
         raise ConfigError(f"{flag} {value!r}: {exc}") from None
-    if ref.namespace is None and cluster.namespace is None:
-        raise ConfigError(f"{flag} {value!r}: the pod has no namespace file: give NAMESPACE/NAME")
-    return str(ref)
-
-
-def check_endpoints_file(path: str) -> tuple[str, ...]:
-    """The roles the file lists at least one endpoint for; a bad file is a ``ConfigError``."""
-    where = f"--endpoints-file ({ENV_PREFIX}ENDPOINTS_FILE)"
-    if not path.strip():
-        raise ConfigError(f"{where} is an empty path")
-    try:
-        found = read_endpoints_file(path)
-    except EndpointsFileError as exc:
-        raise ConfigError(f"{where} {path}: {exc}") from None
-    return tuple(role for role in ROLES if found[role])
 
 
 def normalize_url(url: str, role: str) -> str:

@@ -38,9 +38,9 @@ from pd_proxy.rewrite import (
 )
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse, relay_events, relay_stream
 from pd_proxy.upstream import (
-    LARGE_BODY,
     ConnectFailed,
-    Connection,
+    Reply,
+    StaleConnection,
     Upstream,
     UpstreamBroken,
     UpstreamTimeout,
@@ -80,7 +80,7 @@ def _snippet(data: bytes, limit: int = 200) -> str:
     return data[:limit].decode("utf-8", "replace")
 
 
-async def read_whole(backend: Backend, resp: Connection) -> tuple[Backend, int, bytes, str]:
+async def read_whole(backend: Backend, resp: Reply) -> tuple[Backend, int, bytes, str]:
     """Prefill answers are small JSON: read them whole while the backend still counts them."""
     data = await resp.read()
     return backend, resp.status, data, resp.headers.get("content-type", "application/json")
@@ -206,14 +206,10 @@ class PdFlow:
             client_body = parse_request(body, endpoint)
         except BadRequest as exc:
             raise ProxyError(400, str(exc)) from None
-        # The client's Authorization is never forwarded: its key is for the proxy only. These
-        # header lines follow each backend's fixed ones (Backend.post_head).
-        rid = trace.rid.encode("utf-8", "surrogateescape")
-        if b"\r" in rid or b"\n" in rid:  # aiohttp's parser lets none through; never split a head
+        rid = trace.rid
+        if "\r" in rid or "\n" in rid:  # aiohttp's parser lets none through; never split a head
             raise ProxyError(400, "X-Request-Id must not contain line breaks")
-        headers = b"X-Request-Id: " + rid + b"\r\n"
-        if self.backend_key is not None:
-            headers += b"Authorization: " + self.backend_key.header().encode() + b"\r\n"
+        headers = self.backend_headers(rid)
         if self.first_token is not None:
             response = await self.first_token.legs(
                 request, endpoint, body, client_body, headers, trace
@@ -231,6 +227,13 @@ class PdFlow:
         payload = decode_payload(body, client_body, kv_params)
         return await self.decode(request, endpoint, payload, headers, trace)
 
+    def backend_headers(self, rid: str) -> dict[str, str]:
+        """The header fields both legs add: the client's Authorization is never forwarded (its
+        key is for the proxy only), the backend key is sent instead."""
+        if self.backend_key is None:
+            return {"X-Request-Id": rid}
+        return {"X-Request-Id": rid, "Authorization": self.backend_key.header()}
+
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
         length = request.content_length
@@ -246,35 +249,41 @@ class PdFlow:
         pool: BackendPool,
         path: str,
         payload: bytes,
-        headers: bytes,
+        headers: dict[str, str],
         total: float | None,
         silence: float | None,
         trace: Trace,
-        consume: Callable[[Backend, Connection], Awaitable[T]],
+        consume: Callable[[Backend, Reply], Awaitable[T]],
+        retry_stale: bool = False,
     ) -> T:
         """POST to the least-busy backend of ``pool`` and hand its response to ``consume``.
 
         One leg's whole life (connect, headers, body) sits inside one ``outstanding`` increment,
         so a cancelled client cannot leak it. A refused connection marks the backend down and
-        retries once on another; upstream errors while posting or consuming become ``ProxyError``.
+        retries once on another; with ``retry_stale`` (the prefill leg), a reused connection that
+        closed before any answer sends the request once more, on a new connection to the same
+        backend. Other upstream errors while posting or consuming become ``ProxyError``.
         ``total`` bounds each attempt (connect included), ``silence`` each wait for the backend.
         """
         upstream = self.upstream
         assert upstream is not None
         stage = pool.role
         backend = pick(pool)
-        length = b"Content-Length: %d\r\n\r\n" % len(payload)
         for attempt in (0, 1):
             backend.outstanding += 1
             try:
-                head = backend.post_head(path) + headers + length
-                data = head + payload if len(payload) < LARGE_BODY else [head, payload]
                 deadline = None if total is None else upstream.loop.time() + total
-                resp = await upstream.request(backend.address, data, deadline, silence)
+                resp = await upstream.post(backend, path, headers, payload, deadline, silence)
                 try:
                     return await consume(backend, resp)
                 finally:
                     resp.release()  # closes the connection if the body was not read to the end
+            except StaleConnection as exc:
+                if attempt == 0 and retry_stale:  # the same backend, on a new connection
+                    log.info("rid=%s %s %s: %s, sending again", trace.rid, stage, backend.url, exc)
+                    continue
+                self.metrics.backend_error(stage, backend.url)
+                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
             except ConnectFailed as exc:
                 mark_down(self.metrics, backend, stage)
                 retry = pool.pick(exclude=backend)
@@ -308,7 +317,7 @@ class PdFlow:
         )
 
     async def prefill_leg(
-        self, endpoint: str, payload: bytes, headers: bytes, trace: Trace
+        self, endpoint: str, payload: bytes, headers: dict[str, str], trace: Trace
     ) -> tuple[Backend, bytes]:
         """POST ``payload`` to a prefill backend; its 200 answer's body, or the error it is."""
         start = time.perf_counter()
@@ -321,6 +330,7 @@ class PdFlow:
             None,
             trace,
             read_whole,
+            retry_stale=True,
         )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
@@ -341,13 +351,13 @@ class PdFlow:
         request: web.Request,
         endpoint: str,
         payload: bytes,
-        headers: bytes,
+        headers: dict[str, str],
         trace: Trace,
     ) -> web.StreamResponse:
         """The normal decode leg: ``payload`` to a decode backend, its answer relayed."""
         start = time.perf_counter()
 
-        async def answer(backend: Backend, resp: Connection) -> web.StreamResponse:
+        async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
             trace.decode = backend.url
             return await self._answer(request, resp, backend, start, trace)
 
@@ -366,7 +376,7 @@ class PdFlow:
     async def _answer(
         self,
         request: web.Request,
-        resp: Connection,
+        resp: Reply,
         backend: Backend,
         start: float,
         trace: Trace,
@@ -466,7 +476,7 @@ class FirstTokenMode:
         endpoint: str,
         body: bytes,
         client_body: dict[str, Any],
-        headers: bytes,
+        headers: dict[str, str],
         trace: Trace,
     ) -> web.StreamResponse | None:
         """The answer to a request, or None when it takes the normal flow from the start."""
@@ -517,7 +527,7 @@ class FirstTokenMode:
         body: bytes,
         client_body: dict[str, Any],
         kv: Any,
-        headers: bytes,
+        headers: dict[str, str],
         trace: Trace,
         reason: str,
     ) -> web.StreamResponse:
@@ -539,7 +549,7 @@ class FirstTokenMode:
         return web.Response(body=data, headers={**kind, "X-Request-Id": trace.rid})
 
     def _release(
-        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: bytes, rid: str
+        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: dict[str, str], rid: str
     ) -> None:
         """Let decode take the KV the prefill keeps for it; nobody waits for the answer."""
         if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
@@ -549,7 +559,9 @@ class FirstTokenMode:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _release_leg(self, endpoint: str, payload: bytes, headers: bytes, rid: str) -> None:
+    async def _release_leg(
+        self, endpoint: str, payload: bytes, headers: dict[str, str], rid: str
+    ) -> None:
         flow = self.flow
         try:
             _, status, data, _ = await flow.exchange(
@@ -569,12 +581,17 @@ class FirstTokenMode:
             log.warning("rid=%s KV release on decode answered %d: %s", rid, status, data[:200])
 
     async def _json(
-        self, endpoint: str, first: ft.FirstToken, payload: bytes, headers: bytes, trace: Trace
+        self,
+        endpoint: str,
+        first: ft.FirstToken,
+        payload: bytes,
+        headers: dict[str, str],
+        trace: Trace,
     ) -> web.StreamResponse:
         flow = self.flow
         start = time.perf_counter()
 
-        async def answer(backend: Backend, resp: Connection) -> web.StreamResponse:
+        async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
             trace.decode = backend.url
             content_type = resp.headers.get("content-type", JSON_TYPE)
             data = await resp.read()
@@ -612,7 +629,7 @@ class FirstTokenMode:
         client_body: dict[str, Any],
         first: ft.FirstToken,
         payload: bytes,
-        headers: bytes,
+        headers: dict[str, str],
         trace: Trace,
     ) -> web.StreamResponse:
         """Token 1 now, then decode's continuation; once sent, failures end the stream."""
@@ -634,7 +651,7 @@ class FirstTokenMode:
         start = time.perf_counter()
         filter_ = ft.ContinuationFilter(endpoint, first)
 
-        async def answer(backend: Backend, resp: Connection) -> bool:
+        async def answer(backend: Backend, resp: Reply) -> bool:
             trace.decode = backend.url
             content_type = resp.headers.get("content-type", "")
             if resp.status != 200 or not content_type.startswith("text/event-stream"):

@@ -32,7 +32,6 @@ class Backend:
         "outstanding",
         "draining",
         "_urls",
-        "_heads",
     )
 
     def __init__(self, role: str, url: str, healthy: bool = True) -> None:
@@ -47,7 +46,6 @@ class Backend:
         self.outstanding = 0
         self.draining = False  # left every source: no new requests, dropped once idle
         self._urls: dict[str, URL] = {}
-        self._heads: dict[str, bytes] = {}
 
     def endpoint(self, path: str) -> URL:
         """Absolute URL of ``path`` on this backend (keeps any base path prefix); cached."""
@@ -55,19 +53,6 @@ class Backend:
         if url is None:
             url = self._urls[path] = self.base.with_path(self.base.path.rstrip("/") + path)
         return url
-
-    def post_head(self, path: str) -> bytes:
-        """The fixed start of a JSON ``POST`` of ``path`` to this backend (pd_proxy.upstream):
-        request line, Host, Accept and Content-Type; the caller adds the rest and the blank line.
-        """
-        head = self._heads.get(path)
-        if head is None:
-            url = self.endpoint(path)
-            head = self._heads[path] = (
-                f"POST {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"
-                "Accept: */*\r\nContent-Type: application/json\r\n"
-            ).encode("ascii")
-        return head
 
     def __repr__(self) -> str:
         return f"Backend({self.role}, {self.url}, healthy={self.healthy})"

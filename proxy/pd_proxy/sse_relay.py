@@ -19,7 +19,7 @@ from aiohttp import web
 from pd_proxy.errors import sse_error_event
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend
-from pd_proxy.upstream import Connection, UpstreamError, UpstreamTimeout
+from pd_proxy.upstream import Reply, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -37,7 +37,7 @@ class RelayResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-async def _read_chunk(resp: Connection) -> bytes | UpstreamError:
+async def _read_chunk(resp: Reply) -> bytes | UpstreamError:
     """Next upstream chunk, b"" at a clean end, or the exception that broke the stream."""
     try:
         return await resp.readany()
@@ -47,7 +47,7 @@ async def _read_chunk(resp: Connection) -> bytes | UpstreamError:
 
 async def relay_stream(
     request: web.Request,
-    resp: Connection,
+    resp: Reply,
     content_type: str,
     rid: str,
     backend: Backend,
@@ -104,7 +104,7 @@ async def relay_stream(
 
 async def relay_events(
     out: web.StreamResponse,
-    resp: Connection,
+    resp: Reply,
     transform: Callable[[bytes], bytes],
     rid: str,
     backend: Backend,

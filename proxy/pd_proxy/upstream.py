@@ -8,10 +8,24 @@ pooled keep-alive connection, read the status line and headers, and hand over th
 the connection. That is all this module does, at a tenth of the cost. Health checks and
 ``/v1/models`` stay on aiohttp.
 
+It is the one module of the proxy that writes HTTP/1.1 bytes: callers give a backend, a path, a
+mapping of extra header fields and the body (``Upstream.post``, ``Upstream.get``) and get a
+``Reply``; each backend's fixed request head (request line, Host, Accept, Content-Type) is built
+once per path and cached here.
+
+Limits: the head (``MAX_HEAD_BYTES``), a chunk-size or trailer line (``MAX_LINE_BYTES``), all
+trailer lines together (``MAX_TRAILER_BYTES``), and a body not yet taken by the caller
+(``max_body``, ``MAX_BODY_BYTES`` by default): past one the answer is broken. An answer with both
+Transfer-Encoding and Content-Length is broken too (RFC 9112 section 6.3: a sign of smuggling),
+and its connection is closed.
+
 Errors: ``ConnectFailed`` (refused, unreachable, DNS, TLS handshake, connect timeout: the request
 never reached the backend, so another backend may take it), ``UpstreamTimeout`` (the leg's time
 limit, or the backend silent for the silence limit while the proxy waits for it) and
-``UpstreamBroken`` (the connection broke, or the answer is not HTTP/1.x). A connection whose answer
+``UpstreamBroken`` (the connection broke, or the answer is not HTTP/1.x; ``StaleConnection``
+when a reused keep-alive connection closed before any byte of the answer came back: the backend
+most likely closed it as idle, and the same request may go again on a new connection). A
+connection whose answer
 was not read to its end, or that broke or timed out, is closed, never reused, so a client that
 leaves cancels the backend's work (it sees the connection close).
 """
@@ -20,10 +34,16 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pd_proxy.pool import Backend
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
 MAX_LINE_BYTES = 4096  # a chunk-size or trailer line
+MAX_TRAILER_BYTES = 64 * 1024  # all trailer lines of a chunked body
+MAX_BODY_BYTES = 256 * 1024 * 1024  # body bytes buffered and not yet taken (read() or readany())
 HIGH_WATER = 256 * 1024  # streamed body bytes buffered before the socket stops being read
 LARGE_BODY = 64 * 1024  # bodies from this size are sent without a copy into the head
 
@@ -60,6 +80,33 @@ class UpstreamBroken(UpstreamError):
     """The connection broke before the end of the answer, or the answer is not HTTP/1.x."""
 
 
+class StaleConnection(UpstreamBroken):
+    """A reused connection closed before any byte of the answer came back (an idle close that
+    crossed the request): the request may go again, and the idle connections to that backend
+    were dropped, so it goes on a new one."""
+
+
+class Reply(Protocol):
+    """A backend's answer, as ``Upstream.post``/``get`` give it: the head is here, the body comes.
+
+    ``headers`` has lower-case names. ``read()`` gives the whole body, ``readany()`` the bytes
+    that arrived since the last call (``b""`` at the end); ``at_eof()`` is true once all of it has
+    been taken. ``release()`` must follow: the connection goes back to the pool when the answer
+    was read to its end, and is closed otherwise.
+    """
+
+    status: int
+    headers: dict[str, str]
+
+    async def read(self) -> bytes: ...
+
+    async def readany(self) -> bytes: ...
+
+    def at_eof(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
 Address = tuple[str, int, bool]  # host, port, TLS
 
 
@@ -76,7 +123,9 @@ class Connection(asyncio.Protocol):
         self._loop = upstream.loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.reused = False  # it has answered a request before
         self.idle_since = 0.0
+        self._max_body = upstream.max_body
         self._busy = False
         self._waiter: asyncio.Future[None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -96,6 +145,8 @@ class Connection(asyncio.Protocol):
         self._rest = b""  # undecoded chunked bytes
         self._pieces: list[bytes] = []
         self._buffered = 0
+        self._trailer = 0  # trailer bytes so far
+        self._got_bytes = False  # any byte of the answer arrived
         self._done = False  # the whole body has arrived
         self._reusable = True
         self._error: UpstreamError | None = None
@@ -110,6 +161,7 @@ class Connection(asyncio.Protocol):
             return
         if self._error is not None:
             return
+        self._got_bytes = True
         try:
             if not self._head_done:
                 data = self._feed_head(data)
@@ -121,6 +173,12 @@ class Connection(asyncio.Protocol):
                 self._reusable = False  # bytes after the answer: never reuse this connection
         except UpstreamBroken as exc:
             self._fail(exc)
+            return
+        if self._buffered > self._max_body:
+            self._pieces.clear()
+            self._buffered = 0
+            self._done = False
+            self._fail(UpstreamBroken(f"answer body over {self._max_body} bytes"))
             return
         if self._streaming and not self._paused and self._buffered > HIGH_WATER:
             assert self.transport is not None
@@ -137,6 +195,8 @@ class Connection(asyncio.Protocol):
         if self._busy and not self._done and self._error is None:
             if self._head_done and self._framing == _UNTIL_CLOSE:
                 self._done = True
+            elif self.reused and not self._got_bytes:
+                self._error = StaleConnection("reused connection closed before any answer")
             else:
                 detail = f": {exc}" if exc else ""
                 self._error = UpstreamBroken(
@@ -193,6 +253,8 @@ class Connection(asyncio.Protocol):
             self._done = True
             return
         coding = headers.get("transfer-encoding")
+        if coding is not None and "content-length" in headers:
+            raise UpstreamBroken("answer has both Transfer-Encoding and Content-Length")
         if coding is not None:
             if coding.lower().rsplit(",", 1)[-1].strip() != "chunked":
                 self._framing = _UNTIL_CLOSE
@@ -283,6 +345,9 @@ class Connection(asyncio.Protocol):
                         raise UpstreamBroken("chunk trailer line too long")
                     break
                 done = line_end == pos
+                self._trailer += line_end + 2 - pos
+                if self._trailer > MAX_TRAILER_BYTES:
+                    raise UpstreamBroken("chunk trailers too large")
                 pos = line_end + 2
                 if done:
                     self._done = True
@@ -396,6 +461,7 @@ class Connection(asyncio.Protocol):
         self._busy = False
         if self._done and self._reusable and self._error is None and not self.closed:
             self._reset()
+            self.reused = True
             if self._paused:  # the last bytes were left unread: read again before reuse
                 assert self.transport is not None
                 self.transport.resume_reading()
@@ -411,6 +477,16 @@ class Connection(asyncio.Protocol):
             self.transport.abort()  # no graceful close: a leg cut short must stop the backend
 
 
+def _lines(headers: Mapping[str, str]) -> bytes:
+    """Header lines for ``headers``; a value with a line break would split the head."""
+    out = b""
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"header {name} must not contain line breaks")
+        out += name.encode("ascii") + b": " + value.encode("utf-8", "surrogateescape") + b"\r\n"
+    return out
+
+
 class Upstream:
     """Keep-alive connections to the backends, reused most-recent-first, dropped when idle.
 
@@ -424,15 +500,67 @@ class Upstream:
         keepalive: float,
         ssl_context: ssl.SSLContext | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        max_body: int = MAX_BODY_BYTES,
     ) -> None:
         self.loop = loop or asyncio.get_running_loop()
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
+        self.max_body = max_body
+        self._heads: dict[tuple[str, str, str], bytes] = {}  # (method, backend URL, path)
         self._ssl = ssl_context
         self._idle: dict[Address, list[Connection]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self.opened = 0  # connections opened, for tests and curiosity
         self._closed = False
+
+    async def post(
+        self,
+        backend: Backend,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        deadline: float | None = None,
+        silence: float | None = None,
+    ) -> Reply:
+        """POST the JSON ``body`` to ``path`` on ``backend`` with ``headers`` added; see
+        ``request`` for ``deadline`` and ``silence``."""
+        head = self._head("POST", backend, path) + _lines(headers)
+        head += b"Content-Length: %d\r\n\r\n" % len(body)
+        data = head + body if len(body) < LARGE_BODY else [head, body]
+        return await self.request(backend.address, data, deadline, silence)
+
+    async def get(
+        self,
+        backend: Backend,
+        path: str,
+        headers: Mapping[str, str],
+        deadline: float | None = None,
+        silence: float | None = None,
+    ) -> Reply:
+        """GET ``path`` on ``backend`` with ``headers`` added."""
+        head = self._head("GET", backend, path) + _lines(headers) + b"\r\n"
+        return await self.request(backend.address, head, deadline, silence)
+
+    def _head(self, method: str, backend: Backend, path: str) -> bytes:
+        """The fixed start of a request: request line, Host, Accept (and Content-Type for a POST);
+        cached."""
+        key = (method, backend.url, path)
+        head = self._heads.get(key)
+        if head is None:
+            url = backend.endpoint(path)
+            kind = "Accept: */*\r\nContent-Type: application/json\r\n"
+            if method == "GET":
+                kind = "Accept: */*\r\n"
+            head = self._heads[key] = (
+                f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"
+                + kind
+            ).encode("ascii")
+        return head
+
+    def forget(self, backend: Backend) -> None:
+        """Drop the cached heads of a backend that left its pool."""
+        for key in [k for k in self._heads if k[1] == backend.url]:
+            del self._heads[key]
 
     async def request(
         self,
@@ -452,10 +580,18 @@ class Upstream:
         try:
             conn.start(data, deadline, silence)
             await conn.wait_head()
+        except StaleConnection:
+            conn.close()
+            self._drop_idle(address)  # as old as the one that broke, or older
+            raise
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _drop_idle(self, address: Address) -> None:
+        for conn in self._idle.pop(address, ()):
+            conn.close()
 
     def _acquire(self, address: Address) -> Connection | None:
         idle = self._idle.get(address)

@@ -2,8 +2,9 @@
 
 The parent binds the port first (with SO_REUSEPORT, never listening on it): a busy port fails
 here, once, and port 0 becomes a real port that every worker then shares. It starts N workers,
-each a fresh interpreter running the whole proxy (its own backend pools, health checks and client
-session) with SO_REUSEPORT, so the kernel spreads new connections across them. Then it:
+each a fresh interpreter (``python -m pd_proxy.worker``) running the whole proxy (its own backend
+pools, health checks and client session) with SO_REUSEPORT, so the kernel spreads new
+connections across them. Then it:
 
 - logs ``listening on ...`` once every worker listens, and exits 2 if one fails to start (its own
   ``pd-proxy: error:`` line says why);
@@ -31,34 +32,17 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
 
-from pd_proxy.config import ConfigError, ProxyConfig
+from pd_proxy.config import ProxyConfig
 from pd_proxy.listen import ListenError, reserve_port
 from pd_proxy.logs import flush_periodically, setup_logging
+from pd_proxy.worker import STATE_ENV
 
 log = logging.getLogger("pd_proxy.workers")
 
-# pd_proxy.cli.run: serve one config in this process; returns the exit code.
-Runner = Callable[..., int]
-
-STATE_ENV = "PD_PROXY_WORKER_STATE"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # How long past --drain-timeout a stopping worker may run before it is killed.
 STOP_GRACE_S = 10.0
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-# The worker's interpreter gets the parent's sys.path, so it runs the same pd_proxy however the
-# parent found it (installed, PYTHONPATH, a test's sys.path entry).
-_BOOT = (
-    "# pd-proxy worker (pd_proxy.workers)\n"
-    "import json, os, sys\n"
-    f"state = json.loads(os.environ.pop({STATE_ENV!r}))\n"
-    "sys.path[:] = state['sys_path']\n"
-    "from pd_proxy.cli import run\n"
-    "from pd_proxy.workers import worker_main\n"
-    "raise SystemExit(worker_main(state, run))\n"
-)
 
 
 def _describe(returncode: int) -> str:
@@ -200,16 +184,22 @@ class Supervisor:
     async def _spawn(self, index: int) -> _Worker:
         read_fd, write_fd = os.pipe()
         state = {
-            "sys_path": sys.path,
             "config": dataclasses.asdict(self.config),
             "index": index,
             "parent": os.getpid(),
             "ready_fd": write_fd,
         }
-        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir, STATE_ENV: json.dumps(state)}
+        env = {
+            **os.environ,
+            MULTIPROC_ENV: self.metrics_dir,
+            STATE_ENV: json.dumps(state),
+            # The parent's sys.path, so the worker runs the same pd_proxy however the parent found
+            # it (installed, PYTHONPATH, a test's sys.path entry).
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        }
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", _BOOT, env=env, pass_fds=(write_fd,)
+                sys.executable, "-m", "pd_proxy.worker", env=env, pass_fds=(write_fd,)
             )
         except OSError:
             os.close(read_fd)
@@ -292,43 +282,3 @@ async def _supervise(config: ProxyConfig, metrics_dir: str, handler: logging.Han
         flusher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await flusher
-
-
-# --------------------------------------------------------------------------- worker side
-def _die_with_parent(parent: int) -> None:
-    """SIGTERM (a drain) when the parent dies, however it dies; Linux only."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        return
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the line above
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def worker_main(state: dict, run: Runner) -> int:
-    """One worker: the whole proxy, on the port the parent reserved, with SO_REUSEPORT.
-
-    ``run`` is pd_proxy.cli's ``run`` (the boot script passes it), so this module never imports
-    the command line that imports it.
-    """
-    _die_with_parent(state["parent"])
-    index = state["index"]
-    ready_fd = state["ready_fd"]
-    try:
-        config = ProxyConfig(**state["config"])
-    except ConfigError as exc:  # a key or endpoints file went bad since the parent read it
-        print(f"pd-proxy: error: worker {index}: {exc}", file=sys.stderr)
-        return 2
-    handler = setup_logging(config.logging_level, tag=f"[worker {index} pid {os.getpid()}] ")
-
-    def ready() -> None:
-        with contextlib.suppress(OSError):
-            os.write(ready_fd, b"ready\n")
-            os.close(ready_fd)
-
-    return run(config, handler, reuse_port=True, announce=index == 1, on_ready=ready)

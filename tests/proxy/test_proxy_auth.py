@@ -11,9 +11,11 @@ import aiohttp
 import pytest
 
 from pd_proxy import cli
+from pd_proxy import serve as serve_module
 from pd_proxy.auth import INVALID_KEY, MISSING_KEY, BackendKey, ClientKeys, parse_keys
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
 from pd_proxy.metrics import METRIC_NAMES
+from pd_proxy.validate import validate
 from tests.proxy.proxy_harness import pd_stack
 from tests.support.net import closed_port_url, free_port
 
@@ -224,7 +226,7 @@ def test_empty_or_malformed_key_file_at_start_is_a_config_error(tmp_path, conten
     path.write_text(content)
     env = {"PD_PROXY_PREFILL": P, "PD_PROXY_DECODE": D, "PD_PROXY_API_KEY_FILE": str(path)}
     with pytest.raises(ConfigError, match="PD_PROXY_API_KEY_FILE") as info:
-        load_config([], env)
+        validate(load_config([], env))
     assert str(path) in str(info.value)
     assert "two" not in str(info.value)  # never the key material
 
@@ -233,10 +235,10 @@ def test_missing_or_unreadable_key_file_at_start_is_a_config_error(tmp_path):
     missing = str(tmp_path / "nope")
     for path in (missing, str(tmp_path)):  # a directory cannot be read as a file, even by root
         with pytest.raises(ConfigError, match="--api-key-file") as info:
-            load_config(["--prefill", P, "--decode", D, "--api-key-file", path], {})
+            validate(load_config(["--prefill", P, "--decode", D, "--api-key-file", path], {}))
         assert path in str(info.value)
     with pytest.raises(ConfigError, match="PD_PROXY_BACKEND_API_KEY_FILE"):
-        ProxyConfig(prefill=(P,), decode=(D,), backend_api_key_file=missing)
+        validate(ProxyConfig(prefill=(P,), decode=(D,), backend_api_key_file=missing))
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
@@ -244,7 +246,7 @@ def test_key_file_without_read_permission_is_a_config_error(tmp_path):
     path = write_keys(tmp_path, "sk-one")
     os.chmod(path, 0)
     with pytest.raises(ConfigError, match="cannot read"):
-        ProxyConfig(prefill=(P,), decode=(D,), api_key_file=path)
+        validate(ProxyConfig(prefill=(P,), decode=(D,), api_key_file=path))
 
 
 def test_main_exits_2_naming_the_key_file(tmp_path, monkeypatch, capsys):
@@ -395,8 +397,9 @@ async def serve_once(monkeypatch, config: ProxyConfig, while_up=None) -> None:
         if while_up is not None:
             await while_up()
 
-    monkeypatch.setattr(cli, "_wait_for_signal", instead_of_signal)
-    monkeypatch.setattr(cli, "_settle_gc", lambda: None)  # no gc.freeze() in the test process
+    monkeypatch.setattr(serve_module, "_wait_for_signal", instead_of_signal)
+    # no gc.freeze() in the test process
+    monkeypatch.setattr(serve_module, "_settle_gc", lambda: None)
     await cli.serve(config)
 
 

@@ -149,3 +149,32 @@ async def test_busy_port_still_closes_the_session_and_health_task():
             await cli.serve(config)
     names = {t.get_name() for t in asyncio.all_tasks()}
     assert "pd-proxy-health" not in names
+
+
+def test_settings_are_data_and_validate_lists_every_file_problem(tmp_path, capsys):
+    """Parsing reads no file (a missing one is fine until ``validate``), which then names each
+    problem at once; ``main`` prints one error line per problem and exits 2."""
+    from pd_proxy.validate import validate
+
+    missing, empty = str(tmp_path / "absent"), tmp_path / "empty"
+    empty.write_text("# no key\n")
+    argv = ["--prefill", P, "--decode", D, "--api-key-file", missing]
+    argv += ["--backend-api-key-file", str(empty), "--endpoints-file", str(tmp_path / "none.yaml")]
+    config = load_config(argv, {})  # no I/O: nothing to complain about yet
+    with pytest.raises(ConfigError) as info:
+        validate(config)
+    assert len(info.value.problems) == 3
+    assert [p.split(" ", 1)[0] for p in info.value.problems] == [
+        "--api-key-file",
+        "--backend-api-key-file",
+        "--endpoints-file",
+    ]
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("pd-proxy: error: ") for line in lines)
+
+
+def test_pure_problems_are_listed_together():
+    with pytest.raises(ConfigError) as info:
+        load_config(["--port", "70000", "--drain-timeout", "0"], {"PD_PROXY_PREFILL": P})
+    assert len(info.value.problems) == 3  # no decode backend, the port, the drain timeout

@@ -41,6 +41,7 @@ from pd_proxy.testing.dns import (
     parse_response,
 )
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL
+from pd_proxy.validate import validate
 from tests.proxy.discovery_helpers import HOSTS, WAIT_S, complete, find, fleet, until, url
 from tests.proxy.proxy_harness import Stack
 
@@ -614,7 +615,7 @@ def test_role_without_any_source_is_a_config_error(tmp_path):
     path = tmp_path / "endpoints.yaml"
     path.write_text(f"endpoints: [{{role: prefill, url: '{P}'}}]\n")
     with pytest.raises(ConfigError, match="no decode backend"):  # the file covers prefill only
-        load_config(["--endpoints-file", str(path)], {})
+        validate(load_config(["--endpoints-file", str(path)], {}))
     c = load_config(["--endpoints-file", str(path), "--decode-dns", "d:1"], {})
     assert c.prefill == () and c.decode_dns == "d:1"
 
@@ -628,7 +629,7 @@ def test_bad_endpoints_file_is_a_config_error(tmp_path, content, message):
     if content is not None:
         path.write_text(content)
     with pytest.raises(ConfigError, match=f"--endpoints-file.*{message}"):
-        load_config(["--endpoints-file", str(path), "--prefill", P, "--decode", D], {})
+        validate(load_config(["--endpoints-file", str(path), "--prefill", P, "--decode", D], {}))
     with pytest.raises(ConfigError, match="discovery_interval"):
         load_config(
             [], {"PD_PROXY_PREFILL": P, "PD_PROXY_DECODE": D, "PD_PROXY_DISCOVERY_INTERVAL": "0"}

@@ -166,3 +166,26 @@ async def test_no_metrics_flag_hides_the_endpoint():
         status, raw = await s.get("/metrics")
         assert status == 404
         assert json.loads(raw)["error"]["code"] == 404
+
+
+async def test_prefill_leg_goes_again_when_a_reused_connection_closes_before_any_answer():
+    """A backend's idle close crossing the request (the connection reused, the backend read the
+    request and closed without a byte): the prefill leg goes once more, on a new connection, and
+    the client never sees it. Decode's leg is not sent twice (its work may have begun)."""
+    async with pd_stack() as s:
+        body = {"prompt": "x", "max_tokens": 2}
+        status, _, raw = await s.post("/v1/completions", body)
+        assert status == 200, raw
+        s.prefill.knobs.close_reused = 1
+        status, _, raw = await s.post("/v1/completions", body)
+        assert status == 200, raw
+        assert s.prefill.closed_reused == 1
+        assert len(s.prefill.seen) == 2  # the dropped request was not read
+        assert s.sample(
+            "pd_proxy_backend_errors_total", {"stage": "prefill", "backend": s.prefill.url}
+        ) in (None, 0.0)
+
+        s.decode.knobs.close_reused = 1
+        status, _, raw = await s.post("/v1/completions", body)
+        assert status == 502, raw
+        assert s.decode.closed_reused == 1

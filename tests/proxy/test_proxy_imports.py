@@ -71,3 +71,44 @@ def test_cycle_finder_sees_a_function_level_import(tmp_path: Path) -> None:
     (pkg / "a.py").write_text("from pd_proxy.b import x\n")
     (pkg / "b.py").write_text("def f():\n    from pd_proxy import a\n")
     assert cycles(module_graph(pkg)) == [["pd_proxy.a", "pd_proxy.b", "pd_proxy.a"]]
+
+
+def http_literals(path: Path) -> list[str]:
+    """Literals in ``path`` that write HTTP/1.x heads: a CRLF or an ``HTTP/1.`` version
+    (docstrings and whitespace sets such as ``b" \\t\\r\\n"`` aside)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            if id(node) in docstrings:
+                continue
+            text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+            crlf = "\r\n" in text and text.strip(" \t\r\n")
+            if crlf or "HTTP/1." in text:
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_only_the_upstream_client_writes_http_bytes() -> None:
+    """The legs' wire format lives in pd_proxy.upstream alone (the test fakes aside), so the
+    client can change without touching the flow."""
+    writers = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if "testing" not in path.parts and http_literals(path)
+    }
+    assert writers == {"upstream.py"}
+
+
+def test_http_literal_finder_sees_a_head(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(
+        '"""A HTTP/1.1 docstring."""\nHEAD = b"GET / HTTP/1.1\\r\\n"\n'
+        'WS = b" \\r\\n"\nLINE = b"X: 1\\r\\n"\n'
+    )
+    assert http_literals(path) == ["m.py:2", "m.py:4"]

@@ -30,6 +30,7 @@ from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
 from pd_proxy.k8s_endpoints import ServiceRef, parse_service_ref, slice_endpoints
 from pd_proxy.kube_api import InCluster, KubeConfigError
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL
+from pd_proxy.validate import validate
 from tests.proxy.discovery_helpers import complete, find, fleet, until, url
 from tests.proxy.fake_kube_api import FakeKubeApi
 from tests.proxy.proxy_harness import Stack
@@ -250,11 +251,11 @@ def test_config_flags_need_a_pod(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     env = {"PD_PROXY_PREFILL_K8S_SERVICE": "pcp-pd-prefill:http", "PD_PROXY_DECODE": "http://d:1"}
     with pytest.raises(ConfigError, match="PD_PROXY_PREFILL_K8S_SERVICE.*not running in a pod"):
-        load_config([], env)
+        validate(load_config([], env))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     with pytest.raises(ConfigError, match="no namespace file: give NAMESPACE/NAME"):
-        load_config([], env)
+        validate(load_config([], env))
     c = load_config(
         ["--decode-k8s-service", "pcp-pd/pcp-pd-decode:http"], {"PD_PROXY_PREFILL": "http://p:1"}
     )

@@ -15,6 +15,7 @@ from pd_proxy.upstream import (
     HIGH_WATER,
     ConnectFailed,
     Connection,
+    StaleConnection,
     Upstream,
     UpstreamBroken,
     UpstreamTimeout,
@@ -498,3 +499,80 @@ def test_chunked_decoding_of_random_chunks_cut_anywhere():
         body, conn = _decode_in_pieces(wire, cuts)
         assert body == b"".join(body_parts)
         assert conn.at_eof() is False and conn._done and conn._reusable  # pieces not taken yet
+
+
+# ----------------------------------------------------------------------------- the gaps closed
+async def test_transfer_encoding_with_content_length_is_broken_and_not_kept():
+    """RFC 9112 section 6.3: both framings in one answer is an error, and the connection goes."""
+    both = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'7\r\n{"a":1}\r\n0\r\n\r\n'
+    )
+
+    def make(server: Server) -> Script:
+        async def script(reader, writer) -> None:
+            while await server.read_request(reader) is not None:
+                writer.write(both if server.connections == 1 else JSON_200)
+                await writer.drain()
+
+        return script
+
+    async with serving(make) as (server, upstream):
+        with pytest.raises(UpstreamBroken, match="both Transfer-Encoding and Content-Length"):
+            await call(server, upstream)
+        assert await call(server, upstream) == (200, b'{"a":1}')
+        assert server.connections == 2 and upstream.opened == 2
+
+
+async def test_trailers_have_a_total_limit():
+    """Each trailer line is short, but together they never end: broken, not a hang."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n"
+    line = b"X-Pad: " + b"p" * 1000 + b"\r\n"
+
+    def make(server: Server) -> Script:
+        async def script(reader, writer) -> None:
+            await server.read_request(reader)
+            writer.write(head)
+            for _ in range(200):  # about 200 kB of trailer lines, no end
+                writer.write(line)
+                await writer.drain()
+            await asyncio.sleep(30)
+
+        return script
+
+    async with serving(make) as (server, upstream):
+        with pytest.raises(UpstreamBroken, match="trailers too large"):
+            await asyncio.wait_for(call(server, upstream, silence=20.0), 10)
+
+
+async def test_read_has_a_body_size_limit():
+    body = b"x" * 5000
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    async with serving(answering(answer), max_body=4096) as (server, upstream):
+        with pytest.raises(UpstreamBroken, match="over 4096 bytes"):
+            await call(server, upstream)
+    async with serving(answering(answer), max_body=8192) as (server, upstream):
+        assert await call(server, upstream) == (200, body)
+
+
+async def test_a_reused_connection_closed_before_any_answer_is_stale():
+    """The backend read the second request and closed the connection without a byte: that is
+    ``StaleConnection`` (the request may go again), and the idle connections to it are dropped."""
+
+    def make(server: Server) -> Script:
+        async def script(reader, writer) -> None:
+            await server.read_request(reader)
+            writer.write(JSON_200)
+            await writer.drain()
+            await server.read_request(reader)
+            writer.close()  # unanswered
+
+        return script
+
+    async with serving(make) as (server, upstream):
+        assert await call(server, upstream) == (200, b'{"a":1}')
+        with pytest.raises(StaleConnection):
+            await call(server, upstream)
+        assert upstream.idle_count() == 0
+        assert await call(server, upstream) == (200, b'{"a":1}')  # a new connection
+        assert server.connections == 2

@@ -202,6 +202,9 @@ class Knobs:
     plain_requests: bool = False
     # decode: answer with other text than the model's (as from another request's KV), still 200.
     corrupt: bool = False
+    # close this many completion requests that arrive on a reused keep-alive connection, unread
+    # and unanswered, as a server whose idle timeout crossed the request does
+    close_reused: int = 0
 
 
 @dataclass
@@ -226,6 +229,8 @@ class FakeVLLM:
     sent: dict[str, bytes] = field(default_factory=dict)  # rid -> response body bytes (record)
     completed: int = 0
     rejected: int = 0  # answered 400: bad JSON or a broken protocol
+    closed_reused: int = 0  # requests dropped by knobs.close_reused
+    _connections: set[int] = field(default_factory=set)  # ids of the transports seen
     unknown_questions: int = 0  # completed, but the question was not in ``answers``
     crashes: int = 0  # decode requests a real vLLM engine would have died on (block mismatch)
     metrics_reads: int = 0  # GET /metrics answered
@@ -505,6 +510,13 @@ class FakeVLLM:
         self.knobs.gsm8k_mode = mode
         return web.json_response({"mode": mode})
 
+    def _reused(self, request: web.Request) -> bool:
+        """Whether an earlier completion request came on the same connection."""
+        key = id(request.transport)
+        seen = key in self._connections
+        self._connections.add(key)
+        return seen
+
     def _error(self, status: int, message: str) -> web.Response:
         body = {"error": {"message": message, "type": "BadRequestError", "code": status}}
         return web.json_response(body, status=status)
@@ -528,6 +540,12 @@ class FakeVLLM:
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id", "")
+        if self._reused(request) and self.knobs.close_reused:
+            self.knobs.close_reused -= 1
+            self.closed_reused += 1
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError  # nothing is answered on an aborted connection
         try:
             return await self._serve_completion(request, rid)
         except (asyncio.CancelledError, ConnectionResetError):
