@@ -36,6 +36,7 @@ from pd_proxy.rewrite import (
     parse_request,
     prefill_body,
 )
+from pd_proxy.shape_routes import ShapeRoutes
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse, relay_events, relay_stream
 from pd_proxy.upstream import (
     ConnectFailed,
@@ -60,11 +61,12 @@ T = TypeVar("T")
 class Trace:
     """Per-request facts for the log line."""
 
-    __slots__ = ("rid", "start", "prefill", "decode", "prefill_s", "ttfb_s", "status")
+    __slots__ = ("rid", "start", "path", "prefill", "decode", "prefill_s", "ttfb_s", "status")
 
     def __init__(self, rid: str, start: float = 0.0) -> None:
         self.rid = rid
         self.start = start  # perf_counter() when the request arrived
+        self.path = "pd"  # or "local": decode alone (pd_proxy.shape_routes)
         self.prefill = "-"
         self.decode = "-"
         self.prefill_s = -1.0
@@ -140,6 +142,7 @@ class PdFlow:
             "prefill": f"timed out after {config.prefill_timeout:g}s",
             "decode": f"sent nothing for {config.decode_timeout:g}s",
         }
+        self.shapes = ShapeRoutes(self)
         self.first_token: FirstTokenMode | None = None
         if config.first_token_from_prefill:
             self.first_token = FirstTokenMode(self)
@@ -164,7 +167,7 @@ class PdFlow:
                 return response
             except ProxyError as exc:
                 trace.status = exc.status
-                return error_response(exc.status, exc.message, trace.rid)
+                return error_response(exc.status, exc.message, trace.rid, exc.param)
             except Passthrough as exc:
                 trace.status = exc.status
                 return web.Response(
@@ -210,6 +213,9 @@ class PdFlow:
         if "\r" in rid or "\n" in rid:  # aiohttp's parser lets none through; never split a head
             raise ProxyError(400, "X-Request-Id must not contain line breaks")
         headers = self.backend_headers(rid)
+        response = await self.shapes.route(request, endpoint, body, client_body, headers, trace)
+        if response is not None:
+            return response  # refused, decode alone, or fanned out (pd_proxy.shape_routes)
         if self.first_token is not None:
             response = await self.first_token.legs(
                 request, endpoint, body, client_body, headers, trace

@@ -83,15 +83,15 @@ async def test_chat_completion_streaming_and_json():
 
 
 async def test_chat_with_odd_bodies_reaches_decode_as_the_semantic_rewrite():
-    """Unicode, escaped quotes, nested objects and a client-sent kv_transfer_params: the decode
-    leg (spliced from the client's bytes, or re-encoded) parses to the client body plus the
-    prefill's params."""
+    """Unicode, escaped quotes, nested objects and a client-sent null kv_transfer_params (any
+    other value is refused: test_proxy_shapes): the decode leg (spliced from the client's bytes,
+    or re-encoded) parses to the client body plus the prefill's params."""
     bodies = [
         '{"messages": [{"role": "user", "content": "h\u00e9 \\"}\\" ☃ 😀"}], "max_tokens": 2, '
         '"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": '
         '"object", "properties": {"a": {"type": ["string", "null"]}}}}}], "stream": true}',
         '{"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}], '
-        '"max_tokens": 2, "kv_transfer_params": {"do_remote_prefill": false}}',
+        '"max_tokens": 2, "kv_transfer_params": null}',
     ]
     async with pd_stack() as s:
         for i, text in enumerate(bodies):

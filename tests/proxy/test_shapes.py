@@ -22,7 +22,7 @@ def base(endpoint: str) -> dict:
 
 
 CASES = [
-    pytest.param(row, endpoint, id=f"{row.name}-{endpoint.rsplit('/', 1)[-1]}")
+    pytest.param(row, endpoint, id=f"{row.name}-{'chat' if 'chat' in endpoint else 'completions'}")
     for row in TABLE.shapes
     for endpoint in row.endpoints
 ]
