@@ -62,6 +62,13 @@ def samples(body: Mapping[str, Any]) -> int:
     return n if n is not None and n > 1 else 1
 
 
+def greedy_samples(body: Mapping[str, Any]) -> bool:
+    """``n`` above 1 at temperature 0: vLLM refuses it (400), so it must reach vLLM as it is."""
+    temperature = body.get("temperature")
+    greedy = isinstance(temperature, (int, float)) and temperature < 1e-5
+    return greedy and samples(body) > 1
+
+
 def prompts(body: Mapping[str, Any], endpoint: str) -> list[Any] | None:
     """The prompts of a completions request that lists several (texts or token-id lists)."""
     prompt = body.get("prompt")
@@ -111,9 +118,14 @@ MATCHERS: dict[str, Callable[[Mapping[str, Any], str], bool]] = {
     "fanout_too_large": lambda body, endpoint: False,  # a fan-out past the limit: classify()
     "prompt_logprobs": lambda body, endpoint: body.get("prompt_logprobs") is not None,
     "beam_search": _present("use_beam_search"),
-    "n": lambda body, endpoint: samples(body) > 1,
-    "prompt_list": _text_prompts,
-    "prompt_token_id_lists": _id_prompts,
+    "n": lambda body, endpoint: samples(body) > 1 and not greedy_samples(body),
+    "prompt_list": lambda body, endpoint: (
+        _text_prompts(body, endpoint) and not greedy_samples(body)
+    ),
+    "prompt_token_id_lists": lambda body, endpoint: (
+        _id_prompts(body, endpoint) and not greedy_samples(body)
+    ),
+    "greedy_n": lambda body, endpoint: greedy_samples(body),
     "prompt_token_ids": lambda body, endpoint: (
         isinstance(body.get("prompt"), list) and all(_int(x) is not None for x in body["prompt"])
     ),

@@ -71,6 +71,10 @@ def test_null_kv_transfer_params_is_plain() -> None:
         ({"prompt": ["a", [1, 2]]}, PD, "plain"),  # mixed: vLLM's to refuse
         ({"prompt": []}, PD, "prompt_token_ids"),
         ({"prompt_logprobs": None}, PD, "plain"),
+        ({"n": 2, "temperature": 0}, PD, "greedy_n"),  # vLLM's 400, relayed
+        ({"prompt": ["a", "b"], "n": 2, "temperature": 0.0}, PD, "greedy_n"),
+        ({"prompt": ["a", "b"], "temperature": 0.0}, FANOUT, "prompt_list"),
+        ({"n": 3, "temperature": 1e-6}, PD, "greedy_n"),
         ({"stream_options": {"include_usage": False}}, PD, "plain"),
     ],
 )
