@@ -142,7 +142,7 @@ class PdFlow:
             "prefill": f"timed out after {config.prefill_timeout:g}s",
             "decode": f"sent nothing for {config.decode_timeout:g}s",
         }
-        self.shapes = ShapeRoutes(self)
+        self.shapes = ShapeRoutes(self, config.local_prefill_max_tokens)
         self.first_token: FirstTokenMode | None = None
         if config.first_token_from_prefill:
             self.first_token = FirstTokenMode(self)
@@ -185,7 +185,7 @@ class PdFlow:
         finally:
             elapsed = time.perf_counter() - start
             metrics.in_flight_count -= 1
-            metrics.count_request(endpoint, trace.status)
+            metrics.count_request(endpoint, trace.status, trace.path)
             metrics.request_duration.observe(elapsed)
             if log.isEnabledFor(logging.INFO):
                 log.info(
@@ -432,12 +432,12 @@ class PdFlow:
         trace.ttfb_s = elapsed = now - start
         self.metrics.decode_ttfb.observe(elapsed)
         if sent:
-            self.metrics.time_to_first_byte.observe(now - trace.start)
+            self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)
         return now
 
     def sent(self, trace: Trace, now: float) -> None:
         """The client gets the first byte of a 200 answer at ``now``."""
-        self.metrics.time_to_first_byte.observe(now - trace.start)
+        self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)
 
 
 class FirstTokenMode:

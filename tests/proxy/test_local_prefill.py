@@ -58,3 +58,77 @@ def test_count_from_answer() -> None:
 )
 def test_goes_local(count: int | None, limit: int, local: bool) -> None:
     assert goes_local(count, limit) is local
+
+
+# ---------------------------------------------------------------- through the proxy, on fakes
+def _requests(stack, path: str) -> float:
+    return sum(
+        stack.sample("pd_proxy_requests_total", {"endpoint": e, "status": "200", "path": path})
+        or 0.0
+        for e in (COMPLETIONS, CHAT_COMPLETIONS)
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT_COMPLETIONS])
+async def test_prompts_up_to_n_tokens_go_to_decode_alone(endpoint: str, stream: bool) -> None:
+    """The fake counts BOS + one token per word (its chat template adds its own): find N for a
+    prompt with the fake's /tokenize, then N-1, N and N+1 tokens take local, local, P/D and all
+    three answer as the normal flow does."""
+    from pd_proxy.testing.fake_vllm import render_chat, tokenize
+    from tests.proxy.proxy_harness import pd_stack
+
+    def body(words: int) -> dict:
+        text = " ".join(f"w{i}" for i in range(words))
+        if endpoint == COMPLETIONS:
+            return {"model": "fake-model", "prompt": text, "max_tokens": 3, "stream": stream}
+        messages = [{"role": "user", "content": text}]
+        return {"model": "fake-model", "messages": messages, "max_tokens": 3, "stream": stream}
+
+    def count(b: dict) -> int:
+        return len(tokenize(render_chat(b) if "messages" in b else b["prompt"]))
+
+    n = count(body(6))
+    async with pd_stack() as normal:
+        want = [(await normal.post(endpoint, body(w)))[2] for w in (5, 6, 7)]
+    async with pd_stack(local_prefill_max_tokens=n) as s:
+        s.decode.knobs.plain_requests = True
+        for words, expect_local, answer in zip((5, 6, 7), (True, True, False), want, strict=True):
+            local_before, pd_before = _requests(s, "local"), _requests(s, "pd")
+            prefills = len(s.prefill.seen)
+            status, _, raw = await s.post(endpoint, body(words))
+            assert status == 200, raw
+            assert _without_ids(raw) == _without_ids(answer)
+            assert (_requests(s, "local") - local_before) == int(expect_local)
+            assert (_requests(s, "pd") - pd_before) == int(not expect_local)
+            assert len(s.prefill.seen) - prefills == int(not expect_local)
+            assert count(body(words)) - n == words - 6
+        assert s.decode.tokenize_requests == 3
+
+
+def _without_ids(raw: bytes) -> bytes:
+    """Answers differ in their ids and timestamps only."""
+    import re
+
+    return re.sub(rb'"(id|created)": ?("[^"]*"|\d+)', b"", raw)
+
+
+async def test_token_id_prompts_are_counted_without_tokenize() -> None:
+    from tests.proxy.proxy_harness import pd_stack
+
+    async with pd_stack(local_prefill_max_tokens=4) as s:
+        s.decode.knobs.plain_requests = True
+        status, _, raw = await s.post(COMPLETIONS, {"prompt": [5, 6, 7, 8], "max_tokens": 2})
+        assert status == 200, raw
+        assert not s.prefill.seen and s.decode.tokenize_requests == 0
+
+
+async def test_tokenize_failure_takes_p_d() -> None:
+    from tests.proxy.proxy_harness import pd_stack
+
+    async with pd_stack(local_prefill_max_tokens=100) as s:
+        s.decode.knobs.tokenize_down = True
+        status, _, raw = await s.post(COMPLETIONS, {"prompt": "a b", "max_tokens": 2})
+        assert status == 200, raw
+        assert s.decode.tokenize_requests == 1
+        assert len(s.prefill.seen) == 1  # P/D, not an error

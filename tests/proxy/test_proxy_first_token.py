@@ -132,7 +132,7 @@ async def test_completion_stream_sends_token_1_before_decode_answers():
         }
         assert d.headers["X-Request-Id"] == rid == p.headers["X-Request-Id"]
         assert outcome(s, "continued") == 1
-        assert s.sample("pd_proxy_time_to_first_byte_seconds_count") == 1
+        assert s.sample("pd_proxy_time_to_first_byte_seconds_count", {"path": "pd"}) == 1
         assert s.sample("pd_proxy_decode_ttfb_seconds_count") == 1
 
 
@@ -575,7 +575,7 @@ async def test_client_leaving_after_token_1_cancels_the_continuation():
                 await resp.content.readuntil(b"\n\n")  # decode's stream is flowing
         await s.decode.wait_for(lambda: "leaver" in s.decode.cancelled)
         await s.decode.wait_for(lambda: s.sample("pd_proxy_in_flight_requests") == 0)
-        labels = {"endpoint": COMPLETIONS, "status": "499"}
+        labels = {"endpoint": COMPLETIONS, "status": "499", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", labels) == 1
 
 

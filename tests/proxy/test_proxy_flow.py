@@ -148,13 +148,15 @@ async def test_metrics_expose_every_family_and_count_traffic():
         text = raw.decode()
         for name in METRIC_NAMES:
             assert f"# TYPE {name} " in text
-        labels = {"endpoint": "/v1/completions", "status": "200"}
+        labels = {"endpoint": "/v1/completions", "status": "200", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", labels) == 3
-        bad = {"endpoint": "/v1/chat/completions", "status": "400"}
+        bad = {"endpoint": "/v1/chat/completions", "status": "400", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", bad) == 1
         assert s.sample("pd_proxy_prefill_duration_seconds_count") == 3
         assert s.sample("pd_proxy_decode_ttfb_seconds_count") == 3
-        assert s.sample("pd_proxy_time_to_first_byte_seconds_count") == 3  # not the 400
+        assert (
+            s.sample("pd_proxy_time_to_first_byte_seconds_count", {"path": "pd"}) == 3
+        )  # not the 400
         assert s.sample("pd_proxy_request_duration_seconds_count") == 4
         assert s.sample("pd_proxy_in_flight_requests") == 0
         healthy = {"role": "decode", "backend": s.decode.url}

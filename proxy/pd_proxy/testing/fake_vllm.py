@@ -208,6 +208,7 @@ class Knobs:
     # kv_producer (the canary's reference) and kv_consumer (decode alone) do; off, such a
     # request is rejected as a broken leg.
     plain_requests: bool = False
+    tokenize_down: bool = False  # POST /tokenize answers 500
     # decode: answer with other text than the model's (as from another request's KV), still 200.
     corrupt: bool = False
     # close this many completion requests that arrive on a reused keep-alive connection, unread
@@ -514,6 +515,8 @@ class FakeVLLM:
     async def _tokenize(self, request: web.Request) -> web.Response:
         """vLLM's ``/tokenize``: a prompt, or chat messages through the (fake) chat template."""
         self.tokenize_requests += 1
+        if self.knobs.tokenize_down:
+            return self._error(500, "tokenize is down")
         try:
             body = json.loads(await request.read())
         except ValueError:
@@ -593,6 +596,9 @@ class FakeVLLM:
         failure = self._injected_failure()
         if failure is not None:
             return failure
+        n, temperature = body.get("n"), body.get("temperature")
+        if isinstance(n, int) and n > 1 and temperature == 0:  # vLLM's own validation
+            return self._error(400, f"n must be 1 when using greedy sampling, got {n}.")
         problem = self._check(body, rid)
         if problem:
             return self._reject(problem)
