@@ -116,7 +116,7 @@ def build_app(
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         side.session = session
-        upstream = flow.upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
+        upstream = flow.legs.upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
 
         def on_result(backend: Backend, ok: bool) -> None:
             metrics.set_health(backend.role, backend.url, ok)

@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 
 from pd_proxy.auth import BackendKey
-from pd_proxy.first_token import parse_block_size
 from pd_proxy.pool import Backend
 from pd_proxy.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("pd_proxy.request")
+
+_BLOCK_SIZE = re.compile(rb'^vllm:cache_config_info\{[^\n]*?\bblock_size="(\d+)"', re.M)
+
+
+def parse_block_size(metrics: bytes) -> int | None:
+    """The KV block size in vLLM's ``/metrics`` (``vllm:cache_config_info``), if one is there."""
+    sizes = {int(m) for m in _BLOCK_SIZE.findall(metrics)}
+    if len(sizes) != 1:
+        return None
+    (size,) = sizes
+    return size if size > 0 else None
 
 
 class BlockSizes:

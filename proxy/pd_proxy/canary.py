@@ -2,7 +2,7 @@
 
 Every N minutes one fixed greedy prompt goes to a prefill backend alone (a vLLM ``kv_producer``
 serves a request without ``kv_transfer_params`` in full, as any server would) and then through
-the proxy's own P/D flow (``PdFlow.prefill_leg``, the decode leg through ``PdFlow.exchange``:
+the proxy's own P/D legs (``Legs.prefill_leg``, the decode leg through ``Legs.decode_to``:
 the same pools, backend key and rewriting as client requests). The two texts must be equal: a
 decode that read the wrong KV blocks (an expired lease, blocks freed or reused early, a broken
 transfer) answers HTTP 200 with different text, which no error counter shows.
@@ -37,7 +37,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pd_proxy.errors import Passthrough, ProxyError
-from pd_proxy.pd_flow import PdFlow, Trace, read_whole
+from pd_proxy.legs import Trace, read_whole
+from pd_proxy.pd_flow import PdFlow
 from pd_proxy.rewrite import (
     COMPLETIONS,
     decode_payload,
@@ -129,7 +130,7 @@ class Canary:
     def __init__(
         self, flow: PdFlow, registry: CollectorRegistry, interval_s: float, timeout_s: float
     ) -> None:
-        self.flow = flow
+        self.legs = flow.legs
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.runs = Counter(
@@ -202,17 +203,17 @@ class Canary:
         return compare(pd, alone)
 
     def _headers(self, rid: str) -> dict[str, str]:
-        return self.flow.backend_headers(rid)
+        return self.legs.backend_headers(rid)
 
     async def _prefill_alone(self, rid: str) -> Leg:
-        flow = self.flow
+        legs = self.legs
         try:
-            _, status, data, _ = await flow.exchange(
-                flow.prefill_pool,
+            _, status, data, _ = await legs.exchange(
+                legs.prefill_pool,
                 COMPLETIONS,
                 dumps(canary_request()),
                 self._headers(rid),
-                flow.config.prefill_timeout,
+                legs.config.prefill_timeout,
                 None,
                 Trace(rid),
                 read_whole,
@@ -222,27 +223,20 @@ class Canary:
         return leg_from_answer(status, data)
 
     async def _through_pd(self, rid: str) -> Leg:
-        flow = self.flow
+        legs = self.legs
         body = canary_request()
         headers = self._headers(rid)
         trace = Trace(rid)
         try:
-            _, prefill = await flow.prefill_leg(
+            _, prefill = await legs.prefill_leg(
                 COMPLETIONS, dumps(prefill_body(body)), headers, trace
             )
             try:
                 kv = kv_params_from_prefill(prefill)
             except ValueError:
                 return Leg(error=f"prefill answered no JSON object: {prefill[:200]!r}")
-            _, status, data, _ = await flow.exchange(
-                flow.decode_pool,
-                COMPLETIONS,
-                decode_payload(dumps(body), body, kv),
-                headers,
-                None,
-                flow.config.decode_timeout,
-                trace,
-                read_whole,
+            _, status, data, _ = await legs.decode_to(
+                COMPLETIONS, decode_payload(dumps(body), body, kv), headers, trace, read_whole
             )
         except ProxyError as exc:
             return Leg(error=f"HTTP {exc.status}: {exc.message}")

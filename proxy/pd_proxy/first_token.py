@@ -24,7 +24,6 @@ the normal flow (``request_fallback``, ``continuation_problem``), which is alway
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -69,8 +68,6 @@ _EMPTY_OK = ("bad_words", "tools", "functions")  # an empty list is the same as 
 
 # The chat message fields a reasoning or tool parser fills: token 1 was not plain content.
 _PARSED_FIELDS = ("reasoning", "reasoning_content", "tool_calls", "function_call")
-
-_BLOCK_SIZE = re.compile(rb'^vllm:cache_config_info\{[^\n]*?\bblock_size="(\d+)"', re.M)
 
 
 def _allowed(value: Any, allowed: tuple[Any, ...]) -> bool:
@@ -525,12 +522,3 @@ def _is_role_chunk(event: bytes) -> bool:
         and not delta.get("content")
         and set(delta) <= {"role", "content"}
     )
-
-
-def parse_block_size(metrics: bytes) -> int | None:
-    """The KV block size in vLLM's ``/metrics`` (``vllm:cache_config_info``), if one is there."""
-    sizes = {int(m) for m in _BLOCK_SIZE.findall(metrics)}
-    if len(sizes) != 1:
-        return None
-    (size,) = sizes
-    return size if size > 0 else None

@@ -1,7 +1,7 @@
 """The proxy's listening sockets: the one error both serving modes raise, and the port reservation
 the ``--workers`` supervisor makes before it starts its workers.
 
-Its own module so that pd_proxy.cli (one process) and pd_proxy.workers (the supervisor) can share
+Its own module so that pd_proxy.serve (one process) and pd_proxy.workers (the supervisor) can share
 them without importing each other.
 """
 

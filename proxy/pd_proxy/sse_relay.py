@@ -3,9 +3,10 @@
 This is the proxy's one loop per token, so it does as little as it can. Once the headers have
 gone out, a broken or silent backend can no longer become an HTTP error: the stream then ends with
 an SSE error event and ``[DONE]``, as vLLM ends its own. Only the last chunk is kept, to know
-whether that event needs a separator first. ``relay_events`` is the variant for a stream whose
-first events the proxy wrote itself (``--first-token-from-prefill``): each chunk passes through a
-transform that keeps whole events.
+whether that event needs a separator first. ``relay_events`` is the one loop and ``_fail`` the one
+failure path; ``relay_stream`` opens the client's stream first, and a stream whose first events
+the proxy wrote itself (``--first-token-from-prefill``) passes each chunk through a transform that
+keeps whole events.
 """
 
 from __future__ import annotations
@@ -55,95 +56,82 @@ async def relay_stream(
     decode_timeout: float,
     first_byte: Callable[[], object],
 ) -> tuple[web.StreamResponse, bool]:
-    """Relay the event stream ``resp`` from ``backend`` to the client; true when the client left.
-
-    ``first_byte`` is called once the first chunk (or a clean end) has arrived. A stream that
-    breaks, or that stays silent for ``decode_timeout`` seconds, counts as a decode error.
-    """
+    """Relay the event stream ``resp`` from ``backend`` to the client, bytes unchanged; true
+    when the client left. See ``relay_events`` for ``first_byte`` and failures."""
     out = RelayResponse(
         headers={"Content-Type": content_type, "Cache-Control": "no-cache", "X-Request-Id": rid}
     )
     await out.prepare(request)
-    last = b"\n\n"
-    failure: BaseException | None = None
-    chunk = await _read_chunk(resp)
-    if isinstance(chunk, bytes):
-        first_byte()
-    while isinstance(chunk, bytes) and chunk:
-        try:
-            if resp.at_eof():
-                # Last chunk: send it with the chunked terminator in one write.
-                await out.write_eof(chunk)
-                return out, False
-            await out.write(chunk)
-        except CLIENT_LEFT:
-            return out, True
-        last = chunk
-        chunk = await _read_chunk(resp)
-    if not isinstance(chunk, bytes):
-        failure = chunk
-        metrics.backend_error("decode", backend.url)
-        if isinstance(failure, UpstreamTimeout):
-            status, message = (
-                504,
-                f"decode backend {backend.url} sent nothing for {decode_timeout:g}s",
-            )
-        else:
-            status, message = 502, f"decode backend {backend.url} broke the stream: {failure}"
-        log.warning("rid=%s %s", rid, message)
-        try:
-            await out.write(sse_error_event(status, message, not last.endswith(b"\n\n")))
-        except CLIENT_LEFT:
-            return out, True
-    try:
-        await out.write_eof()
-    except CLIENT_LEFT:
-        return out, True
-    return out, False
+    left = await relay_events(out, resp, None, rid, backend, metrics, decode_timeout, first_byte)
+    return out, left
 
 
 async def relay_events(
     out: web.StreamResponse,
     resp: Reply,
-    transform: Callable[[bytes], bytes],
+    transform: Callable[[bytes], bytes] | None,
     rid: str,
     backend: Backend,
     metrics: ProxyMetrics,
     decode_timeout: float,
     first_byte: Callable[[], object],
 ) -> bool:
-    """Relay ``resp``'s event stream into ``out``, already sent to the client (its first events
-    came from elsewhere), through ``transform``; true when the client left.
+    """Relay ``resp``'s event stream into ``out`` (prepared), through ``transform`` when given;
+    true when the client left.
 
-    ``transform`` gets each chunk and returns the bytes to send (whole events); what it holds back
-    when the stream breaks is dropped, so the error event needs no separator. Failures end the
-    stream as ``relay_stream``'s do.
+    ``first_byte`` is called once the first chunk (or a clean end) has arrived. ``transform``
+    gets each chunk and returns the bytes to send (whole events; what it holds back when the
+    stream breaks is dropped). A stream that breaks, or stays silent for ``decode_timeout``
+    seconds, counts as a decode error and ends with an SSE error event (``_fail``).
     """
+    last = b"\n\n"
     chunk = await _read_chunk(resp)
     if isinstance(chunk, bytes):
         first_byte()
     while isinstance(chunk, bytes) and chunk:
-        data = transform(chunk)
-        if data:
-            try:
+        data = chunk if transform is None else transform(chunk)
+        try:
+            if resp.at_eof():
+                # Last chunk: send it with the chunked terminator in one write.
+                await out.write_eof(data)
+                return False
+            if data:
                 await out.write(data)
-            except CLIENT_LEFT:
-                return True
+        except CLIENT_LEFT:
+            return True
+        last = data
         chunk = await _read_chunk(resp)
     if not isinstance(chunk, bytes):
-        metrics.backend_error("decode", backend.url)
-        if isinstance(chunk, UpstreamTimeout):
-            status = 504
-            message = f"decode backend {backend.url} sent nothing for {decode_timeout:g}s"
-        else:
-            status, message = 502, f"decode backend {backend.url} broke the stream: {chunk}"
-        log.warning("rid=%s %s", rid, message)
-        try:
-            await out.write(sse_error_event(status, message, False))
-        except CLIENT_LEFT:
+        # Unchanged bytes may stop mid-event: the error event then needs a separator first.
+        separate = transform is None and not last.endswith(b"\n\n")
+        if await _fail(out, chunk, separate, rid, backend, metrics, decode_timeout):
             return True
     try:
         await out.write_eof()
+    except CLIENT_LEFT:
+        return True
+    return False
+
+
+async def _fail(
+    out: web.StreamResponse,
+    failure: UpstreamError,
+    separate: bool,
+    rid: str,
+    backend: Backend,
+    metrics: ProxyMetrics,
+    decode_timeout: float,
+) -> bool:
+    """The one failure path of a stream already sent: count it, log it, and write the SSE error
+    event (``[DONE]`` included); true when the client left meanwhile."""
+    metrics.backend_error("decode", backend.url)
+    if isinstance(failure, UpstreamTimeout):
+        status, message = 504, f"decode backend {backend.url} sent nothing for {decode_timeout:g}s"
+    else:
+        status, message = 502, f"decode backend {backend.url} broke the stream: {failure}"
+    log.warning("rid=%s %s", rid, message)
+    try:
+        await out.write(sse_error_event(status, message, separate))
     except CLIENT_LEFT:
         return True
     return False

@@ -209,7 +209,7 @@ async def test_an_internal_bug_still_answers_openai_json(monkeypatch):
         def broken(*args, **kwargs):
             raise RuntimeError("boom")
 
-        monkeypatch.setattr("pd_proxy.pd_flow.prefill_body", broken)
+        monkeypatch.setattr("pd_proxy.modes.normal.prefill_body", broken)
         status, headers, raw = await s.post("/v1/completions", {"prompt": "x"})
         assert status == 500
         assert error_of(raw)["message"] == "internal proxy error"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pd_proxy import first_token as ft
+from pd_proxy.block_size import parse_block_size
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
 
 KV = {
@@ -275,7 +276,7 @@ def test_block_size_from_vllm_metrics() -> None:
         b'kv_block_size="99",num_gpu_blocks="None"} 1.0\n'
         b'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1"} 1.0\n'
     )
-    assert ft.parse_block_size(text) == 16
-    assert ft.parse_block_size(b'vllm:cache_config_info{kv_block_size="16"} 1.0\n') is None
-    assert ft.parse_block_size(text.replace(b'"16",cache_dtype="auto",engine="1"', b'"32"')) is None
-    assert ft.parse_block_size(b"") is None
+    assert parse_block_size(text) == 16
+    assert parse_block_size(b'vllm:cache_config_info{kv_block_size="16"} 1.0\n') is None
+    assert parse_block_size(text.replace(b'"16",cache_dtype="auto",engine="1"', b'"32"')) is None
+    assert parse_block_size(b"") is None

@@ -9,12 +9,15 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import aiohttp
 import pytest
 
+from pd_proxy.pool import Backend
 from pd_proxy.upstream import (
     HIGH_WATER,
     ConnectFailed,
     Connection,
+    Reply,
     StaleConnection,
     Upstream,
     UpstreamBroken,
@@ -576,3 +579,63 @@ async def test_a_reused_connection_closed_before_any_answer_is_stale():
         assert upstream.idle_count() == 0
         assert await call(server, upstream) == (200, b'{"a":1}')  # a new connection
         assert server.connections == 2
+
+
+# ------------------------------------------------------------------ the client against aiohttp's
+class AiohttpReply:
+    """aiohttp's client behind the ``Reply`` protocol: a second client to compare with, never
+    used by the proxy."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = {k.lower(): v for k, v in resp.headers.items()}
+
+    async def read(self) -> bytes:
+        return await self._resp.read()
+
+    async def readany(self) -> bytes:
+        return await self._resp.content.readany()
+
+    def at_eof(self) -> bool:
+        return self._resp.content.at_eof()
+
+    def release(self) -> None:
+        self._resp.release()
+
+
+async def drain(reply: Reply, read: str) -> tuple[int, str | None, bytes]:
+    try:
+        if read == "read":
+            body = await reply.read()
+        else:
+            pieces = []
+            while piece := await reply.readany():
+                pieces.append(piece)
+            body = b"".join(pieces)
+        return reply.status, reply.headers.get("content-type"), body
+    finally:
+        reply.release()
+
+
+@pytest.mark.parametrize("read", ["read", "readany"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        JSON_200,
+        CHUNKED,
+        b"HTTP/1.1 100 Continue\r\n\r\n" + CHUNKED,
+        b"HTTP/1.1 503 Busy\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nbusy",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+    ],
+)
+async def test_the_client_and_aiohttp_read_the_same_answers(answer, read):
+    """Both clients behind the one ``Reply`` protocol, on the same scripted answers."""
+    async with serving(answering(answer)) as (server, upstream):
+        backend = Backend("decode", f"http://127.0.0.1:{server.port}")
+        ours = await drain(await upstream.post(backend, "/v1/completions", {}, b"{}"), read)
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(backend.endpoint("/v1/completions"), data=b"{}")
+            theirs = await drain(AiohttpReply(resp), read)
+    assert ours == theirs
+    assert server.requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\n")

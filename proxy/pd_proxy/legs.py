@@ -1,0 +1,346 @@
+"""The legs every mode of the flow is made of: backend choice, one exchange with a backend, the
+prefill leg, the normal decode leg, and the one mapping from a decode answer's status to the error
+the client gets.
+
+``Legs.exchange`` is a leg's whole life on one backend (pd_proxy.upstream does the HTTP): a
+refused connection marks the backend down and goes to another once, the prefill leg goes once more
+when a reused connection closed before any answer, and every other upstream failure becomes a
+``ProxyError`` (502, or 504 for a time limit). A mode (pd_proxy.modes) is a strategy with the
+``Mode`` signature, chosen once at start-up, that runs a request's legs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from aiohttp import web
+
+from pd_proxy.auth import BackendKey
+from pd_proxy.config import ProxyConfig
+from pd_proxy.errors import Passthrough, ProxyError
+from pd_proxy.metrics import PATHS, ProxyMetrics
+from pd_proxy.pool import Backend, BackendPool
+from pd_proxy.sse_relay import relay_stream
+from pd_proxy.upstream import (
+    ConnectFailed,
+    Reply,
+    StaleConnection,
+    Upstream,
+    UpstreamBroken,
+    UpstreamTimeout,
+)
+
+log = logging.getLogger("pd_proxy.request")
+
+PD, LOCAL = PATHS  # pd_proxy_requests_total's path label
+CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
+SSE_TYPE = "text/event-stream; charset=utf-8"  # vLLM's
+JSON_TYPE = "application/json"
+T = TypeVar("T")
+
+
+class Trace:
+    """Per-request facts for the log line."""
+
+    __slots__ = ("rid", "start", "path", "prefill", "decode", "prefill_s", "ttfb_s", "status")
+
+    def __init__(self, rid: str, start: float = 0.0) -> None:
+        self.rid = rid
+        self.start = start  # perf_counter() when the request arrived
+        self.path = PD  # or LOCAL: decode alone (pd_proxy.modes.decode_alone)
+        self.prefill = "-"
+        self.decode = "-"
+        self.prefill_s = -1.0
+        self.ttfb_s = -1.0
+        self.status = 500
+
+
+class Mode(Protocol):
+    """How a request's legs run (pd_proxy.modes): the answer to the client, or an error raised.
+
+    ``body`` is the client's bytes, ``client_body`` their JSON object, ``headers`` the fields
+    both legs add (``Legs.backend_headers``).
+    """
+
+    async def __call__(
+        self,
+        request: web.Request,
+        endpoint: str,
+        body: bytes,
+        client_body: dict[str, Any],
+        headers: dict[str, str],
+        trace: Trace,
+    ) -> web.StreamResponse: ...
+
+
+def snippet(data: bytes, limit: int = 200) -> str:
+    return data[:limit].decode("utf-8", "replace")
+
+
+async def read_whole(backend: Backend, resp: Reply) -> tuple[Backend, int, bytes, str]:
+    """Prefill answers are small JSON: read them whole while the backend still counts them."""
+    data = await resp.read()
+    return backend, resp.status, data, resp.headers.get("content-type", "application/json")
+
+
+def pick(pool: BackendPool, exclude: Backend | None = None) -> Backend:
+    """The backend for a request to ``pool``; a 503 naming the down ones when none is healthy."""
+    backend = pool.pick(exclude)
+    if backend is None:
+        raise ProxyError(
+            503, f"no healthy {pool.role} backend (down: {', '.join(pool.down()) or 'none'})"
+        )
+    return backend
+
+
+def mark_down(metrics: ProxyMetrics, backend: Backend, stage: str) -> None:
+    """Passive health: a refused connection takes the backend out until a check passes."""
+    backend.healthy = False
+    metrics.set_health(backend.role, backend.url, False)
+    metrics.backend_error(stage, backend.url)
+
+
+def backend_refused_key(
+    metrics: ProxyMetrics, backend_key: BackendKey | None, stage: str, backend: Backend
+) -> ProxyError:
+    """A backend's 401 is about the proxy's key, not the client's: a 502 that says so."""
+    metrics.backend_error(stage, backend.url)
+    if backend_key is None:
+        hint = "set --backend-api-key-file (PD_PROXY_BACKEND_API_KEY_FILE) to its --api-key"
+    else:
+        hint = f"check the key in {backend_key.path}"
+    message = f"{backend.role} backend {backend.url} rejected the proxy's API key"
+    log.error("%s: %s", message, hint)
+    return ProxyError(502, message)
+
+
+class Legs:
+    """The legs of one app's requests; ``upstream`` is set when the app starts (it needs a
+    running loop)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        metrics: ProxyMetrics,
+        prefill: BackendPool,
+        decode: BackendPool,
+        backend_key: BackendKey | None = None,
+    ) -> None:
+        self.config = config
+        self.backend_key = backend_key
+        self.metrics = metrics
+        self.prefill_pool = prefill
+        self.decode_pool = decode
+        self.upstream: Upstream | None = None
+        # The tail of each stage's 504 message (decode's timeout bounds silence, not the total).
+        self._timeout_text = {
+            "prefill": f"timed out after {config.prefill_timeout:g}s",
+            "decode": f"sent nothing for {config.decode_timeout:g}s",
+        }
+
+    def backend_headers(self, rid: str) -> dict[str, str]:
+        """The header fields both legs add: the client's Authorization is never forwarded (its
+        key is for the proxy only), the backend key is sent instead."""
+        if self.backend_key is None:
+            return {"X-Request-Id": rid}
+        return {"X-Request-Id": rid, "Authorization": self.backend_key.header()}
+
+    async def exchange(
+        self,
+        pool: BackendPool,
+        path: str,
+        payload: bytes,
+        headers: dict[str, str],
+        total: float | None,
+        silence: float | None,
+        trace: Trace,
+        consume: Callable[[Backend, Reply], Awaitable[T]],
+        retry_stale: bool = False,
+    ) -> T:
+        """POST to the least-busy backend of ``pool`` and hand its answer to ``consume``.
+
+        One leg's whole life (connect, headers, body) sits inside one ``outstanding`` increment,
+        so a cancelled client cannot leak it. A refused connection marks the backend down and
+        retries once on another; with ``retry_stale`` (the prefill leg), a reused connection that
+        closed before any answer sends the request once more, on a new connection to the same
+        backend. Other upstream errors while posting or consuming become ``ProxyError``.
+        ``total`` bounds each attempt (connect included), ``silence`` each wait for the backend.
+        """
+        upstream = self.upstream
+        assert upstream is not None
+        stage = pool.role
+        backend = pick(pool)
+        for attempt in (0, 1):
+            backend.outstanding += 1
+            try:
+                deadline = None if total is None else upstream.loop.time() + total
+                resp = await upstream.post(backend, path, headers, payload, deadline, silence)
+                try:
+                    return await consume(backend, resp)
+                finally:
+                    resp.release()  # closes the connection if the body was not read to the end
+            except StaleConnection as exc:
+                if attempt == 0 and retry_stale:  # the same backend, on a new connection
+                    log.info("rid=%s %s %s: %s, sending again", trace.rid, stage, backend.url, exc)
+                    continue
+                self.metrics.backend_error(stage, backend.url)
+                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+            except ConnectFailed as exc:
+                mark_down(self.metrics, backend, stage)
+                retry = pool.pick(exclude=backend)
+                if attempt == 0 and retry is not None:
+                    log.warning(
+                        "rid=%s %s %s unreachable, retrying on %s",
+                        trace.rid,
+                        stage,
+                        backend.url,
+                        retry.url,
+                    )
+                    backend = retry
+                    continue
+                raise ProxyError(502, f"{stage} backend {backend.url} unreachable: {exc}") from None
+            except UpstreamTimeout:
+                self.metrics.backend_error(stage, backend.url)
+                raise ProxyError(
+                    504, f"{stage} backend {backend.url} {self._timeout_text[stage]}"
+                ) from None
+            except UpstreamBroken as exc:
+                self.metrics.backend_error(stage, backend.url)
+                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+            finally:
+                backend.outstanding -= 1
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def invalid_prefill_json(self, backend: Backend, data: bytes) -> ProxyError:
+        self.metrics.backend_error("prefill", backend.url)
+        return ProxyError(
+            502, f"prefill backend {backend.url} returned invalid JSON: {snippet(data)}"
+        )
+
+    async def prefill_leg(
+        self, endpoint: str, payload: bytes, headers: dict[str, str], trace: Trace
+    ) -> tuple[Backend, bytes]:
+        """POST ``payload`` to a prefill backend; its 200 answer's body, or the error it is."""
+        start = time.perf_counter()
+        backend, status, data, content_type = await self.exchange(
+            self.prefill_pool,
+            endpoint,
+            payload,
+            headers,
+            self.config.prefill_timeout,
+            None,
+            trace,
+            read_whole,
+            retry_stale=True,
+        )
+        trace.prefill = backend.url
+        trace.prefill_s = elapsed = time.perf_counter() - start
+        self.metrics.prefill_duration.observe(elapsed)
+        if status == 401:
+            raise backend_refused_key(self.metrics, self.backend_key, "prefill", backend)
+        if 400 <= status < 500:
+            raise Passthrough(status, data, content_type)
+        if status != 200:
+            self.metrics.backend_error("prefill", backend.url)
+            raise ProxyError(
+                502, f"prefill backend {backend.url} returned {status}: {snippet(data)}"
+            )
+        return backend, data
+
+    async def decode_to(
+        self,
+        endpoint: str,
+        payload: bytes,
+        headers: dict[str, str],
+        trace: Trace,
+        consume: Callable[[Backend, Reply], Awaitable[T]],
+    ) -> T:
+        """``payload`` to a decode backend, its answer to ``consume``; ``decode_timeout`` bounds
+        the silence (before the headers and between stream chunks), not the total."""
+        return await self.exchange(
+            self.decode_pool,
+            endpoint,
+            payload,
+            headers,
+            None,
+            self.config.decode_timeout,
+            trace,
+            consume,
+        )
+
+    async def decode_leg(
+        self,
+        request: web.Request,
+        endpoint: str,
+        payload: bytes,
+        headers: dict[str, str],
+        trace: Trace,
+    ) -> web.StreamResponse:
+        """The normal decode leg: ``payload`` to a decode backend, its answer relayed."""
+        start = time.perf_counter()
+
+        async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
+            trace.decode = backend.url
+            content_type = resp.headers.get("content-type", JSON_TYPE)
+            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+                # Read failures (timeout, broken connection) are mapped by exchange.
+                data = await resp.read()
+                now = self.first_byte(start, trace)
+                self.decode_error(backend, resp.status, data, content_type)
+                self.sent(trace, now)
+                return web.Response(
+                    body=data, headers={"Content-Type": content_type, "X-Request-Id": trace.rid}
+                )
+            out, client_left = await relay_stream(
+                request,
+                resp,
+                content_type,
+                trace.rid,
+                backend,
+                self.metrics,
+                self.config.decode_timeout,
+                lambda: self.first_byte(start, trace, sent=True),
+            )
+            if client_left:
+                trace.status = CLIENT_GONE
+            return out
+
+        return await self.exchange(  # not decode_to: one coroutine frame less per request
+            self.decode_pool,
+            endpoint,
+            payload,
+            headers,
+            None,
+            self.config.decode_timeout,
+            trace,
+            answer,
+        )
+
+    def decode_error(self, backend: Backend, status: int, data: bytes, content_type: str) -> None:
+        """The one mapping of a decode answer's status to the client's error: 200 passes, 401 is
+        the proxy's key (502), another 4xx is the client's (passed through), the rest a 502."""
+        if status == 200:
+            return
+        if status == 401:
+            raise backend_refused_key(self.metrics, self.backend_key, "decode", backend)
+        if 400 <= status < 500:
+            raise Passthrough(status, data, content_type)
+        self.metrics.backend_error("decode", backend.url)
+        raise ProxyError(502, f"decode backend {backend.url} returned {status}: {snippet(data)}")
+
+    def first_byte(self, start: float, trace: Trace, sent: bool = False) -> float:
+        """The decode leg's first byte arrived (``start``: the leg was sent); returns now.
+        ``sent``: it goes on to the client at once (a relayed stream), see ``sent``."""
+        now = time.perf_counter()
+        trace.ttfb_s = elapsed = now - start
+        self.metrics.decode_ttfb.observe(elapsed)
+        if sent:
+            self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)
+        return now
+
+    def sent(self, trace: Trace, now: float) -> None:
+        """The client gets the first byte of a 200 answer at ``now``."""
+        self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)

@@ -1,0 +1,279 @@
+"""First token from prefill (``--first-token-from-prefill``) as a mode of the flow: the legs of
+the protocol whose pure parts live in pd_proxy.first_token.
+
+1. The request's parameters decide first: one the continuation cannot reproduce exactly
+   (``first_token.request_fallback``) takes the normal mode, unchanged.
+2. Prefill leg: the normal one plus ``return_token_ids`` (and ``min_tokens: 1`` when the
+   client set any); its answer carries the prompt's token ids and token 1.
+3. Token 1 ended the request (EOS, a stop token or string, a one-token limit): the answer is
+   the prefill's alone, and a one-token decode request in the background takes the KV, so
+   the prefill frees its blocks at once rather than when their lease ends.
+4. Otherwise, when decode can continue exactly and safely (``continuation_problem``, with the
+   prefill's KV block size from pd_proxy.block_size): a stream gets token 1 at once and then
+   decode's continuation (prompt + token 1, one token fewer); a JSON answer is decode's with
+   token 1 put back in front. If decode cannot continue so, the normal decode leg runs.
+
+Every request counts in ``pd_proxy_first_token_requests_total{outcome, reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from pd_proxy import first_token as ft
+from pd_proxy.block_size import BlockSizes
+from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
+from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace, read_whole
+from pd_proxy.modes.normal import NormalMode
+from pd_proxy.pool import Backend
+from pd_proxy.rewrite import decode_payload, dumps, loads
+from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse, relay_events
+from pd_proxy.upstream import Reply
+
+log = logging.getLogger("pd_proxy.request")
+
+# pd_proxy_first_token_requests_total outcomes.
+CONTINUED, FINISHED, NORMAL = "continued", "finished", "normal"
+
+
+class FirstTokenMode:
+    """``--first-token-from-prefill`` on one app's legs (see the module docstring)."""
+
+    def __init__(self, legs: Legs) -> None:
+        self.legs = legs
+        self.normal = NormalMode(legs)  # for the requests this mode cannot serve exactly
+        self.block_sizes = BlockSizes(
+            lambda: legs.upstream, legs.backend_key, legs.config.health_timeout
+        )
+        self._background: set[asyncio.Task[None]] = set()
+        self._counters: dict[tuple[str, str], Any] = {}
+        for outcome in (CONTINUED, FINISHED):  # shown at 0 from the start
+            self._counters[outcome, ""] = legs.metrics.first_token.labels(outcome, "")
+
+    def _count(self, outcome: str, reason: str = "") -> None:
+        key = (outcome, reason)
+        child = self._counters.get(key)
+        if child is None:
+            child = self._counters[key] = self.legs.metrics.first_token.labels(outcome, reason)
+        child.inc()
+
+    async def __call__(
+        self,
+        request: web.Request,
+        endpoint: str,
+        body: bytes,
+        client_body: dict[str, Any],
+        headers: dict[str, str],
+        trace: Trace,
+    ) -> web.StreamResponse:
+        legs = self.legs
+        reason = ft.request_fallback(endpoint, client_body)
+        if reason is not None:
+            self._count(NORMAL, reason)
+            return await self.normal(request, endpoint, body, client_body, headers, trace)
+        self.block_sizes.prefetch(b for b in legs.prefill_pool.backends if b.healthy)
+        payload = dumps(ft.prefill_body_first_token(client_body))
+        backend, data = await legs.prefill_leg(endpoint, payload, headers, trace)
+        try:
+            answer = loads(data)
+        except (ValueError, UnicodeDecodeError):
+            answer = None
+        if not isinstance(answer, dict):
+            raise legs.invalid_prefill_json(backend, data)
+        kv = answer.get("kv_transfer_params")
+        first = ft.parse_first_token(endpoint, answer)
+        if isinstance(first, str):
+            return await self._normal(
+                request, endpoint, body, client_body, kv, headers, trace, first
+            )
+        if ft.finished_at_first(endpoint, client_body, first):
+            self._count(FINISHED)
+            self._release(endpoint, client_body, kv, headers, trace.rid)
+            return self._finished(endpoint, client_body, first, trace)
+        size = None
+        if ft.needs_block_size(first):
+            size = await self.block_sizes.get(backend)
+        reason = ft.continuation_problem(first, size)
+        if reason is not None:
+            return await self._normal(
+                request, endpoint, body, client_body, kv, headers, trace, reason
+            )
+        self._count(CONTINUED)
+        payload = dumps(ft.continuation_body(endpoint, client_body, first))
+        if client_body.get("stream"):
+            return await self._stream(
+                request, endpoint, client_body, first, payload, headers, trace
+            )
+        return await self._json(endpoint, first, payload, headers, trace)
+
+    async def _normal(
+        self,
+        request: web.Request,
+        endpoint: str,
+        body: bytes,
+        client_body: dict[str, Any],
+        kv: Any,
+        headers: dict[str, str],
+        trace: Trace,
+        reason: str,
+    ) -> web.StreamResponse:
+        """The normal decode leg after this mode's prefill leg (nothing was sent yet)."""
+        self._count(NORMAL, reason)
+        payload = decode_payload(body, client_body, kv)
+        return await self.legs.decode_leg(request, endpoint, payload, headers, trace)
+
+    def _finished(
+        self, endpoint: str, client_body: dict[str, Any], first: ft.FirstToken, trace: Trace
+    ) -> web.Response:
+        if client_body.get("stream"):
+            data = ft.finished_stream(endpoint, client_body, first)
+            kind = {"Content-Type": SSE_TYPE, "Cache-Control": "no-cache"}
+        else:
+            data = ft.finished_json(endpoint, first)
+            kind = {"Content-Type": JSON_TYPE}
+        self.legs.sent(trace, time.perf_counter())
+        return web.Response(body=data, headers={**kind, "X-Request-Id": trace.rid})
+
+    def _release(
+        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: dict[str, str], rid: str
+    ) -> None:
+        """Let decode take the KV the prefill keeps for it; nobody waits for the answer."""
+        if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
+            return
+        payload = dumps(ft.release_body(client_body, kv))
+        task = asyncio.create_task(self._release_leg(endpoint, payload, headers, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_leg(
+        self, endpoint: str, payload: bytes, headers: dict[str, str], rid: str
+    ) -> None:
+        try:
+            _, status, data, _ = await self.legs.decode_to(
+                endpoint, payload, headers, Trace(rid), read_whole
+            )
+        except ProxyError as exc:
+            log.warning("rid=%s KV release on decode failed: %s", rid, exc.message)
+            return
+        if status != 200:
+            log.warning("rid=%s KV release on decode answered %d: %s", rid, status, data[:200])
+
+    async def _json(
+        self,
+        endpoint: str,
+        first: ft.FirstToken,
+        payload: bytes,
+        headers: dict[str, str],
+        trace: Trace,
+    ) -> web.StreamResponse:
+        legs = self.legs
+        start = time.perf_counter()
+
+        async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
+            trace.decode = backend.url
+            content_type = resp.headers.get("content-type", JSON_TYPE)
+            data = await resp.read()
+            now = legs.first_byte(start, trace)
+            legs.decode_error(backend, resp.status, data, content_type)
+            try:
+                merged = ft.merge_json(endpoint, first, data)
+            except (ValueError, UnicodeDecodeError):
+                legs.metrics.backend_error("decode", backend.url)
+                raise ProxyError(
+                    502,
+                    f"decode backend {backend.url} returned an answer that is not one "
+                    f"completion: {data[:200].decode('utf-8', 'replace')}",
+                ) from None
+            legs.sent(trace, now)
+            return web.Response(
+                body=merged, headers={"Content-Type": JSON_TYPE, "X-Request-Id": trace.rid}
+            )
+
+        return await legs.decode_to(endpoint, payload, headers, trace, answer)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        endpoint: str,
+        client_body: dict[str, Any],
+        first: ft.FirstToken,
+        payload: bytes,
+        headers: dict[str, str],
+        trace: Trace,
+    ) -> web.StreamResponse:
+        """Token 1 now, then decode's continuation; once sent, failures end the stream."""
+        legs = self.legs
+        out = RelayResponse(
+            headers={
+                "Content-Type": SSE_TYPE,
+                "Cache-Control": "no-cache",
+                "X-Request-Id": trace.rid,
+            }
+        )
+        await out.prepare(request)
+        try:
+            await out.write(ft.stream_head(endpoint, client_body, first))
+        except CLIENT_LEFT:
+            trace.status = CLIENT_GONE
+            return out
+        legs.sent(trace, time.perf_counter())
+        start = time.perf_counter()
+        filter_ = ft.ContinuationFilter(endpoint, first)
+
+        async def answer(backend: Backend, resp: Reply) -> bool:
+            trace.decode = backend.url
+            content_type = resp.headers.get("content-type", "")
+            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+                data = await resp.read()
+                legs.first_byte(start, trace)
+                try:
+                    legs.decode_error(backend, resp.status, data, content_type)
+                except Passthrough as exc:
+                    raise ProxyError(exc.status, _backend_message(backend, exc)) from None
+                legs.metrics.backend_error("decode", backend.url)
+                raise ProxyError(502, f"decode backend {backend.url} answered JSON, not a stream")
+            return await relay_events(
+                out,
+                resp,
+                filter_.feed,
+                trace.rid,
+                backend,
+                legs.metrics,
+                legs.config.decode_timeout,
+                lambda: legs.first_byte(start, trace),
+            )
+
+        try:
+            client_left = await legs.decode_to(endpoint, payload, headers, trace, answer)
+        except ProxyError as exc:
+            log.warning("rid=%s after token 1: %s", trace.rid, exc.message)
+            try:
+                await out.write(sse_error_event(exc.status, exc.message, False))
+                await out.write_eof()
+            except CLIENT_LEFT:
+                client_left = True
+            else:
+                client_left = False
+        if client_left:
+            trace.status = CLIENT_GONE
+        return out
+
+
+def _backend_message(backend: Backend, exc: Passthrough) -> str:
+    """A decode's own 4xx answer as one line for the stream's error event."""
+    message = exc.body[:200].decode("utf-8", "replace")
+    try:
+        obj = loads(exc.body)
+        error = obj.get("error") if isinstance(obj, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            message = error["message"]
+        elif isinstance(error, str):
+            message = error
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return f"decode backend {backend.url} refused the continuation ({exc.status}): {message}"
