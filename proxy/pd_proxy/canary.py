@@ -47,6 +47,7 @@ from pd_proxy.rewrite import (
     loads,
     prefill_body,
 )
+from pd_proxy.upstream import Fields
 
 log = logging.getLogger("pd_proxy.canary")
 
@@ -202,7 +203,7 @@ class Canary:
         pd = await self._through_pd(rid)
         return compare(pd, alone)
 
-    def _headers(self, rid: str) -> dict[str, str]:
+    def _headers(self, rid: str) -> Fields:
         return self.legs.backend_headers(rid)
 
     async def _prefill_alone(self, rid: str) -> Leg:

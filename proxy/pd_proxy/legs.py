@@ -26,6 +26,7 @@ from pd_proxy.pool import Backend, BackendPool
 from pd_proxy.sse_relay import relay_stream
 from pd_proxy.upstream import (
     ConnectFailed,
+    Fields,
     Reply,
     StaleConnection,
     Upstream,
@@ -71,7 +72,7 @@ class Mode(Protocol):
         endpoint: str,
         body: bytes,
         client_body: dict[str, Any],
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse: ...
 
@@ -141,19 +142,19 @@ class Legs:
             "decode": f"sent nothing for {config.decode_timeout:g}s",
         }
 
-    def backend_headers(self, rid: str) -> dict[str, str]:
-        """The header fields both legs add: the client's Authorization is never forwarded (its
-        key is for the proxy only), the backend key is sent instead."""
+    def backend_headers(self, rid: str) -> Fields:
+        """The header fields both legs add, encoded once: the client's Authorization is never
+        forwarded (its key is for the proxy only), the backend key is sent instead."""
         if self.backend_key is None:
-            return {"X-Request-Id": rid}
-        return {"X-Request-Id": rid, "Authorization": self.backend_key.header()}
+            return Fields.of({"X-Request-Id": rid})
+        return Fields.of({"X-Request-Id": rid, "Authorization": self.backend_key.header()})
 
     async def exchange(
         self,
         pool: BackendPool,
         path: str,
         payload: bytes,
-        headers: dict[str, str],
+        headers: Fields,
         total: float | None,
         silence: float | None,
         trace: Trace,
@@ -221,7 +222,7 @@ class Legs:
         )
 
     async def prefill_leg(
-        self, endpoint: str, payload: bytes, headers: dict[str, str], trace: Trace
+        self, endpoint: str, payload: bytes, headers: Fields, trace: Trace
     ) -> tuple[Backend, bytes]:
         """POST ``payload`` to a prefill backend; its 200 answer's body, or the error it is."""
         start = time.perf_counter()
@@ -254,7 +255,7 @@ class Legs:
         self,
         endpoint: str,
         payload: bytes,
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
         consume: Callable[[Backend, Reply], Awaitable[T]],
     ) -> T:
@@ -276,7 +277,7 @@ class Legs:
         request: web.Request,
         endpoint: str,
         payload: bytes,
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         """The normal decode leg: ``payload`` to a decode backend, its answer relayed."""

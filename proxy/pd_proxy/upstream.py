@@ -488,6 +488,20 @@ def _lines(headers: Mapping[str, str]) -> bytes:
     return out
 
 
+class Fields(bytes):
+    """Extra request header fields encoded once (``Fields.of``), for both legs of a request."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str]) -> Fields:
+        return cls(_lines(headers))
+
+
+# What ``post`` and ``get`` take as extra header fields: a mapping, or one encoded by ``Fields``.
+Headers = Mapping[str, str] | Fields
+
+
 class Upstream:
     """Keep-alive connections to the backends, reused most-recent-first, dropped when idle.
 
@@ -518,7 +532,7 @@ class Upstream:
         self,
         backend: Backend,
         path: str,
-        headers: Mapping[str, str],
+        headers: Headers,
         body: bytes,
         deadline: float | None = None,
         silence: float | None = None,
@@ -526,7 +540,8 @@ class Upstream:
         """POST the JSON ``body`` to ``path`` on ``backend`` with ``headers`` added; await it for
         the ``Reply`` (see ``request`` for ``deadline`` and ``silence``). Not a coroutine itself:
         each coroutine frame costs the proxy about 1% of its CPU per request."""
-        head = self._head("POST", backend, path) + _lines(headers)
+        lines = headers if isinstance(headers, Fields) else _lines(headers)
+        head = self._head("POST", backend, path) + lines
         head += b"Content-Length: %d\r\n\r\n" % len(body)
         data = head + body if len(body) < LARGE_BODY else [head, body]
         return self.request(backend.address, data, deadline, silence)
@@ -535,12 +550,13 @@ class Upstream:
         self,
         backend: Backend,
         path: str,
-        headers: Mapping[str, str],
+        headers: Headers,
         deadline: float | None = None,
         silence: float | None = None,
     ) -> Coroutine[Any, Any, Reply]:
         """GET ``path`` on ``backend`` with ``headers`` added; await it for the ``Reply``."""
-        head = self._head("GET", backend, path) + _lines(headers) + b"\r\n"
+        lines = headers if isinstance(headers, Fields) else _lines(headers)
+        head = self._head("GET", backend, path) + lines + b"\r\n"
         return self.request(backend.address, head, deadline, silence)
 
     def _head(self, method: str, backend: Backend, path: str) -> bytes:

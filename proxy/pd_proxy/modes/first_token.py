@@ -33,7 +33,7 @@ from pd_proxy.modes.normal import NormalMode
 from pd_proxy.pool import Backend
 from pd_proxy.rewrite import decode_payload, dumps, loads
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse, relay_events
-from pd_proxy.upstream import Reply
+from pd_proxy.upstream import Fields, Reply
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -68,7 +68,7 @@ class FirstTokenMode:
         endpoint: str,
         body: bytes,
         client_body: dict[str, Any],
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         legs = self.legs
@@ -118,7 +118,7 @@ class FirstTokenMode:
         body: bytes,
         client_body: dict[str, Any],
         kv: Any,
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
         reason: str,
     ) -> web.StreamResponse:
@@ -140,7 +140,7 @@ class FirstTokenMode:
         return web.Response(body=data, headers={**kind, "X-Request-Id": trace.rid})
 
     def _release(
-        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: dict[str, str], rid: str
+        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: Fields, rid: str
     ) -> None:
         """Let decode take the KV the prefill keeps for it; nobody waits for the answer."""
         if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
@@ -150,9 +150,7 @@ class FirstTokenMode:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _release_leg(
-        self, endpoint: str, payload: bytes, headers: dict[str, str], rid: str
-    ) -> None:
+    async def _release_leg(self, endpoint: str, payload: bytes, headers: Fields, rid: str) -> None:
         try:
             _, status, data, _ = await self.legs.decode_to(
                 endpoint, payload, headers, Trace(rid), read_whole
@@ -168,7 +166,7 @@ class FirstTokenMode:
         endpoint: str,
         first: ft.FirstToken,
         payload: bytes,
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         legs = self.legs
@@ -203,7 +201,7 @@ class FirstTokenMode:
         client_body: dict[str, Any],
         first: ft.FirstToken,
         payload: bytes,
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         """Token 1 now, then decode's continuation; once sent, failures end the stream."""

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from pd_proxy.legs import Legs, Trace
 from pd_proxy.rewrite import decode_payload, dumps, kv_params_from_prefill, prefill_body
+from pd_proxy.upstream import Fields
 
 
 class NormalMode:
@@ -21,7 +22,7 @@ class NormalMode:
         endpoint: str,
         body: bytes,
         client_body: dict[str, Any],
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         legs = self.legs
