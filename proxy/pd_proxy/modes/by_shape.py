@@ -25,7 +25,7 @@ from pd_proxy.modes.fanout import FanoutMode
 from pd_proxy.pool import Backend
 from pd_proxy.rewrite import dumps
 from pd_proxy.shapes import FANOUT, LOCAL, REFUSE, classify
-from pd_proxy.upstream import Reply
+from pd_proxy.upstream import Fields, Reply
 
 log = logging.getLogger("pd_proxy.request")
 TOKENIZE = "/tokenize"  # vLLM's; for messages it renders the chat template first
@@ -46,7 +46,7 @@ class ByShapeMode:
         endpoint: str,
         body: bytes,
         client_body: dict[str, Any],
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         decision = classify(client_body, endpoint)
@@ -65,7 +65,7 @@ class ByShapeMode:
         return await self.pd(request, endpoint, body, client_body, headers, trace)
 
     async def _prompt_tokens(
-        self, endpoint: str, client_body: dict[str, Any], headers: dict[str, str], trace: Trace
+        self, endpoint: str, client_body: dict[str, Any], headers: Fields, trace: Trace
     ) -> int | None:
         """The prompt's length in the served model's tokens; None when it cannot be known."""
         count = local_prefill.direct_count(client_body, endpoint)

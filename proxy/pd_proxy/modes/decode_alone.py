@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from pd_proxy.legs import LOCAL, Legs, Trace
+from pd_proxy.upstream import Fields
 
 
 class DecodeAloneMode:
@@ -24,7 +25,7 @@ class DecodeAloneMode:
         endpoint: str,
         body: bytes,
         client_body: dict[str, Any],
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         trace.path = LOCAL

@@ -25,12 +25,7 @@ from pd_proxy.pool import Backend
 from pd_proxy.rewrite import decode_body, dumps, kv_params_from_prefill, prefill_body
 from pd_proxy.shapes import Shape, samples
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse
-from pd_proxy.upstream import Reply
-
-
-def leg_headers(headers: dict[str, str], rid: str, k: int) -> dict[str, str]:
-    """Leg ``k``'s header fields: its own request id, the rest as the client request's."""
-    return {**headers, "X-Request-Id": f"{rid}-{k}"}
+from pd_proxy.upstream import Fields, Reply
 
 
 class FanoutMode:
@@ -46,7 +41,7 @@ class FanoutMode:
         request: web.Request,
         endpoint: str,
         client_body: dict[str, Any],
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
         shape: Shape,
     ) -> web.StreamResponse:
@@ -61,7 +56,7 @@ class FanoutMode:
         return await self._json(endpoint, n, bodies, headers, trace)
 
     async def _prefill(
-        self, endpoint: str, body: dict[str, Any], headers: dict[str, str], trace: Trace
+        self, endpoint: str, body: dict[str, Any], headers: Fields, trace: Trace
     ) -> bytes:
         """One leg's prefill; its decode leg's body."""
         legs = self.legs
@@ -77,14 +72,14 @@ class FanoutMode:
         endpoint: str,
         n: int,
         bodies: list[dict[str, Any]],
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         legs = self.legs
         start = time.perf_counter()
 
         async def one(k: int, body: dict[str, Any]) -> bytes:
-            fields = leg_headers(headers, trace.rid, k)
+            fields = legs.backend_headers(f"{trace.rid}-{k}")  # leg k's own request id
             payload = await self._prefill(endpoint, body, fields, trace)
 
             async def read(backend: Backend, resp: Reply) -> bytes:
@@ -121,7 +116,7 @@ class FanoutMode:
         n: int,
         bodies: list[dict[str, Any]],
         include_usage: bool,
-        headers: dict[str, str],
+        headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse:
         legs = self.legs
@@ -151,7 +146,7 @@ class FanoutMode:
                     state["client_left"] = True
 
         async def one(k: int, body: dict[str, Any]) -> None:
-            fields = leg_headers(headers, trace.rid, k)
+            fields = legs.backend_headers(f"{trace.rid}-{k}")  # leg k's own request id
             payload = await self._prefill(endpoint, body, fields, trace)
 
             async def relay(backend: Backend, resp: Reply) -> None:
