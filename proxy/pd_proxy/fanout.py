@@ -38,7 +38,7 @@ def split(body: Mapping[str, Any], endpoint: str) -> list[dict[str, Any]]:
     return legs
 
 
-def _usage(endpoint: str, n: int, usages: list[Mapping[str, Any] | None]) -> dict[str, int] | None:
+def _usage(endpoint: str, n: int, usages: list[Mapping[str, Any] | None]) -> dict[str, Any] | None:
     """Every generated token, each prompt once: a chat's one prompt, or each listed prompt's
     first sample (vLLM counts a prompt once however many samples it has)."""
     if any(u is None for u in usages):
@@ -51,11 +51,11 @@ def _usage(endpoint: str, n: int, usages: list[Mapping[str, Any] | None]) -> dic
         first_sample = i == 0 if endpoint == CHAT_COMPLETIONS else i % n == 0
         if first_sample:
             prompt += int(usage.get("prompt_tokens") or 0)
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-    }
+    counts = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+    counts["completion_tokens"] = completion
+    # vLLM's other usage fields (prompt_tokens_details: null) as the first leg has them
+    first = usages[0] if usages else None
+    return {**first, **counts} if first is not None else counts
 
 
 def merge_json(endpoint: str, n: int, answers: list[bytes]) -> bytes:

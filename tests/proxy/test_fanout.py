@@ -68,6 +68,21 @@ def test_merge_json_reindexes_and_counts_each_prompt_once() -> None:
     assert merged["id"] == "cmpl-a0"
 
 
+def test_merge_json_keeps_vllms_other_usage_fields() -> None:
+    answers = []
+    for text in ("a", "b"):
+        obj = json.loads(_answer(text, 4, 2))
+        obj["usage"]["prompt_tokens_details"] = None
+        answers.append(json.dumps(obj).encode())
+    merged = json.loads(merge_json(COMPLETIONS, 2, answers))
+    assert merged["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 4,
+        "total_tokens": 8,
+        "prompt_tokens_details": None,
+    }
+
+
 def test_merge_json_chat_counts_the_one_prompt_once() -> None:
     answers = [_answer("x", 9, 3), _answer("y", 9, 5), _answer("z", 9, 1)]
     merged = json.loads(merge_json(CHAT_COMPLETIONS, 3, answers))
