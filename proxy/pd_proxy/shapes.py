@@ -117,6 +117,9 @@ MATCHERS: dict[str, Callable[[Mapping[str, Any], str], bool]] = {
     "client_kv_transfer_params": _present("kv_transfer_params"),
     "fanout_too_large": lambda body, endpoint: False,  # a fan-out past the limit: classify()
     "prompt_logprobs": lambda body, endpoint: body.get("prompt_logprobs") is not None,
+    "stream_options_without_stream": lambda body, endpoint: (
+        body.get("stream_options") is not None and body.get("stream") is not True
+    ),
     "beam_search": _present("use_beam_search"),
     "n": lambda body, endpoint: samples(body) > 1 and not greedy_samples(body),
     "prompt_list": lambda body, endpoint: (

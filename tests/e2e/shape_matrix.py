@@ -37,10 +37,9 @@ class MatrixCase:
             base["prompt"] = PROMPT
         else:
             base["messages"] = MESSAGES
-        body = {**base, **self.shape.example}
         if self.stream:
-            body["stream"] = True
-        return body
+            base["stream"] = True
+        return {**base, **self.shape.example}  # an example's own stream wins
 
     @property
     def prefill_legs(self) -> int:

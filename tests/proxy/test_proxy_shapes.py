@@ -60,7 +60,8 @@ def _texts(endpoint: str, raw: bytes, stream: bool) -> tuple[dict[int, str], lis
 
 @pytest.mark.parametrize(("row", "endpoint", "stream"), CASES)
 async def test_matrix_on_fakes(row: Shape, endpoint: str, stream: bool) -> None:
-    body = {**base(endpoint), **row.example, "stream": stream}
+    body = {**base(endpoint), "stream": stream, **row.example}  # an example's stream wins
+    stream = bool(body["stream"])
     async with pd_stack() as stack:
         stack.decode.knobs.plain_requests = True  # decode alone, as vLLM's decode serves it
         status, _, raw = await stack.post(endpoint, body)

@@ -75,7 +75,8 @@ def test_null_kv_transfer_params_is_plain() -> None:
         ({"prompt": ["a", "b"], "n": 2, "temperature": 0.0}, PD, "greedy_n"),
         ({"prompt": ["a", "b"], "temperature": 0.0}, FANOUT, "prompt_list"),
         ({"n": 3, "temperature": 1e-6}, PD, "greedy_n"),
-        ({"stream_options": {"include_usage": False}}, PD, "plain"),
+        ({"stream_options": {"include_usage": False}}, LOCAL, "stream_options_without_stream"),
+        ({"stream_options": {"include_usage": False}, "stream": True}, PD, "plain"),
     ],
 )
 def test_edges(extra: dict, route: str, name: str) -> None:
