@@ -92,6 +92,8 @@ class ProxyConfig:
     # The canary (pd_proxy.canary): minutes between runs (None or 0: off) and one run's limit.
     canary_minutes: float | None = None
     canary_timeout: float = 60.0
+    # Conditional disaggregation: prompts of at most this many tokens go to decode alone (0: none).
+    local_prefill_max_tokens: int = 0
 
     def __post_init__(self) -> None:
         """Normalise the values and check what needs no I/O; every problem is listed at once.
@@ -174,6 +176,8 @@ class ProxyConfig:
             problems.append(f"canary_minutes must be >= 0 (0: off), got {self.canary_minutes}")
         if self.canary_timeout <= 0:
             problems.append(f"canary_timeout must be > 0, got {self.canary_timeout}")
+        if (local := self.local_prefill_max_tokens) < 0:
+            problems.append(f"local_prefill_max_tokens must be >= 0 (0: off), got {local}")
         return problems
 
     def limits(self) -> ProxyLimits:
@@ -460,6 +464,15 @@ _OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "CANARY_TIMEOUT",
         float,
         "seconds one canary run may take; longer counts as an error (default 60)",
+    ),
+    (
+        "local_prefill_max_tokens",
+        "--local-prefill-max-tokens",
+        "LOCAL_PREFILL_MAX_TOKENS",
+        int,
+        "send a prompt of at most N tokens (the model's tokenizer and chat template, counted by "
+        "decode's /tokenize) to decode alone, which prefills it itself; longer ones go P/D "
+        "(default 0: every request P/D)",
     ),
 )
 

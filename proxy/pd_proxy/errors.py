@@ -20,12 +20,14 @@ ERROR_TYPES = {
 
 
 class ProxyError(Exception):
-    """Ends a request with an OpenAI-style error ``status`` and a message for the client."""
+    """Ends a request with an OpenAI-style error ``status`` and a message for the client
+    (``param``: the request parameter it is about, as OpenAI's errors name it)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
 
 
 class Passthrough(Exception):
@@ -38,22 +40,26 @@ class Passthrough(Exception):
         self.content_type = content_type
 
 
-def error_body(status: int, message: str, code: int | str | None = None) -> dict:
+def error_body(
+    status: int, message: str, code: int | str | None = None, param: str | None = None
+) -> dict:
     return {
         "error": {
             "message": message,
             "type": ERROR_TYPES.get(status, "server_error"),
-            "param": None,
+            "param": param,
             "code": status if code is None else code,
         }
     }
 
 
-def error_response(status: int, message: str, request_id: str | None = None) -> web.Response:
+def error_response(
+    status: int, message: str, request_id: str | None = None, param: str | None = None
+) -> web.Response:
     headers = {"X-Request-Id": request_id} if request_id else None
     return web.Response(
         status=status,
-        body=json.dumps(error_body(status, message)).encode(),
+        body=json.dumps(error_body(status, message, param=param)).encode(),
         content_type="application/json",
         headers=headers,
     )

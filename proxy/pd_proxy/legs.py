@@ -21,7 +21,7 @@ from aiohttp import web
 from pd_proxy.auth import BackendKey
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError
-from pd_proxy.metrics import ProxyMetrics
+from pd_proxy.metrics import PATHS, ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
 from pd_proxy.sse_relay import relay_stream
 from pd_proxy.upstream import (
@@ -36,6 +36,7 @@ from pd_proxy.upstream import (
 
 log = logging.getLogger("pd_proxy.request")
 
+PD, LOCAL = PATHS  # pd_proxy_requests_total's path label
 CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
 SSE_TYPE = "text/event-stream; charset=utf-8"  # vLLM's
 JSON_TYPE = "application/json"
@@ -45,11 +46,12 @@ T = TypeVar("T")
 class Trace:
     """Per-request facts for the log line."""
 
-    __slots__ = ("rid", "start", "prefill", "decode", "prefill_s", "ttfb_s", "status")
+    __slots__ = ("rid", "start", "path", "prefill", "decode", "prefill_s", "ttfb_s", "status")
 
     def __init__(self, rid: str, start: float = 0.0) -> None:
         self.rid = rid
         self.start = start  # perf_counter() when the request arrived
+        self.path = PD  # or LOCAL: decode alone (pd_proxy.modes.decode_alone)
         self.prefill = "-"
         self.decode = "-"
         self.prefill_s = -1.0
@@ -337,9 +339,9 @@ class Legs:
         trace.ttfb_s = elapsed = now - start
         self.metrics.decode_ttfb.observe(elapsed)
         if sent:
-            self.metrics.time_to_first_byte.observe(now - trace.start)
+            self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)
         return now
 
     def sent(self, trace: Trace, now: float) -> None:
         """The client gets the first byte of a 200 answer at ``now``."""
-        self.metrics.time_to_first_byte.observe(now - trace.start)
+        self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)

@@ -52,8 +52,14 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_backends",
     "pd_proxy_discovery_errors_total",
     "pd_proxy_first_token_requests_total",
+    "pd_proxy_refused_total",
+    "pd_proxy_fanout_requests_total",
+    "pd_proxy_fanout_legs_total",
 )
 BACKEND_STATES = ("healthy", "unhealthy", "draining")
+# How a completions request was served: through a prefill, or by decode alone (pd_proxy.shapes,
+# --local-prefill-max-tokens).
+PATHS = ("pd", "local")
 
 # Loopback legs take milliseconds, real CPU/GPU prefill and KV transfer seconds to minutes.
 LATENCY_BUCKETS = (
@@ -130,8 +136,10 @@ class ProxyMetrics:
         self._pools: list[CountedPool] = []
         self.requests = Counter(
             "pd_proxy_requests",
-            "Client requests by endpoint and HTTP status (499: client left).",
-            ("endpoint", "status"),
+            "Client requests by endpoint, HTTP status (499: client left) and path: pd (through a "
+            "prefill; refusals and errors before any backend too), local (decode alone), or "
+            "empty for the side endpoints.",
+            ("endpoint", "status", "path"),
             registry=reg,
         )
         self.in_flight = Gauge(
@@ -158,10 +166,13 @@ class ProxyMetrics:
         self.time_to_first_byte = Histogram(
             "pd_proxy_time_to_first_byte_seconds",
             "Client request received to the first byte of a 200 answer sent back (a stream's "
-            "first event, or a whole JSON answer): the client-visible time to first token.",
+            "first event, or a whole JSON answer): the client-visible time to first token, by "
+            "path (pd, local: see pd_proxy_requests_total).",
+            ("path",),
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
+        self.ttfb_by_path = {p: self.time_to_first_byte.labels(p) for p in PATHS}
         self.request_duration = Histogram(
             "pd_proxy_request_duration_seconds",
             "End-to-end client request latency.",
@@ -204,16 +215,36 @@ class ProxyMetrics:
             ("outcome", "reason"),
             registry=reg,
         )
-        self._request_children: dict[tuple[str, int], Counter] = {}
+        self.refused = Counter(
+            "pd_proxy_refused",
+            "Requests refused before any backend was touched, by the shape that P/D cannot "
+            "serve (reason: its name in pd_proxy/shapes.yaml).",
+            ("reason",),
+            registry=reg,
+        )
+        self.fanout_requests = Counter(
+            "pd_proxy_fanout_requests",
+            "Client requests served as one P/D request per choice, by shape (n, prompt_list, "
+            "prompt_token_id_lists).",
+            ("shape",),
+            registry=reg,
+        )
+        self.fanout_legs = Counter(
+            "pd_proxy_fanout_legs",
+            "P/D requests that fan-outs made, by shape.",
+            ("shape",),
+            registry=reg,
+        )
+        self._request_children: dict[tuple[str, int, str], Counter] = {}
         for role, urls in (("prefill", prefill), ("decode", decode)):
             for url in urls:
                 self.backend_healthy.labels(role, url).set(1)
 
-    def count_request(self, endpoint: str, status: int) -> None:
-        key = (endpoint, status)
+    def count_request(self, endpoint: str, status: int, path: str = "") -> None:
+        key = (endpoint, status, path)
         child = self._request_children.get(key)
         if child is None:
-            child = self._request_children[key] = self.requests.labels(endpoint, str(status))
+            child = self._request_children[key] = self.requests.labels(endpoint, str(status), path)
         child.inc()
 
     def track_pools(self, pools: Iterable[CountedPool]) -> None:

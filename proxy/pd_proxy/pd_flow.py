@@ -46,8 +46,9 @@ class PdFlow:
         self.metrics = metrics
         self.legs = Legs(config, metrics, prefill, decode, backend_key)
         self.mode = modes.select(self.legs)
-        # The first-token mode when it is the one (its block sizes and counters), else None.
-        self.first_token = self.mode if isinstance(self.mode, modes.FirstTokenMode) else None
+        # The first-token mode when it is the P/D one (its block sizes and counters), else None.
+        pd = self.mode.pd if isinstance(self.mode, modes.ByShapeMode) else self.mode
+        self.first_token = pd if isinstance(pd, modes.FirstTokenMode) else None
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, COMPLETIONS)
@@ -78,7 +79,7 @@ class PdFlow:
                 return response
             except ProxyError as exc:
                 trace.status = exc.status
-                return error_response(exc.status, exc.message, trace.rid)
+                return error_response(exc.status, exc.message, trace.rid, exc.param)
             except Passthrough as exc:
                 trace.status = exc.status
                 return web.Response(
@@ -96,15 +97,16 @@ class PdFlow:
         finally:
             elapsed = time.perf_counter() - start
             metrics.in_flight_count -= 1
-            metrics.count_request(endpoint, trace.status)
+            metrics.count_request(endpoint, trace.status, trace.path)
             metrics.request_duration.observe(elapsed)
             if log.isEnabledFor(logging.INFO):
                 log.info(
-                    "rid=%s %s status=%d prefill=%s decode=%s prefill_ms=%s ttfb_ms=%s "
+                    "rid=%s %s status=%d path=%s prefill=%s decode=%s prefill_ms=%s ttfb_ms=%s "
                     "total_ms=%.1f",
                     trace.rid,
                     endpoint,
                     trace.status,
+                    trace.path,
                     trace.prefill,
                     trace.decode,
                     _ms(trace.prefill_s),

@@ -28,9 +28,17 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 # The field each endpoint cannot do without.
 REQUIRED_FIELD = {COMPLETIONS: "prompt", CHAT_COMPLETIONS: "messages"}
 
-# Fields that must not reach the one-token prefill: streaming options and lower length bounds
-# (a min_tokens above 1 would contradict max_tokens=1).
-PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+# Fields that must not reach the one-token prefill: streaming options, lower length bounds (a
+# min_tokens above 1 would contradict max_tokens=1) and structured output: the prefill's token is
+# discarded (decode samples token 1 again, under the grammar), the KV does not depend on it, and a
+# grammar on the kit's CPU prefill (Model Runner V2, Triton interpreter) kills its engine.
+PREFILL_DROPPED = (
+    "stream_options",
+    "min_tokens",
+    "min_completion_tokens",
+    "response_format",
+    "structured_outputs",
+)
 
 
 def _std_dumps(obj: Any) -> bytes:

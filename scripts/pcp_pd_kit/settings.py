@@ -112,6 +112,7 @@ class StackSettings:
     proxy_connect_timeout_s: float
     proxy_prefill_timeout_s: float
     proxy_decode_timeout_s: float
+    local_prefill_max_tokens: int
     eval_request_timeout_s: float
     kv_connector: str
     kv_connector_module_path: str
@@ -163,6 +164,7 @@ ENV_KEYS: dict[str, str] = {
     "PROXY_CONNECT_TIMEOUT_S": "proxy_connect_timeout_s",
     "PROXY_PREFILL_TIMEOUT_S": "proxy_prefill_timeout_s",
     "PROXY_DECODE_TIMEOUT_S": "proxy_decode_timeout_s",
+    "LOCAL_PREFILL_MAX_TOKENS": "local_prefill_max_tokens",
     "EVAL_REQUEST_TIMEOUT_S": "eval_request_timeout_s",
     "KV_CONNECTOR": "kv_connector",
     "KV_CONNECTOR_MODULE_PATH": "kv_connector_module_path",
@@ -264,6 +266,8 @@ def validate(s: StackSettings) -> None:
         raise SettingsError("KVCACHE_SPACE_GIB must be at least 1 (GiB)")
     if s.max_model_len < s.block_size:
         raise SettingsError("MAX_MODEL_LEN must be at least one block")
+    if s.local_prefill_max_tokens < 0:
+        raise SettingsError("LOCAL_PREFILL_MAX_TOKENS must be >= 0 (0: every request P/D)")
     if s.nixl_progress_delay_us < 0:
         raise SettingsError("NIXL_PROGRESS_DELAY_US must be >= 0")
     if s.kv_lease_s < 6:

@@ -238,12 +238,15 @@ def test_dashboard_has_the_handover_row() -> None:
     assert all(f"{HANDOVER_SECONDS}_bucket" in e and "$__rate_interval" in e for e in by_phase)
     assert "prefill_kv_hold" in PHASES and 'phase="prefill_kv_hold"' in text
     assert KV_LEASE_SECONDS in mn.metrics_in_query(text)
-    for proxy in ("time_to_first_byte", "prefill_duration", "decode_ttfb"):
+    # the client's time to first byte by path (pd, local: decode alone), the legs' as they are
+    for proxy, by in (
+        ("time_to_first_byte", "le, path"),
+        ("prefill_duration", "le"),
+        ("decode_ttfb", "le"),
+    ):
         for quantile in ("0.5", "0.95"):
-            assert (
-                f"histogram_quantile({quantile}, sum by (le) (rate(pd_proxy_{proxy}_seconds_bucket"
-                in text
-            )
+            bucket = f"pd_proxy_{proxy}_seconds_bucket"
+            assert f"histogram_quantile({quantile}, sum by ({by}) (rate({bucket}" in text
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
 

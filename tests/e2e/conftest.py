@@ -24,6 +24,7 @@ from pcp_pd_kit.settings import StackSettings, settings_from_env
 from tests.support.env import example_env
 
 from .clients import CASES, Output, greedy, median_latency_s
+from .shape_matrix import Reply, reference_replies
 
 log = logging.getLogger("pcp_pd_kit.localstack")
 
@@ -101,6 +102,7 @@ def e2e_settings() -> StackSettings:
 class ReferenceRun:
     outputs: dict[str, Output]
     median_latency_s: float
+    shapes: dict[str, Reply]  # the request-shape matrix (shape_matrix.py), by case name
 
 
 @pytest.fixture(scope="package")
@@ -112,12 +114,13 @@ def reference_run(e2e_settings: StackSettings) -> ReferenceRun:
         url, model = stack.urls["reference"], stack.served_model_name
         outputs = {case.name: greedy(url, model, case) for case in CASES}
         latency = median_latency_s(url, model)
+        shapes = reference_replies(url, model)
         log.info(
             "reference start-up %.0fs, median request %.0f ms",
             stack.startup_seconds()["reference"],
             latency * 1000,
         )
-    return ReferenceRun(outputs, latency)
+    return ReferenceRun(outputs, latency, shapes)
 
 
 @pytest.fixture(scope="package")

@@ -128,7 +128,7 @@ def test_pass_branch_with_builtin_expectation(stack, tmp_path) -> None:
     assert _metric(decode_metrics, 'fake_requests_total{result="ok"}') - before == LIMIT
     assert _metric(decode_metrics, 'fake_requests_total{result="rejected"}') == 0
     proxy_metrics = _get(stack["proxy"] + "/metrics")
-    done = 'pd_proxy_requests_total{endpoint="/v1/completions",status="200"}'
+    done = 'pd_proxy_requests_total{endpoint="/v1/completions",path="pd",status="200"}'
     assert _metric(proxy_metrics, done) >= LIMIT
 
     # Two-sided: the same run judged against 0.5 +- 0.05 is too *good* and must fail.

@@ -28,8 +28,9 @@ vllm:nixl_num_failed_transfers_total{engine="0"} 0.0
 """
 PROXY = """
 # TYPE pd_proxy_requests_total counter
-pd_proxy_requests_total{endpoint="/v1/completions",status="200"} 3.0
-pd_proxy_requests_total{endpoint="/v1/completions",status="503"} 2.0
+pd_proxy_requests_total{endpoint="/v1/completions",path="pd",status="200"} 2.0
+pd_proxy_requests_total{endpoint="/v1/completions",path="local",status="200"} 1.0
+pd_proxy_requests_total{endpoint="/v1/completions",path="pd",status="503"} 2.0
 """
 
 
@@ -62,7 +63,8 @@ def test_failed_transfers_or_missing_metric_fail() -> None:
 def test_requests_served_counts_only_2xx() -> None:
     check = requests_served(parse_metrics(PROXY))
     assert check.ok and "3 succeeded of 5" in check.detail
-    only_errors = PROXY.replace('status="200"} 3.0', 'status="502"} 3.0')
+    assert "(P/D 2, decode alone 1)" in check.detail
+    only_errors = PROXY.replace('status="200"', 'status="502"')
     assert not requests_served(parse_metrics(only_errors)).ok
 
 

@@ -78,7 +78,7 @@ async def test_missing_key_is_401_on_every_route_and_no_backend_is_touched(tmp_p
             assert_401(status, raw, MISSING_KEY)
         assert backend_hits(s) == []
         assert s.prefill.seen == [] and s.decode.seen == []
-        labels = {"endpoint": "/v1/completions", "status": "401"}
+        labels = {"endpoint": "/v1/completions", "status": "401", "path": ""}
         assert s.sample("pd_proxy_requests_total", labels) == 5
 
 

@@ -39,7 +39,7 @@ async def test_disconnect_during_prefill_cancels_it_and_skips_decode():
         await s.prefill.wait_for(lambda: "gone-1" in s.prefill.cancelled)
         await wait_gauge_zero(s)
         assert s.decode.seen == []
-        labels = {"endpoint": "/v1/completions", "status": "499"}
+        labels = {"endpoint": "/v1/completions", "status": "499", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", labels) == 1
 
 
@@ -55,7 +55,7 @@ async def test_disconnect_during_decode_stream_cancels_the_decode():
         await wait_gauge_zero(s)
         assert s.prefill.cancelled == []
         assert s.decode.completed == 0
-        labels = {"endpoint": "/v1/completions", "status": "499"}
+        labels = {"endpoint": "/v1/completions", "status": "499", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", labels) == 1
         # The proxy is still fine afterwards.
         status, _, _ = await s.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
@@ -86,5 +86,5 @@ async def test_disconnect_before_decode_headers_releases_the_decode_backend():
         await s.decode.wait_for(lambda: "gone-3" in s.decode.cancelled)
         await wait_gauge_zero(s)
         await wait_outstanding_zero(s)
-        labels = {"endpoint": "/v1/completions", "status": "499"}
+        labels = {"endpoint": "/v1/completions", "status": "499", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", labels) == 1

@@ -80,7 +80,10 @@ async def test_backend_5xx_becomes_502(stage):
         assert f"{stage} backend {fake.url} returned 500" in err["message"]
         assert s.sample("pd_proxy_backend_errors_total", {"stage": stage, "backend": fake.url}) == 1
         assert (
-            s.sample("pd_proxy_requests_total", {"endpoint": "/v1/completions", "status": "502"})
+            s.sample(
+                "pd_proxy_requests_total",
+                {"endpoint": "/v1/completions", "status": "502", "path": "pd"},
+            )
             == 1
         )
 

@@ -132,7 +132,7 @@ async def test_completion_stream_sends_token_1_before_decode_answers():
         }
         assert d.headers["X-Request-Id"] == rid == p.headers["X-Request-Id"]
         assert outcome(s, "continued") == 1
-        assert s.sample("pd_proxy_time_to_first_byte_seconds_count") == 1
+        assert s.sample("pd_proxy_time_to_first_byte_seconds_count", {"path": "pd"}) == 1
         assert s.sample("pd_proxy_decode_ttfb_seconds_count") == 1
 
 
@@ -274,14 +274,13 @@ async def test_token_1_that_ends_the_request_is_the_whole_answer(
 
 
 # ---------------------------------------------------------------- the normal flow, by request
+# (n, prompt lists, use_beam_search and prompt_logprobs never get here: their shape routes them
+# first, see test_shape_routes_come_before_the_mode)
 @pytest.mark.parametrize(
     ("path", "fields", "reason"),
     [
-        (COMPLETIONS, {"n": 2}, "n"),
-        (COMPLETIONS, {"use_beam_search": True}, "use_beam_search"),
         (COMPLETIONS, {"echo": True}, "echo"),
         (COMPLETIONS, {"logprobs": 0}, "logprobs"),
-        (COMPLETIONS, {"prompt_logprobs": 1}, "prompt_logprobs"),
         (COMPLETIONS, {"return_token_ids": True}, "return_token_ids"),
         (COMPLETIONS, {"suffix": "x"}, "suffix"),
         (COMPLETIONS, {"stop": ["\n\n"]}, "stop"),
@@ -294,7 +293,6 @@ async def test_token_1_that_ends_the_request_is_the_whole_answer(
         (COMPLETIONS, {"response_format": {"type": "json_object"}}, "response_format"),
         (COMPLETIONS, {"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
         (COMPLETIONS, {"vllm_xargs": {"k": 1}}, "vllm_xargs"),
-        (COMPLETIONS, {"prompt": ["one", "two"]}, "prompt"),
         (COMPLETIONS, {"max_tokens": 0}, "max_tokens"),
         (COMPLETIONS, {"max_tokens": 4, "min_tokens": 6}, "min_tokens"),
         (CHAT, {"logprobs": True}, "logprobs"),
@@ -577,7 +575,7 @@ async def test_client_leaving_after_token_1_cancels_the_continuation():
                 await resp.content.readuntil(b"\n\n")  # decode's stream is flowing
         await s.decode.wait_for(lambda: "leaver" in s.decode.cancelled)
         await s.decode.wait_for(lambda: s.sample("pd_proxy_in_flight_requests") == 0)
-        labels = {"endpoint": COMPLETIONS, "status": "499"}
+        labels = {"endpoint": COMPLETIONS, "status": "499", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", labels) == 1
 
 
@@ -594,3 +592,19 @@ async def test_backend_key_on_every_leg_of_the_mode(tmp_path):
         assert outcome(s, "continued") == 2 and outcome(s, "finished") == 1
         for fake in (s.prefill, s.decode):
             assert all(h["Authorization"] == "Bearer sk-backend" for _, _, h in fake.received)
+
+
+@pytest.mark.parametrize(
+    ("fields", "legs"),
+    [({"n": 2}, 2), ({"prompt": ["one", "two", "three"]}, 3), ({"prompt_logprobs": 1}, 0)],
+)
+async def test_shape_routes_come_before_the_mode(fields, legs):
+    """A fan-out's legs and decode alone take the normal legs, never the mode's."""
+    body = body_for(COMPLETIONS, **{"max_tokens": 3, **fields})
+    async with pd_stack(**FIRST) as s:
+        s.decode.knobs.plain_requests = True
+        status, _, raw = await s.post(COMPLETIONS, body)
+        assert status == 200, raw
+        assert len(s.prefill.seen) == legs
+        assert all("return_token_ids" not in p.body for p in s.prefill.seen)
+        assert outcome(s, "continued") == 0

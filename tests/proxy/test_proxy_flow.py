@@ -83,15 +83,15 @@ async def test_chat_completion_streaming_and_json():
 
 
 async def test_chat_with_odd_bodies_reaches_decode_as_the_semantic_rewrite():
-    """Unicode, escaped quotes, nested objects and a client-sent kv_transfer_params: the decode
-    leg (spliced from the client's bytes, or re-encoded) parses to the client body plus the
-    prefill's params."""
+    """Unicode, escaped quotes, nested objects and a client-sent null kv_transfer_params (any
+    other value is refused: test_proxy_shapes): the decode leg (spliced from the client's bytes,
+    or re-encoded) parses to the client body plus the prefill's params."""
     bodies = [
         '{"messages": [{"role": "user", "content": "h\u00e9 \\"}\\" ☃ 😀"}], "max_tokens": 2, '
         '"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": '
         '"object", "properties": {"a": {"type": ["string", "null"]}}}}}], "stream": true}',
         '{"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}], '
-        '"max_tokens": 2, "kv_transfer_params": {"do_remote_prefill": false}}',
+        '"max_tokens": 2, "kv_transfer_params": null}',
     ]
     async with pd_stack() as s:
         for i, text in enumerate(bodies):
@@ -148,13 +148,15 @@ async def test_metrics_expose_every_family_and_count_traffic():
         text = raw.decode()
         for name in METRIC_NAMES:
             assert f"# TYPE {name} " in text
-        labels = {"endpoint": "/v1/completions", "status": "200"}
+        labels = {"endpoint": "/v1/completions", "status": "200", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", labels) == 3
-        bad = {"endpoint": "/v1/chat/completions", "status": "400"}
+        bad = {"endpoint": "/v1/chat/completions", "status": "400", "path": "pd"}
         assert s.sample("pd_proxy_requests_total", bad) == 1
         assert s.sample("pd_proxy_prefill_duration_seconds_count") == 3
         assert s.sample("pd_proxy_decode_ttfb_seconds_count") == 3
-        assert s.sample("pd_proxy_time_to_first_byte_seconds_count") == 3  # not the 400
+        assert (
+            s.sample("pd_proxy_time_to_first_byte_seconds_count", {"path": "pd"}) == 3
+        )  # not the 400
         assert s.sample("pd_proxy_request_duration_seconds_count") == 4
         assert s.sample("pd_proxy_in_flight_requests") == 0
         healthy = {"role": "decode", "backend": s.decode.url}

@@ -60,7 +60,7 @@ async def test_2000_requests_at_64_concurrency_lose_nothing():
         assert min(f.completed for f in s.decodes) > 0
         assert s.sample("pd_proxy_in_flight_requests") == 0
         served = sum(
-            s.sample("pd_proxy_requests_total", {"endpoint": p, "status": "200"}) or 0
+            s.sample("pd_proxy_requests_total", {"endpoint": p, "status": "200", "path": "pd"}) or 0
             for p in ("/v1/completions", "/v1/chat/completions")
         )
         assert served == TOTAL

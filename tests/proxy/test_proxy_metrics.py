@@ -22,7 +22,7 @@ async def _scrape(**options) -> str:
 
 async def test_metrics_have_no_created_series_by_default():
     text = await _scrape()
-    assert 'pd_proxy_requests_total{endpoint="/v1/completions",status="200"} 1.0' in text
+    assert 'pd_proxy_requests_total{endpoint="/v1/completions",path="pd",status="200"} 1.0' in text
     assert "pd_proxy_request_duration_seconds_count 1.0" in text
     assert "_created" not in text
 
@@ -30,7 +30,7 @@ async def test_metrics_have_no_created_series_by_default():
 async def test_metrics_created_brings_them_back():
     text = await _scrape(metrics_created=True)
     created = [line for line in text.splitlines() if "_created" in line]
-    assert 'pd_proxy_requests_created{endpoint="/v1/completions",status="200"}' in text
+    assert 'pd_proxy_requests_created{endpoint="/v1/completions",path="pd",status="200"}' in text
     assert any(line.startswith("pd_proxy_request_duration_seconds_created ") for line in created)
     # Everything else is the same exposition.
     plain = [line for line in text.splitlines() if "_created" not in line]

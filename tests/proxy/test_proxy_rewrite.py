@@ -40,6 +40,8 @@ FULL_CHAT = {
     "stream": True,
     "stream_options": {"include_usage": True},
     "top_p": 0.5,
+    "response_format": {"type": "json_object"},
+    "structured_outputs": {"choice": ["a", "b"]},
 }
 
 
@@ -57,7 +59,7 @@ def test_prefill_leg_of_a_completion_rewrites_every_field():
     assert FULL_COMPLETION == original  # the client's body is not mutated
 
 
-def test_prefill_leg_of_a_chat_caps_max_completion_tokens_and_drops_min_fields():
+def test_prefill_leg_of_a_chat_caps_max_completion_tokens_drops_min_and_grammar_fields():
     body = prefill_body(FULL_CHAT)
     assert body == {
         "model": "m",

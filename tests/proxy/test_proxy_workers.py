@@ -143,7 +143,7 @@ async def test_two_workers_share_the_port_sum_their_metrics_and_drain_on_sigterm
         # Any worker's /metrics is the sum over both; no _created series by default.
         for _ in range(6):
             text = await get_metrics(metrics_url)
-            line = 'pd_proxy_requests_total{endpoint="/v1/completions",status="200"}'
+            line = 'pd_proxy_requests_total{endpoint="/v1/completions",path="pd",status="200"}'
             assert f"{line} {float(REQUESTS)}" in text
             assert "_created" not in text
             assert "pd_proxy_in_flight_requests 0.0" in text
@@ -214,7 +214,9 @@ async def test_merged_worker_metrics_have_no_created_series_even_when_asked(tmp_
             async with s.post(f"{url}/v1/completions", json={"prompt": "x"}) as r:
                 assert r.status == 200
         text = await get_metrics(url)
-        assert 'pd_proxy_requests_total{endpoint="/v1/completions",status="200"} 1.0' in text
+        assert (
+            'pd_proxy_requests_total{endpoint="/v1/completions",path="pd",status="200"} 1.0' in text
+        )
         assert "_created" not in text
         proxy.proc.send_signal(signal.SIGINT)
         assert await proxy.exit_code() == 0

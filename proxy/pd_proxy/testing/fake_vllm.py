@@ -177,6 +177,13 @@ def prefill_problem(body: dict[str, Any], kv: dict[str, Any]) -> str | None:
         return "prefill must not stream"
     if body.get("max_tokens") != 1:
         return "prefill needs max_tokens=1"
+    # vLLM runs these as several engine requests that each keep KV, and answers one handle.
+    n = body.get("n")
+    if isinstance(n, int) and n > 1:
+        return "prefill with n > 1 would keep n-1 requests' KV nobody reads"
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
+        return "prefill with several prompts would keep KV nobody reads"
     return None
 
 
@@ -197,9 +204,11 @@ class Knobs:
     block_size: int = 128  # KV block size: prefill's remote_block_ids, decode's check, /metrics
     max_model_len: int | None = None  # chat without a limit: generate up to this (None: tokens)
     metrics: bool = True  # serve /metrics (False: 404, as a server without Prometheus metrics)
-    # prefill: serve a request without kv_transfer_params in full, as vLLM's kv_producer does
-    # (the canary's reference); off, such a request is rejected as a broken prefill leg.
+    # prefill or decode: serve a request without kv_transfer_params in full, as vLLM's
+    # kv_producer (the canary's reference) and kv_consumer (decode alone) do; off, such a
+    # request is rejected as a broken leg.
     plain_requests: bool = False
+    tokenize_down: bool = False  # POST /tokenize answers 500
     # decode: answer with other text than the model's (as from another request's KV), still 200.
     corrupt: bool = False
     # close this many completion requests that arrive on a reused keep-alive connection, unread
@@ -231,6 +240,7 @@ class FakeVLLM:
     rejected: int = 0  # answered 400: bad JSON or a broken protocol
     closed_reused: int = 0  # requests dropped by knobs.close_reused
     _connections: set[int] = field(default_factory=set)  # ids of the transports seen
+    tokenize_requests: int = 0  # POST /tokenize
     unknown_questions: int = 0  # completed, but the question was not in ``answers``
     crashes: int = 0  # decode requests a real vLLM engine would have died on (block mismatch)
     metrics_reads: int = 0  # GET /metrics answered
@@ -262,6 +272,7 @@ class FakeVLLM:
         app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/fake/mode", self._set_mode)
+        app.router.add_post("/tokenize", self._tokenize)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -315,7 +326,9 @@ class FakeVLLM:
             return problem
         if self.role == PREFILL and not self._plain(body):
             return prefill_problem(body, kv)
-        if self.role == DECODE:
+        if self.role == DECODE and not self._plain(body):
+            if body.get("prompt_logprobs") is not None:
+                return "decode reading remote KV computes no prompt logprobs (vLLM hangs)"
             return self._decode_problem(kv, rid)
         return None
 
@@ -333,7 +346,7 @@ class FakeVLLM:
         return None
 
     def _plain(self, body: dict[str, Any]) -> bool:
-        """A prefill serving a request without kv_transfer_params in full (knobs.plain_requests)."""
+        """A request without kv_transfer_params served in full (knobs.plain_requests)."""
         return self.knobs.plain_requests and body.get("kv_transfer_params") is None
 
     def _eval_problem(self, body: dict[str, Any]) -> str | None:
@@ -499,6 +512,23 @@ class FakeVLLM:
         model = {"id": self.model, "object": "model", "root": self.model, "max_model_len": 4096}
         return web.json_response({"object": "list", "data": [model]})
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/tokenize``: a prompt, or chat messages through the (fake) chat template."""
+        self.tokenize_requests += 1
+        if self.knobs.tokenize_down:
+            return self._error(500, "tokenize is down")
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return self._reject("invalid JSON")
+        if isinstance(body.get("messages"), list):
+            ids = tokenize(render_chat(body))
+        elif isinstance(body.get("prompt"), str):
+            ids = tokenize(body["prompt"])
+        else:
+            return self._reject("prompt or messages required")
+        return web.json_response({"count": len(ids), "max_model_len": 4096, "tokens": ids})
+
     async def _set_mode(self, request: web.Request) -> web.Response:
         """Switch the GSM8K answers between eval runs without restarting the server."""
         try:
@@ -566,6 +596,9 @@ class FakeVLLM:
         failure = self._injected_failure()
         if failure is not None:
             return failure
+        n, temperature = body.get("n"), body.get("temperature")
+        if isinstance(n, int) and n > 1 and temperature == 0:  # vLLM's own validation
+            return self._error(400, f"n must be 1 when using greedy sampling, got {n}.")
         problem = self._check(body, rid)
         if problem:
             return self._reject(problem)

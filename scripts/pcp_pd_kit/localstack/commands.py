@@ -165,6 +165,8 @@ def proxy_spec(settings: StackSettings, first_token_port: int | None = None) -> 
         f"{settings.proxy_decode_timeout_s:g}",
         "--kv-lease-s",
         str(settings.kv_lease_s),
+        "--local-prefill-max-tokens",
+        str(settings.local_prefill_max_tokens),
     ]
     if first_token_port is not None:
         argv.append("--first-token-from-prefill")

@@ -80,10 +80,22 @@ def requests_served(proxy: Sequence[Sample]) -> Check:
         if s.name == REQUESTS_TOTAL and _is_success(s.labels.get("status", ""))
     )
     all_count = total(proxy, REQUESTS_TOTAL)
+    # How they went: through a prefill, or to decode alone (--local-prefill-max-tokens, shapes).
+    paths = {
+        path: sum(
+            s.value
+            for s in proxy
+            if s.name == REQUESTS_TOTAL
+            and s.labels.get("path") == path
+            and _is_success(s.labels.get("status", ""))
+        )
+        for path in ("pd", "local")
+    }
+    by_path = f" (P/D {paths['pd']:g}, decode alone {paths['local']:g})"
     return Check(
         "proxy served requests",
         ok_count > 0,
-        f"{REQUESTS_TOTAL}: {ok_count:g} succeeded of {_fmt(all_count)}",
+        f"{REQUESTS_TOTAL}: {ok_count:g} succeeded of {_fmt(all_count)}{by_path}",
     )
 
 
