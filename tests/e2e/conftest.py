@@ -27,6 +27,30 @@ from .clients import CASES, Output, greedy, median_latency_s
 from .shape_matrix import Reply, reference_replies
 
 log = logging.getLogger("pcp_pd_kit.localstack")
+REPLACES_PREFILL = "replaces_prefill"
+
+
+def last_in_package(items: list[pytest.Item], package_dir: str, marker: str) -> list[pytest.Item]:
+    """``items`` with the package's ``marker`` tests moved to the end of the package's own run.
+
+    The stack is package-scoped, so the moved tests stay inside the package's block (moving them
+    past it would start a second stack); everything else keeps its order.
+    """
+    inside = [i for i, item in enumerate(items) if str(item.path).startswith(package_dir)]
+    if not inside:
+        return items
+    block = items[inside[0] : inside[-1] + 1]
+    moved = [item for item in block if item.get_closest_marker(marker) is not None]
+    kept = [item for item in block if item.get_closest_marker(marker) is None]
+    return items[: inside[0]] + kept + moved + items[inside[-1] + 1 :]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that replaces the kit's prefill in the shared stack (the stock-connector A/B) runs
+    after every other e2e test, whatever the file names sort to: the request-shape matrix reads
+    the kit's own counters from that prefill."""
+    items[:] = last_in_package(items, os.path.dirname(__file__) + os.sep, REPLACES_PREFILL)
+
 
 # Ports apart from `make up`'s (18000-18300) so the suite runs beside a developer's stack.
 E2E_PORTS = {

@@ -138,13 +138,36 @@ def test_repeated_pd_requests_stay_equal_and_log_latency(
     assert not mismatches, f"repeated P/D requests differ from the reference: {mismatches}"
 
 
-def test_decode_metrics_prove_kv_came_over_nixl(pd_stack: Stack) -> None:
-    decode = scrape(pd_stack.urls["decode"])
+def test_decode_metrics_prove_kv_came_over_nixl(
+    references: dict[str, Output], pd_stack: Stack
+) -> None:
+    """One P/D request's change on decode: prompt tokens from NIXL, none computed locally.
+
+    Deltas, not totals: the same decode also serves decode-alone requests (conditional
+    disaggregation, request shapes), which compute their prompts locally by design.
+    """
     by_source = "vllm:prompt_tokens_by_source_total"
-    assert (total(decode, by_source, source="external_kv_transfer") or 0) > 0
-    assert total(decode, by_source, source="local_compute") == 0
-    assert (total(decode, "vllm:nixl_xfer_time_seconds_count") or 0) > 0
-    assert total(decode, "vllm:nixl_num_failed_transfers_total") == 0
+    series = (
+        (by_source, {"source": "external_kv_transfer"}),
+        (by_source, {"source": "local_compute"}),
+        ("vllm:nixl_xfer_time_seconds_count", {}),
+    )
+
+    def counts() -> list[float]:
+        decode = scrape(pd_stack.urls["decode"])
+        return [total(decode, name, **labels) or 0.0 for name, labels in series]
+
+    before = counts()
+    assert _pd(pd_stack, "short") == references["short"]
+
+    def changed() -> list[float] | None:
+        delta = [a - b for a, b in zip(counts(), before, strict=True)]
+        return delta if delta[0] > 0 and delta[2] > 0 else None
+
+    external, local, _ = wait_until(changed, 10, "decode's NIXL counters to move", 0.2)
+    assert local == 0, f"a P/D request computed {local} prompt tokens on decode"
+    assert external > 0
+    assert total(scrape(pd_stack.urls["decode"]), "vllm:nixl_num_failed_transfers_total") == 0
 
 
 def test_prefill_frees_every_block_at_once_not_at_lease_expiry(pd_stack: Stack) -> None:
@@ -226,13 +249,14 @@ def test_proxy_clear_error_when_decode_stopped_then_recovers(
     assert _pd(pd_stack, "multi_block") == references["multi_block"]
 
 
+@pytest.mark.replaces_prefill
 def test_stock_nixl_connector_leaks_the_same_request_the_kit_frees(
     references: dict[str, Output], pd_stack: Stack
 ) -> None:
     """The seed's bug, live: the same PCP2 + EP2 prefill with stock `NixlConnector` answers
     correctly but keeps the request's KV blocks past the lease, with nothing counted as expired
-    (rank 1's report is dropped, rank 0's alone never completes the request). Runs last: it
-    replaces the kit's prefill."""
+    (rank 1's report is dropped, rank 0's alone never completes the request). Runs last (marker
+    replaces_prefill, ordered by tests/e2e/conftest.py): it replaces the kit's prefill."""
     stock = dataclasses.replace(
         pd_stack.settings,
         kv_connector="NixlConnector",
