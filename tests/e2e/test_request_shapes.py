@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pcp_pd_kit.localstack.live import scrape
+from pcp_pd_kit.localstack.live import scrape, settle_prefill
 from pcp_pd_kit.localstack.report import total
 from pcp_pd_kit.localstack.stack import Stack
 from pd_proxy.shapes import REFUSE
@@ -40,6 +40,17 @@ def _settled(stack: Stack, before: tuple[float, float, float], legs: int) -> tup
         if (delta[0] >= legs and delta[0] == delta[1]) or time.monotonic() > deadline:
             return delta
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prefill_settled_before_the_matrix(pd_stack: Stack) -> None:
+    """Every request an earlier test left held is released first, so each case's counter deltas
+    are its own: the decode-stop test's prefill legs are released only by the lease expiring,
+    tens of seconds later."""
+    timeout_s = pd_stack.settings.kv_lease_s * 2
+    assert settle_prefill(pd_stack.urls["prefill"], timeout_s) is not None, (
+        f"the prefill still held KV {timeout_s:.0f}s after the earlier tests"
+    )
 
 
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.name)
