@@ -49,6 +49,21 @@ def _run_until_sent(sim: Any) -> None:
     sim.step()  # reqs_to_send reaches the workers
 
 
+def _held_until_decode_reads_then_all_freed(sim: Any) -> None:
+    """Rank 1 has reported (suppressed or counted) and rank 0 waits for decode's read: nothing is
+    freed until that read, then the request and every block are."""
+    for _ in range(3):
+        assert sim.step() == set()
+    assert REQ in sim.scheduler.requests
+    assert sim.free_blocks < sim.usable_blocks
+
+    sim.workers[0].decode_read(REQ)
+    assert sim.step() == {REQ}
+    assert REQ not in sim.scheduler.requests
+    assert sim.free_blocks == sim.usable_blocks
+    assert all(b.ref_cnt == 0 for b in sim.scheduler.kv_cache_manager.block_pool.blocks[1:])
+
+
 def _sim(tiny_model_dir, connector: str, module: str | None, extra=None):
     from tests.connector.pcp_sim import PdProducerSim, make_config
 
@@ -78,17 +93,7 @@ def test_ours_frees_every_block_only_after_the_canonical_report(
     sim = _sim(tiny_model_dir, name, module, extra={"pcp_completion_mode": mode})
     assert sim.aggregator._expected_finished_count == (1 if mode == "canonical" else 2)
     _run_until_sent(sim)
-    # Rank 1 has reported (suppressed or counted); rank 0 has not: nothing freed yet.
-    for _ in range(3):
-        assert sim.step() == set()
-    assert REQ in sim.scheduler.requests
-    assert sim.free_blocks < sim.usable_blocks
-
-    sim.workers[0].decode_read(REQ)
-    assert sim.step() == {REQ}
-    assert REQ not in sim.scheduler.requests
-    assert sim.free_blocks == sim.usable_blocks
-    assert all(b.ref_cnt == 0 for b in sim.scheduler.kv_cache_manager.block_pool.blocks[1:])
+    _held_until_decode_reads_then_all_freed(sim)
 
     totals: dict[str, int] = {}
     for stats in sim.stats:
@@ -166,16 +171,7 @@ def test_multiconnector_replicated_pcp2_producer_frees_every_block(
     assert [_kit_children(f)[0].pcp_rank for f in sim.facades] == [0, 1]
 
     _run_until_sent(sim)
-    for _ in range(3):  # rank 1 reported at once; rank 0 waits for decode's read
-        assert sim.step() == set()
-    assert REQ in sim.scheduler.requests
-    assert sim.free_blocks < sim.usable_blocks
-
-    sim.workers[0].decode_read(REQ)
-    assert sim.step() == {REQ}
-    assert REQ not in sim.scheduler.requests
-    assert sim.free_blocks == sim.usable_blocks
-    assert all(b.ref_cnt == 0 for b in sim.scheduler.kv_cache_manager.block_pool.blocks[1:])
+    _held_until_decode_reads_then_all_freed(sim)
     totals: dict[str, int] = {}
     for grouped in sim.stats:  # MultiKVConnectorStats: one entry per child class
         for key, value in grouped["PcpCanonicalNixlConnector"].dedup_totals().items():
