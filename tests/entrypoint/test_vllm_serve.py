@@ -69,7 +69,33 @@ def test_cpu_containers_and_absent_secrets_change_nothing(tmp_path, monkeypatch)
     empty = tmp_path / "empty"
     empty.write_text("")
     monkeypatch.setattr(serve, "VLLM_KEY_FILE", empty)
-    assert serve.serve_environment({"A": "b"}) == {"A": "b"}
+    host = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7"}
+    assert serve.serve_environment({"A": "b", **host}) == {"A": "b", **host}
+
+
+def test_side_channel_host_is_this_replicas_own_address() -> None:
+    """Unset: the container's own address (a service name would resolve to every replica);
+    set (Kubernetes' pod IP, the local stack): kept, and the address is not looked up."""
+
+    def never() -> str:
+        raise AssertionError("looked up although the variable was set")
+
+    assert serve.serve_environment({"A": "b"}, address=lambda: "172.28.0.9") == {
+        "A": "b",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.28.0.9",
+    }
+    kept = serve.serve_environment({"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.1.2.3"}, address=never)
+    assert kept["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3"
+
+
+def test_own_address_resolves_this_hosts_name() -> None:
+    """The real lookup, as in a container (Docker writes the hostname into /etc/hosts)."""
+    import ipaddress
+    import socket
+
+    address = serve.own_address()
+    assert ipaddress.ip_address(address)
+    assert address == socket.gethostbyname(socket.gethostname())
 
 
 # ------------------------------------------------------------------ --kv-transfer-config

@@ -59,6 +59,8 @@ KV_ENV = {
 CPU_PCP_ENV = "KIT_CPU_PCP_SIZE"
 CPU_EP_ENV = "KIT_CPU_EXPERT_PARALLEL"
 KV_ROLES = ("kv_producer", "kv_consumer")
+# The NIXL handshake host vLLM publishes to decode (vllm.envs); see side_channel_host().
+SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 # KIT_ALL_GPUS value for a container that sees every host GPU.
 ALL_GPUS = "all"
 BUFFER_DEVICES = ("cuda", "cpu")
@@ -125,9 +127,30 @@ def read_secret(path: Path) -> str | None:
     return text.splitlines()[0].strip() if text else None
 
 
-def serve_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment vLLM starts with (pure apart from reading the two secret files)."""
+def own_address() -> str:
+    """This container's address on its network: Docker maps the hostname to it in /etc/hosts."""
+    return socket.gethostbyname(socket.gethostname())
+
+
+def side_channel_host(env: Mapping[str, str], address: Callable[[], str]) -> dict[str, str]:
+    """VLLM_NIXL_SIDE_CHANNEL_HOST when it is unset: this replica's own address.
+
+    The prefill publishes this host in every request's kv_transfer_params (remote_host) and binds
+    its handshake listener to it, so it must name this one replica: with several replicas a
+    service name resolves to all of them. Kubernetes sets the pod IP; compose leaves it to here.
+    """
+    if env.get(SIDE_CHANNEL_HOST_ENV):
+        return {}
+    return {SIDE_CHANNEL_HOST_ENV: address()}
+
+
+def serve_environment(
+    env: Mapping[str, str], address: Callable[[], str] = own_address
+) -> dict[str, str]:
+    """The environment vLLM starts with (pure apart from reading the two secret files and the
+    replica's own address)."""
     out = dict(env)
+    out.update(side_channel_host(env, address))
     role_gpus = split_ids(env.get("KIT_ROLE_GPUS", ""))
     if role_gpus:
         all_gpus = split_ids(env.get("KIT_ALL_GPUS", "")) or role_gpus
