@@ -139,7 +139,9 @@ def vllm_services(compose: Compose) -> dict[str, Service]:
 
 
 def proxy_services(compose: Compose) -> dict[str, Service]:
-    return {n: s for n, s in compose["services"].items() if "PD_PROXY_PREFILL" in environment(s)}
+    return {
+        n: s for n, s in compose["services"].items() if "PD_PROXY_PREFILL_DNS" in environment(s)
+    }
 
 
 def is_cpu(service: Service) -> bool:
@@ -495,10 +497,12 @@ def check_pd_runtime(compose: Compose) -> list[str]:
                 problems.append(f"{name}: memlock ulimit must be unlimited")
         if not env.get("UCX_TLS"):
             problems.append(f"{name}: UCX_TLS missing")
+        # Unset: the entrypoint publishes the replica's own address. Any fixed value (a service
+        # name resolves to every replica, an address to one container) sends decode to the
+        # wrong replica or makes the listener's bind fail.
         host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
-        names = network_names(name, service)
-        if host not in names:
-            problems.append(f"{name}: side-channel host {host!r} is none of its names {names}")
+        if host is not None:
+            problems.append(f"{name}: side-channel host {host!r} is fixed; leave it unset")
         port = env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "")
         key = f"{is_cpu(service)}:{port}"
         if not port or key in ports:
@@ -527,10 +531,15 @@ def check_pd_runtime(compose: Compose) -> list[str]:
         if len(servers) != 2 or any(deps[d].get("condition") != "service_healthy" for d in servers):
             problems.append(f"{name}: must wait for prefill and decode to be healthy")
         env = environment(service)
-        for var in ("PD_PROXY_PREFILL", "PD_PROXY_DECODE"):
-            host, _, port = env[var].removeprefix("http://").rstrip("/").rpartition(":")
+        # Every replica: a service name (or alias) and its port, resolved by pd-proxy's DNS watch.
+        for var in ("PD_PROXY_PREFILL_DNS", "PD_PROXY_DECODE_DNS"):
+            host, _, port = env.get(var, "").rpartition(":")
             if not port.isdigit() or int(port) not in endpoints.get(host, set()):
-                problems.append(f"{name}: {var} {env[var]} is no compose service port")
+                problems.append(f"{name}: {var} {env.get(var)!r} is no compose service port")
+            if var.removesuffix("_DNS") in env:
+                problems.append(
+                    f"{name}: {var.removesuffix('_DNS')} fixes one backend besides {var}"
+                )
     return problems
 
 
@@ -680,20 +689,28 @@ def metrics_ports(compose: Compose) -> dict[str, set[int]]:
     return out
 
 
+def scrape_targets(job: Mapping[str, Any]) -> list[str]:
+    """HOST:PORT of a scrape job's static targets and DNS service-discovery names (A records:
+    every replica of a compose service)."""
+    targets = [t for static in job.get("static_configs", []) for t in static.get("targets", [])]
+    for sd in job.get("dns_sd_configs", []):
+        targets += [f"{name}:{sd.get('port')}" for name in sd.get("names", [])]
+    return targets
+
+
 def check_prometheus_targets(compose: Compose, prom: Mapping[str, Any]) -> list[str]:
     """Every scrape target is a compose service/alias on the port its /metrics answers on;
     prefill, decode and proxy are all scraped."""
     endpoints = metrics_ports(compose)
     problems, scraped = [], set()
     for job in prom.get("scrape_configs", []):
-        for static in job.get("static_configs", []):
-            for target in static.get("targets", []):
-                host, _, port = target.rpartition(":")
-                if not port.isdigit() or int(port) not in endpoints.get(host, set()):
-                    have = sorted(endpoints.get(host, set()))
-                    problems.append(f"job {job['job_name']}: {target} serves no /metrics {have}")
-                else:
-                    scraped.add(host)
+        for target in scrape_targets(job):
+            host, _, port = target.rpartition(":")
+            if not port.isdigit() or int(port) not in endpoints.get(host, set()):
+                have = sorted(endpoints.get(host, set()))
+                problems.append(f"job {job['job_name']}: {target} serves no /metrics {have}")
+            else:
+                scraped.add(host)
     missing = {"prefill", "decode", "proxy"} - scraped
     if missing:
         problems.append(f"not scraped: {sorted(missing)}")

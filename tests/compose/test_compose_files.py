@@ -557,7 +557,7 @@ def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
     services = broken["services"]
     services["prefill"]["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "172.28.0.10"
     services["proxy"]["depends_on"]["decode"]["condition"] = "service_started"
-    services["proxy-cpu"]["environment"]["PD_PROXY_DECODE"] = "http://decode:8300"
+    services["proxy-cpu"]["environment"]["PD_PROXY_DECODE_DNS"] = "decode:8300"
     services["decode"]["healthcheck"]["test"][-1] = "print('ok')"
     services["decode-cpu"]["depends_on"].pop("keygen")
     volumes = services["prefill"]["volumes"]
@@ -566,7 +566,7 @@ def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
     for needle in (
         "prefill: side-channel host",
         "proxy: must wait",
-        "proxy-cpu: PD_PROXY_DECODE",
+        "proxy-cpu: PD_PROXY_DECODE_DNS",
         "decode: healthcheck",
         "decode-cpu: does not wait for keygen",
         "prefill: HF cache",

@@ -74,10 +74,25 @@ def test_proxy_is_scraped_on_its_metrics_port(compose, prom) -> None:
 )
 def test_target_check_catches_a_wrong_target(compose, prom, target, job) -> None:
     broken = copy.deepcopy(prom)
-    broken["scrape_configs"][job]["static_configs"][0]["targets"] = [target]
+    scrape = broken["scrape_configs"][job]
+    host, _, port = target.rpartition(":")
+    if "dns_sd_configs" in scrape:
+        scrape["dns_sd_configs"][0].update(names=[host], port=int(port))
+    else:
+        scrape["static_configs"][0]["targets"] = [target]
     problems = cc.check_prometheus_targets(compose, broken)
     assert any(target in p for p in problems), problems
     assert any("not scraped" in p for p in problems), problems
+
+
+def test_every_server_replica_is_scraped_by_dns(prom) -> None:
+    """xPyD: the vLLM servers are found by A-record lookups of their service names (one record
+    per replica), never as one fixed target, which would reach one replica only."""
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    for role in ("prefill", "decode"):
+        assert "static_configs" not in jobs[role], role
+        [sd] = jobs[role]["dns_sd_configs"]
+        assert (sd["names"], sd["type"]) == ([role], "A"), role
 
 
 def test_compose_mounts_the_monitoring_config(compose, prom) -> None:

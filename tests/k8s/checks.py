@@ -857,13 +857,15 @@ def check_router(objs: list[Obj], values: Mapping[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------------------- compose parity
 
-# Compose-only environment: GPU selection by host index (the device plugin does it on Kubernetes)
-# and the side-channel host, which is the compose service name there and the pod IP here.
-COMPOSE_ONLY_ENV = {"KIT_ROLE_GPUS", "KIT_ALL_GPUS", "VLLM_NIXL_SIDE_CHANNEL_HOST"}
-# pd-proxy: compose lists fixed backend URLs, Kubernetes the Services it watches; compose
-# sets the client key file only when secrets/api_keys is non-empty (its entrypoint), Kubernetes
-# always (docs/kubernetes.md).
-PROXY_COMPOSE_ONLY = {"PD_PROXY_PREFILL", "PD_PROXY_DECODE"}
+# Compose-only environment: GPU selection by host index and replica (the device plugin does it
+# on Kubernetes, where each pod is one replica).
+# (The side-channel host is the pod IP there; compose leaves it to the entrypoint, which uses the
+# replica's own address.)
+COMPOSE_ONLY_ENV = {"KIT_ROLE_GPUS", "KIT_ALL_GPUS", "KIT_ROLE_REPLICAS"}
+# pd-proxy: compose resolves the service names (every replica), Kubernetes watches the
+# Services; compose sets the client key file only when secrets/api_keys is non-empty (its
+# entrypoint), Kubernetes always (docs/kubernetes.md).
+PROXY_COMPOSE_ONLY = {"PD_PROXY_PREFILL_DNS", "PD_PROXY_DECODE_DNS"}
 PROXY_K8S_ONLY = {
     "PD_PROXY_PREFILL_K8S_SERVICE",
     "PD_PROXY_DECODE_K8S_SERVICE",
