@@ -450,6 +450,7 @@ def main(argv: Sequence[str]) -> None:
     token = "set" if "HF_TOKEN" in env else "not set"
     key = "set" if "VLLM_API_KEY" in env else "not set"
     print(f"vllm_serve: CUDA_VISIBLE_DEVICES={devices}, HF token {token}, API key {key}")
+    print(f"vllm_serve: NIXL side channel {env[SIDE_CHANNEL_HOST_ENV]}")
     if flags:
         print(f"vllm_serve: CPU topology {' '.join(flags)}")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
