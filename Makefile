@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The kit's one command line (scripts/pcp_pd_kit); every user-facing target below calls it.
 KIT := $(VENV)/bin/pcp-pd-kit
 
-.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s k8s-check k8s-proxy-image k8s-sources preflight lint format bench compose-up compose-down clean
+.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s k8s-check k8s-proxy-image k8s-sources preflight lint format bench bench-xpyd compose-up compose-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ bench: install  ## vllm bench serve: single vs P/D (results/bench-*), then proxy
 	$(PY) scripts/bench_proxy.py || status=$$?; \
 	$(PY) scripts/bench_connector.py || status=$$?; \
 	exit $$status
+
+bench-xpyd: images  ## compose cpu profile: 1P1D vs 2P1D (PREFILL_REPLICAS) at a prefill-bound load (results/xpyd-*)
+	$(PY) scripts/bench_xpyd.py $(BENCH_XPYD_ARGS)
 
 compose-up:  ## GPU host: preflight, then docker compose up -d
 	bash scripts/preflight.sh

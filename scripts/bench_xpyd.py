@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""xPyD on the compose cpu profile: 1P1D against 2P1D at a prefill-bound load, side by side.
+
+Starts the cpu profile under its own project name (free loopback ports, its own subnet and key),
+first with PREFILL_REPLICAS=1, then raises it to 2 with the same `docker compose up` (compose adds
+the second replica, pd-proxy and Prometheus find it by DNS), and runs `pcp-pd-kit bench` in remote
+mode (vLLM's `vllm bench serve` through the proxy) with long prompts and few output tokens at
+each concurrency level. It prints TTFT, E2E and request throughput per topology with the 2P/1P
+ratio, and how many prefills each replica served (Prometheus, per replica). The stack is taken
+down with `down -v` at the end, also on a failure or Ctrl-C.
+
+Usage (heavy: two or three vLLM servers; the images from `make images`):
+    .venv/bin/python scripts/bench_xpyd.py
+    .venv/bin/python scripts/bench_xpyd.py --concurrency 4,8 --input-len 1000 --output-len 4
+Not a timed test: the figures depend on the machine. On a CPU host both prefill replicas share
+the prefill's cores (PREFILL_CPUS), so the comparison shows what a second replica costs or gains
+there, not what a GPU host with a GPU set per replica gets (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = "pcp-pd-kit-bench-xpyd"
+SUBNET = "172.29.252.0/24"
+UP_TIMEOUT_S = 900
+SERVED = 'sum by (instance) (vllm:request_success_total{job="prefill"})'
+HEALTHY = 'sum(pd_proxy_backend_healthy{role="prefill"})'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stack:
+    """The cpu profile under PROJECT, driven with the real Compose binary."""
+
+    def __init__(self, work: Path) -> None:
+        key = "sk-bench-" + secrets.token_urlsafe(12)
+        secrets_dir = work / "secrets"
+        secrets_dir.mkdir(mode=0o700)
+        self.key_file = secrets_dir / "api_keys"
+        self.key_file.write_text(key + "\n")
+        self.key_file.chmod(0o600)
+        self.key = key
+        proxy, prom = free_port(), free_port()
+        self.proxy_url = f"http://127.0.0.1:{proxy}"
+        self.prom_url = f"http://127.0.0.1:{prom}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "KIT_"))}
+        self.env = {
+            **env,
+            "COMPOSE_PROJECT_NAME": PROJECT,
+            "COMPOSE_BAKE": "false",
+            "PROXY_BIND_ADDRESS": "127.0.0.1",
+            "PROXY_PORT": str(proxy),
+            "PROMETHEUS_PORT": str(prom),
+            "KIT_SECRETS_DIR": str(secrets_dir),
+            "PD_SUBNET": SUBNET,
+        }
+
+    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = ["docker", "compose", "--env-file", str(REPO / ".env.example"), "--profile", "cpu"]
+        return subprocess.run(
+            [*argv, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def up(self, prefill_replicas: int) -> float:
+        self.env["PREFILL_REPLICAS"] = str(prefill_replicas)
+        start = time.monotonic()
+        wait = ["up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
+        proc = self.compose(*wait, timeout=UP_TIMEOUT_S + 120)
+        if proc.returncode != 0:
+            logs = self.compose("logs", "--no-color", "--tail", "40").stdout
+            raise SystemExit(
+                f"compose up failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}"
+            )
+        self.wait_for(HEALTHY, lambda v: v >= prefill_replicas, "pd-proxy's prefill pool")
+        return time.monotonic() - start
+
+    def down(self) -> None:
+        self.compose("down", "-v", "--remove-orphans", "--timeout", "30", timeout=300)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"{self.prom_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return list(json.load(resp)["data"]["result"])
+
+    def wait_for(self, expr: str, ok: Any, what: str, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            rows = self.query(expr)
+            if rows and ok(sum(float(r["value"][1]) for r in rows)):
+                return
+            time.sleep(3)
+        raise SystemExit(f"{what}: {expr} not reached within {timeout_s:.0f}s")
+
+    def served(self) -> dict[str, float]:
+        return {r["metric"]["instance"]: float(r["value"][1]) for r in self.query(SERVED)}
+
+
+def run_bench(stack: Stack, args: argparse.Namespace, out: Path) -> dict[int, dict[str, Any]]:
+    """`pcp-pd-kit bench` against the proxy; the per-level `vllm bench serve` results."""
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(REPO / ".venv" / "bin" / "pcp-pd-kit"), "bench",
+        "--base-url", stack.proxy_url, "--api-key-file", str(stack.key_file),
+        "--targets", "pd", "--concurrency", args.concurrency, "--prompts", str(args.prompts),
+        "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+        "--results-dir", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    (out / "bench.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench failed ({proc.returncode}), see {out / 'bench.log'}")
+    [run_dir] = sorted(out.glob("bench-*"))[-1:]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    return {c: json.loads((run_dir / f"pd-c{c}.json").read_text()) for c in levels}
+
+
+def ratio(new: float | None, old: float | None) -> str:
+    return "n/a" if not new or not old else f"{new / old:.2f}x"
+
+
+def table(results: dict[int, dict[int, dict[str, Any]]], served: dict[int, list[float]]) -> str:
+    """Pure: the side-by-side table of 1P1D and 2P1D per concurrency level."""
+    keys = (("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
+            ("median_e2el_ms", "E2E p50 ms"), ("request_throughput", "req/s"))  # fmt: skip
+    lines = ["| concurrency | metric | 1P1D | 2P1D | 2P/1P |", "|---|---|---|---|---|"]
+    for level in sorted(results.get(1, {})):
+        for key, label in keys:
+            one = results[1][level].get(key)
+            two = results.get(2, {}).get(level, {}).get(key)
+            cells = [f"{v:.1f}" if isinstance(v, float | int) else "n/a" for v in (one, two)]
+            lines.append(f"| {level} | {label} | {cells[0]} | {cells[1]} | {ratio(two, one)} |")
+    for replicas, counts in sorted(served.items()):
+        lines.append(f"\nprefills per replica, {replicas}P1D: {sorted(int(c) for c in counts)}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", default="8", help="levels, comma-separated (8)")
+    parser.add_argument("--prompts", type=int, default=48, help="prompts per level (48)")
+    parser.add_argument("--input-len", type=int, default=1000, help="(1000: prefill-bound)")
+    parser.add_argument("--output-len", type=int, default=4, help="(4)")
+    parser.add_argument("--results-dir", type=Path, default=REPO / "results")
+    args = parser.parse_args()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = args.results_dir / f"xpyd-{stamp}"
+    results: dict[int, dict[int, dict[str, Any]]] = {}
+    served: dict[int, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="kit-xpyd-") as tmp:
+        stack = Stack(Path(tmp))
+        stack.down()  # leftovers of an interrupted run
+        try:
+            for replicas in (1, 2):
+                up_s = stack.up(replicas)
+                print(f"{replicas}P1D up and in pd-proxy's pool after {up_s:.0f}s", flush=True)
+                before = stack.served()
+                results[replicas] = run_bench(stack, args, out / f"{replicas}p1d")
+                after = stack.served()
+                served[replicas] = [after[i] - before.get(i, 0.0) for i in after]
+        finally:
+            stack.down()
+    text = table(results, served)
+    print(text)
+    (out / "table.md").write_text(text + "\n")
+    medians = {r: statistics.median(v["median_ttft_ms"] for v in res.values())
+               for r, res in results.items()}  # fmt: skip
+    print(f"\nresults: {out} (TTFT medians over levels: {medians})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
