@@ -1,7 +1,12 @@
 """Backend choice and health: least outstanding requests among healthy backends, periodic checks.
 
 Health is both active (``GET {backend}/health`` every interval) and passive (a refused connection
-marks the backend down at once), so a dead backend costs at most one retried request.
+marks the backend down at once), so a dead backend costs at most one retried request. A check
+that only times out while the backend is busy with this proxy's own requests is weak evidence:
+vLLM answers /health from the same event loop that streams tokens, and on a saturated host (CPU
+servers sharing cores) it can miss the timeout in the middle of a long prefill. Such a backend
+stays in the pool through ``BUSY_TIMEOUTS_TOLERATED`` such checks in a row (the next one takes it
+out); an idle backend that times out, and any refusal or error status, is down at once.
 
 Membership can change at run time (``BackendPool.update``, fed by pd_proxy.discovery): a backend
 that no source lists any more moves to ``draining``. It gets no new requests, its in-flight ones
@@ -19,6 +24,9 @@ from yarl import URL
 
 log = logging.getLogger("pd_proxy.pool")
 
+# Timed-out checks in a row a backend with requests in flight stays healthy through.
+BUSY_TIMEOUTS_TOLERATED = 2
+
 
 class Backend:
     """One vLLM instance; ``outstanding`` counts requests on it now."""
@@ -31,6 +39,7 @@ class Backend:
         "healthy",
         "outstanding",
         "draining",
+        "slow_checks",
         "_urls",
     )
 
@@ -45,6 +54,7 @@ class Backend:
         self.healthy = healthy
         self.outstanding = 0
         self.draining = False  # left every source: no new requests, dropped once idle
+        self.slow_checks = 0  # health checks in a row that timed out while it was busy
         self._urls: dict[str, URL] = {}
 
     def endpoint(self, path: str) -> URL:
@@ -185,12 +195,15 @@ class HealthChecker:
         self.rounds = 0
         self.first_round = asyncio.Event()  # set once every backend has been checked
 
-    async def check(self, backend: Backend) -> bool:
+    async def check(self, backend: Backend) -> bool | None:
+        """True: healthy; False: refused, reset or an error status; None: no answer in time."""
         try:
             async with self.session.get(backend.endpoint("/health"), timeout=self.timeout) as r:
                 await r.read()
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except asyncio.TimeoutError:
+            return None
+        except (aiohttp.ClientError, OSError):
             return False
 
     async def check_all(self) -> None:
@@ -201,9 +214,22 @@ class HealthChecker:
     async def check_some(self, backends: list[Backend]) -> None:
         """Check ``backends`` now and apply the results (discovery calls it for new backends)."""
         results = await asyncio.gather(*(self.check(b) for b in backends))
-        for backend, ok in zip(backends, results, strict=True):
+        for backend, result in zip(backends, results, strict=True):
             if backend.draining:
                 continue  # left meanwhile: no result may revive its metrics
+            if result is None and busy_and_tolerated(backend):
+                backend.slow_checks += 1
+                log.info(
+                    "%s backend %s: health check timed out with %d requests in flight (%d/%d)",
+                    backend.role,
+                    backend.url,
+                    backend.outstanding,
+                    backend.slow_checks,
+                    BUSY_TIMEOUTS_TOLERATED,
+                )
+                continue
+            backend.slow_checks = 0
+            ok = bool(result)
             if ok != backend.healthy:
                 log.warning(
                     "%s backend %s is now %s",
@@ -224,3 +250,13 @@ class HealthChecker:
             except Exception:  # a bug here must not stop health checking for good
                 log.exception("health check round failed")
             await asyncio.sleep(self.interval)
+
+
+def busy_and_tolerated(backend: Backend) -> bool:
+    """A timed-out check that leaves ``backend`` in the pool: it is serving requests of ours and
+    has not yet had ``BUSY_TIMEOUTS_TOLERATED`` slow checks in a row."""
+    return (
+        backend.healthy
+        and backend.outstanding > 0
+        and backend.slow_checks < BUSY_TIMEOUTS_TOLERATED
+    )

@@ -69,7 +69,7 @@ def side_channel_host(container: str) -> str:
 
 def proxy_prefill_backends(stack: ComposeStack) -> dict[str, float]:
     """pd-proxy's view: prefill backend -> healthy (1) or not (0), from Prometheus."""
-    rows = prom_query(stack, 'pd_proxy_backend_healthy{role="prefill"}')
+    rows = prom_query(stack, 'pd_proxy_backend_healthy{job="proxy", role="prefill"}')
     return {r["metric"]["backend"]: float(r["value"][1]) for r in rows}
 
 

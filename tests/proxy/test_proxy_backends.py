@@ -137,3 +137,43 @@ async def test_health_is_truthful_from_the_first_request():
             await decode.stop()
     assert status == 503
     assert body["down"] == [hung_url]
+
+
+async def test_a_slow_health_check_on_a_busy_backend_is_not_a_death():
+    """vLLM answers /health from the loop that serves tokens: on a saturated host a check can time
+    out mid-prefill. A backend with requests in flight stays through BUSY_TIMEOUTS_TOLERATED such
+    checks and is down at the next; an idle one is down at once; an answer resets the count; a
+    refused connection is down at once however busy."""
+    from pd_proxy.pool import BUSY_TIMEOUTS_TOLERATED, HealthChecker
+
+    results: list[tuple[str, bool]] = []
+    with socket.socket() as hung, socket.socket() as closed:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        hung_url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        refused_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        live = FakeVLLM(role=DECODE)
+        await live.start()
+        busy, idle, refused = BackendPool(
+            "prefill", (hung_url, hung_url + "/idle", refused_url)
+        ).backends
+        answering = BackendPool("decode", (live.url,)).backends[0]
+        try:
+            async with aiohttp.ClientSession() as session:
+                checker = HealthChecker(
+                    [], session, 30.0, 0.2, lambda b, ok: results.append((b.url, ok))
+                )
+                busy.outstanding = refused.outstanding = answering.outstanding = 1
+                for _ in range(BUSY_TIMEOUTS_TOLERATED):
+                    await checker.check_some([busy, idle, refused])
+                    assert (busy.healthy, idle.healthy, refused.healthy) == (True, False, False)
+                await checker.check_some([busy])
+                assert not busy.healthy
+                # An answer in between resets the streak.
+                answering.slow_checks = BUSY_TIMEOUTS_TOLERATED
+                await checker.check_some([answering])
+                assert (answering.healthy, answering.slow_checks) == (True, 0)
+        finally:
+            await live.stop()
+    assert (busy.url, False) in results and (refused.url, False) in results
