@@ -247,10 +247,24 @@ def check_gpu_topology(compose: Compose, settings: Mapping[str, str]) -> list[st
     bad = [i for i in p_ids + d_ids if not _GPU_ID.match(i)]
     if bad:
         problems.append(f"{bad} is not a GPU index or UUID")
-    if tp and pcp and len(p_ids) != tp * pcp:
-        problems.append(f"prefill has {len(p_ids)} GPUs {p_ids}, TP x PCP = {tp * pcp}")
-    if d_tp and len(d_ids) != d_tp:
-        problems.append(f"decode has {len(d_ids)} GPUs {d_ids}, DECODER_TP_SIZE = {d_tp}")
+    # xPyD: PREFILL_REPLICAS / DECODE_REPLICAS copies, each on its own TP x PCP / TP ids.
+    p_n = positive_int({"PREFILL_REPLICAS": "1", **settings}, "PREFILL_REPLICAS", problems)
+    d_n = positive_int({"DECODE_REPLICAS": "1", **settings}, "DECODE_REPLICAS", problems)
+    for role, service, count, var in (
+        ("prefill", prefill, p_n, "PREFILL_REPLICAS"),
+        ("decode", decode, d_n, "DECODE_REPLICAS"),
+    ):
+        scale, told = service.get("scale", 1), environment(service).get("KIT_ROLE_REPLICAS")
+        if count and (scale != count or told != str(count)):
+            problems.append(f"{role}: scale {scale}, KIT_ROLE_REPLICAS {told!r} != {var} {count}")
+    if tp and pcp and p_n and len(p_ids) != p_n * tp * pcp:
+        problems.append(
+            f"prefill has {len(p_ids)} GPUs {p_ids}, PREFILL_REPLICAS x TP x PCP = {p_n * tp * pcp}"
+        )
+    if d_tp and d_n and len(d_ids) != d_n * d_tp:
+        problems.append(
+            f"decode has {len(d_ids)} GPUs {d_ids}, DECODE_REPLICAS x TP = {d_n * d_tp}"
+        )
     if len(set(p_ids + d_ids)) != len(p_ids) + len(d_ids):
         problems.append(f"GPU ids overlap or repeat: prefill {p_ids}, decode {d_ids}")
     both = set(p_ids) | set(d_ids)

@@ -265,3 +265,51 @@ def test_lookup_without_an_answer_times_out(dns: ThreadedDns, tmp_path: Path) ->
     dns.server.silent.add("9.0.28.172.in-addr.arpa")
     with pytest.raises(ValueError, match="reverse DNS .* failed"):
         serve.looked_up_index(lambda: "172.28.0.9", resolv_conf(tmp_path, host), port, 0.5)
+
+
+# ------------------------------------------------------------------ the real compose render
+def test_compose_render_2p2d_gives_each_replica_its_own_gpus(tmp_path: Path) -> None:
+    """compose.yaml as `docker compose config` renders it for 2P2D on 8 GPUs: 2 and 2
+    containers, and each container's own environment and command, run through the entrypoint
+    at indexes 1..2, give disjoint GPUs covering 2 x 2 + 2 x 1."""
+    from tests.compose import checks as cc
+    from tests.compose import compose_cli as cli
+
+    overrides = {"PREFILL_REPLICAS": "2", "DECODE_REPLICAS": "2"}
+    overrides |= {"PREFILL_GPUS": "0,1,2,3", "DECODE_GPUS": "4,5"}
+    model = cli.config(env_file=cli.env_file(tmp_path, overrides))
+    placed: dict[str, list[str]] = {}
+    for name in ("prefill", "decode"):
+        service = model["services"][name]
+        assert service.get("scale") == 2, (name, service.get("scale"))
+        env, argv = cc.environment(service), cc.command_args(service)
+        replicas = serve.replica_count(env)
+        assert replicas == 2, name
+        for index in range(1, replicas + 1):
+            placed[f"{name}-{index}"] = devices(env, argv, index).split(",")
+    assert placed == {
+        "prefill-1": ["0", "1"],
+        "prefill-2": ["2", "3"],
+        "decode-1": ["4"],
+        "decode-2": ["5"],
+    }
+    ids = [gpu for gpus in placed.values() for gpu in gpus]
+    assert len(ids) == len(set(ids)) == 2 * 2 + 2 * 1
+
+
+def test_compose_render_1p1d_is_todays(tmp_path: Path) -> None:
+    """.env.example as shipped: one prefill on 0,1 and one decode on 2, nothing looked up."""
+    from tests.compose import checks as cc
+    from tests.compose import compose_cli as cli
+
+    def never() -> int:
+        raise AssertionError("1P1D looked its replica index up")
+
+    model = cli.config()
+    got = {}
+    for name in ("prefill", "decode"):
+        service = model["services"][name]
+        env, argv = cc.environment(service), cc.command_args(service)
+        out = serve.serve_environment(env, address=lambda: "x", argv=argv, lookup=never)
+        got[name] = out["CUDA_VISIBLE_DEVICES"]
+    assert got == {"prefill": "0,1", "decode": "2"}
