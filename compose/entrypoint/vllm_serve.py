@@ -240,11 +240,12 @@ def replica_gpus(
     or an index outside 1..replicas. Preflight applies the same rule to the .env values."""
     want = replicas * per_replica
     if len(role_ids) != want:
+        runs = f" (replica 1 takes the first {per_replica}, replica 2 the next, ...)"
         raise ValueError(
-            f"{knobs.gpus} lists {len(role_ids)} GPU(s) but {knobs.replicas} x GPUs per replica "
-            f"({knobs.per_replica}) = {replicas} x {per_replica} = {want}: list exactly {want} "
-            f"GPU id(s) in {knobs.gpus} (replica 1 takes the first {per_replica}, replica 2 the "
-            "next, ...)"
+            f"{knobs.gpus} lists {len(role_ids)} GPU(s) ({', '.join(role_ids) or 'none'}) but "
+            f"{knobs.replicas} x GPUs per replica ({knobs.per_replica}) = {replicas} x "
+            f"{per_replica} = {want}: list exactly {want} GPU id(s) in {knobs.gpus}"
+            + (runs if replicas > 1 else "")
         )
     twice = sorted({gpu for gpu in role_ids if list(role_ids).count(gpu) > 1})
     if twice:

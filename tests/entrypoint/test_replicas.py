@@ -133,7 +133,7 @@ KNOBS = serve.ROLE_KNOBS["kv_producer"]
 @pytest.mark.parametrize(
     ("ids", "replicas", "per", "index", "needle"),
     [
-        (["0", "1", "2"], 2, 2, 1, "PREFILL_GPUS lists 3 GPU\\(s\\) but PREFILL_REPLICAS x"),
+        (["0", "1", "2"], 2, 2, 1, "PREFILL_GPUS lists 3 GPU\\(s\\) \\(0, 1, 2\\) but PREFILL_REP"),
         (["0", "1"], 2, 2, 1, "= 2 x 2 = 4: list exactly 4 GPU id\\(s\\) in PREFILL_GPUS"),
         (["0", "1", "1", "2"], 2, 2, 1, "PREFILL_GPUS lists GPU 1 more than once"),
         (["0", "1", "2", "3"], 2, 2, 3, "replica index 3 is outside 1..2 \\(PREFILL_REPLICAS=2\\)"),
