@@ -5,6 +5,8 @@ number, from a PTR query at Docker's DNS). No GPU needed: these are the ids CUDA
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pd_proxy.testing.dns import PTR, DnsServer
-from tests.entrypoint.loader import entrypoint
+from tests.entrypoint.loader import PATH, entrypoint
 
 serve = entrypoint()
 
@@ -313,3 +315,43 @@ def test_compose_render_1p1d_is_todays(tmp_path: Path) -> None:
         out = serve.serve_environment(env, address=lambda: "x", argv=argv, lookup=never)
         got[name] = out["CUDA_VISIBLE_DEVICES"]
     assert got == {"prefill": "0,1", "decode": "2"}
+
+
+# ------------------------------------------------------------------ as the container runs it
+CONNECTOR = {"KIT_KV_CONNECTOR": "PcpCanonicalNixlConnector"}
+CONNECTOR |= {"KIT_KV_CONNECTOR_MODULE_PATH": "pcp_nixl_connector"}
+
+
+def test_start_up_line_names_the_replica_and_its_gpus(monkeypatch, tmp_path, capsys) -> None:
+    env = {**CONNECTOR, **PREFILL, "KIT_ROLE_GPUS": "0,1,2,3", "KIT_ROLE_REPLICAS": "2"}
+    env |= {"KIT_REPLICA_INDEX": "2", "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.28.0.9"}
+    env |= {"KIT_CRASH_FILE": str(tmp_path / "crashes.json")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
+    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
+    seen = []
+    monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
+    with pytest.raises(SystemExit):
+        serve.main(PREFILL_ARGV)
+    assert seen[0]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("vllm_serve: replica 2 of 2, GPUs 2,3, CUDA_VISIBLE_DEVICES=2,3,")
+
+
+def test_a_short_list_stops_the_container_with_one_line(tmp_path) -> None:
+    env = {**CONNECTOR, **DECODE, "KIT_ROLE_GPUS": "4", "KIT_ROLE_REPLICAS": "2"}
+    env |= {"KIT_REPLICA_INDEX": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.28.0.9"}
+    res = subprocess.run(
+        [sys.executable, str(PATH), *DECODE_ARGV],
+        env={"PATH": "/usr/bin:/bin", "KIT_CRASH_FILE": str(tmp_path / "c.json"), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (res.returncode, res.stdout) == (2, "")
+    assert res.stderr.splitlines() == [
+        "vllm_serve: DECODE_GPUS lists 1 GPU(s) (4) but DECODE_REPLICAS x GPUs per replica "
+        "(DECODER_TP_SIZE) = 2 x 1 = 2: list exactly 2 GPU id(s) in DECODE_GPUS (replica 1 "
+        "takes the first 1, replica 2 the next, ...)"
+    ]
