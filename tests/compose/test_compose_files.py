@@ -146,6 +146,8 @@ def test_kit_settings_show_the_knobs(tmp_path, gpu, env_example) -> None:
     overrides |= {"GRAFANA_PORT": "3001", "PROXY_BIND_ADDRESS": "127.0.0.1"}
     overrides |= {"BIND_ADDRESS": "127.0.0.2", "VLLM_IMAGE": "vllm/vllm-openai:v9"}
     overrides |= {"HF_CACHE_DIR": "/srv/hf-cache"}
+    # Compose casts the replica counts itself (`scale:`): numbers, not markers.
+    overrides |= {"PREFILL_REPLICAS": "3", "DECODE_REPLICAS": "4"}
     model, settings = render(tmp_path, overrides)
     assert cc.check_kit_settings(model, settings) == []
     broken = copy.deepcopy(model)
