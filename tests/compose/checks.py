@@ -509,10 +509,14 @@ def check_pd_runtime(compose: Compose) -> list[str]:
                 problems.append(f"{name}: memlock ulimit must be unlimited")
         if not env.get("UCX_TLS"):
             problems.append(f"{name}: UCX_TLS missing")
+        # Left to the entrypoint, which sets the replica's own address: a service name (or any
+        # fixed value) would be every replica's with PREFILL_REPLICAS / DECODE_REPLICAS > 1.
         host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
-        names = network_names(name, service)
-        if host not in names:
-            problems.append(f"{name}: side-channel host {host!r} is none of its names {names}")
+        if host is not None:
+            problems.append(
+                f"{name}: side-channel host {host!r} is set: leave VLLM_NIXL_SIDE_CHANNEL_HOST "
+                "to the entrypoint (each replica's own address)"
+            )
         port = env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "")
         key = f"{is_cpu(service)}:{port}"
         if not port or key in ports:
