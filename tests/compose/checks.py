@@ -249,10 +249,24 @@ def check_gpu_topology(compose: Compose, settings: Mapping[str, str]) -> list[st
     bad = [i for i in p_ids + d_ids if not _GPU_ID.match(i)]
     if bad:
         problems.append(f"{bad} is not a GPU index or UUID")
-    if tp and pcp and len(p_ids) != tp * pcp:
-        problems.append(f"prefill has {len(p_ids)} GPUs {p_ids}, TP x PCP = {tp * pcp}")
-    if d_tp and len(d_ids) != d_tp:
-        problems.append(f"decode has {len(d_ids)} GPUs {d_ids}, DECODER_TP_SIZE = {d_tp}")
+    # xPyD: PREFILL_REPLICAS / DECODE_REPLICAS copies, each on its own TP x PCP / TP ids.
+    p_n = positive_int({"PREFILL_REPLICAS": "1", **settings}, "PREFILL_REPLICAS", problems)
+    d_n = positive_int({"DECODE_REPLICAS": "1", **settings}, "DECODE_REPLICAS", problems)
+    for role, service, count, var in (
+        ("prefill", prefill, p_n, "PREFILL_REPLICAS"),
+        ("decode", decode, d_n, "DECODE_REPLICAS"),
+    ):
+        scale, told = service.get("scale", 1), environment(service).get("KIT_ROLE_REPLICAS")
+        if count and (scale != count or told != str(count)):
+            problems.append(f"{role}: scale {scale}, KIT_ROLE_REPLICAS {told!r} != {var} {count}")
+    if tp and pcp and p_n and len(p_ids) != p_n * tp * pcp:
+        problems.append(
+            f"prefill has {len(p_ids)} GPUs {p_ids}, PREFILL_REPLICAS x TP x PCP = {p_n * tp * pcp}"
+        )
+    if d_tp and d_n and len(d_ids) != d_n * d_tp:
+        problems.append(
+            f"decode has {len(d_ids)} GPUs {d_ids}, DECODE_REPLICAS x TP = {d_n * d_tp}"
+        )
     if len(set(p_ids + d_ids)) != len(p_ids) + len(d_ids):
         problems.append(f"GPU ids overlap or repeat: prefill {p_ids}, decode {d_ids}")
     both = set(p_ids) | set(d_ids)
@@ -497,12 +511,14 @@ def check_pd_runtime(compose: Compose) -> list[str]:
                 problems.append(f"{name}: memlock ulimit must be unlimited")
         if not env.get("UCX_TLS"):
             problems.append(f"{name}: UCX_TLS missing")
-        # Unset: the entrypoint publishes the replica's own address. Any fixed value (a service
-        # name resolves to every replica, an address to one container) sends decode to the
-        # wrong replica or makes the listener's bind fail.
+        # Left to the entrypoint, which sets the replica's own address: a service name (or any
+        # fixed value) would be every replica's with PREFILL_REPLICAS / DECODE_REPLICAS > 1.
         host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
         if host is not None:
-            problems.append(f"{name}: side-channel host {host!r} is fixed; leave it unset")
+            problems.append(
+                f"{name}: side-channel host {host!r} is set: leave VLLM_NIXL_SIDE_CHANNEL_HOST "
+                "to the entrypoint (each replica's own address)"
+            )
         port = env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "")
         key = f"{is_cpu(service)}:{port}"
         if not port or key in ports:

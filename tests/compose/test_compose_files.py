@@ -146,6 +146,8 @@ def test_kit_settings_show_the_knobs(tmp_path, gpu, env_example) -> None:
     overrides |= {"GRAFANA_PORT": "3001", "PROXY_BIND_ADDRESS": "127.0.0.1"}
     overrides |= {"BIND_ADDRESS": "127.0.0.2", "VLLM_IMAGE": "vllm/vllm-openai:v9"}
     overrides |= {"HF_CACHE_DIR": "/srv/hf-cache"}
+    # Compose casts the replica counts itself (`scale:`): numbers, not markers.
+    overrides |= {"PREFILL_REPLICAS": "3", "DECODE_REPLICAS": "4"}
     model, settings = render(tmp_path, overrides)
     assert cc.check_kit_settings(model, settings) == []
     broken = copy.deepcopy(model)
@@ -250,6 +252,8 @@ def test_gpu_flags_follow_the_variables(tmp_path) -> None:
     }
     model, settings = render(tmp_path, overrides)
     assert cc.check_gpu_topology(model, settings) == []
+    xpyd = {"PREFILL_REPLICAS": "2", "DECODE_REPLICAS": "2", "PREFILL_GPUS": "0,1,2,3"}
+    assert cc.check_gpu_topology(*render(tmp_path, {**xpyd, "DECODE_GPUS": "4,5"})) == []
     for name in ("prefill", "decode"):
         service = model["services"][name]
         assert cc.reserves_all_gpus(service) and cc.gpu_device_ids(service) == [], name
@@ -381,7 +385,9 @@ def test_parity_check_catches_a_drifted_cpu_service(tmp_path, gpu, edits, needle
     [
         ({"PREFILLER_PCP_SIZE": "4"}, "TP x PCP = 4"),
         ({"PREFILLER_TP_SIZE": "2"}, "TP x PCP = 4"),
-        ({"DECODER_TP_SIZE": "2"}, "DECODER_TP_SIZE = 2"),
+        ({"DECODER_TP_SIZE": "2"}, "DECODE_REPLICAS x TP = 2"),
+        ({"PREFILL_REPLICAS": "2"}, "PREFILL_REPLICAS x TP x PCP = 4"),
+        ({"DECODE_REPLICAS": "3", "DECODE_GPUS": "2,3"}, "DECODE_REPLICAS x TP = 3"),
         ({"DECODE_GPUS": "1"}, "overlap"),
         ({"PREFILLER_TP_SIZE": "two"}, "not a positive integer"),
         ({"PREFILL_GPUS": "0,gpu1"}, "not a GPU index or UUID"),
@@ -391,6 +397,8 @@ def test_parity_check_catches_a_drifted_cpu_service(tmp_path, gpu, edits, needle
         "pcp4-2gpus",
         "tp2-2gpus",
         "decode-tp2-1gpu",
+        "2p-2gpus",
+        "3d-2gpus",
         "overlap",
         "tp-not-int",
         "bad-gpu-id",
@@ -429,6 +437,10 @@ def test_gpu_check_catches_bad_overrides(tmp_path, overrides, needle) -> None:
         ),
         ([("      --enable-expert-parallel\n", "")], "--enable-expert-parallel"),
         (
+            [("KIT_ROLE_REPLICAS: ${DECODE_REPLICAS:-1}", "KIT_ROLE_REPLICAS: 2")],
+            "decode: scale 1, KIT_ROLE_REPLICAS '2'",
+        ),
+        (
             [
                 (
                     "--gpu-memory-utilization ${DECODE_GPU_MEMORY_UTILIZATION:-0.85}",
@@ -449,6 +461,7 @@ def test_gpu_check_catches_bad_overrides(tmp_path, overrides, needle) -> None:
         "holder-shm",
         "holder-image",
         "no-ep",
+        "decode-scale",
         "wrong-mem-var",
     ],
 )

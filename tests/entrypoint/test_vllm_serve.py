@@ -60,8 +60,13 @@ def test_environment_sets_devices_and_secrets_from_files(tmp_path, monkeypatch) 
     assert env["CUDA_VISIBLE_DEVICES"] == "2"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert (env["HF_TOKEN"], env["VLLM_API_KEY"], env["X"]) == ("hf_secret", "vllm-key", "y")
-    every = serve.serve_environment({"KIT_ROLE_GPUS": "5,6", "KIT_ALL_GPUS": "all"})
+    every = serve.serve_environment(
+        {"KIT_ROLE_GPUS": "5,6", "KIT_ALL_GPUS": "all"}, argv=["--tensor-parallel-size", "2"]
+    )
     assert (every["CUDA_VISIBLE_DEVICES"], every["CUDA_DEVICE_ORDER"]) == ("5,6", "PCI_BUS_ID")
+    # The list must hold the server's TP x PCP x PP ids: a TP1 server refuses two.
+    with pytest.raises(ValueError, match="KIT_ROLE_GPUS lists 2 GPU"):
+        serve.serve_environment({"KIT_ROLE_GPUS": "5,6", "KIT_ALL_GPUS": "all"})
 
 
 def test_cpu_containers_and_absent_secrets_change_nothing(tmp_path, monkeypatch) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.entrypoint.loader import effective_argv
+from tests.entrypoint.loader import effective_argv, entrypoint
 from tests.k8s.manifests import (
     ALERTS,
     CONNECTOR_PKG,
@@ -239,6 +239,83 @@ def check_gpus(objs: list[Obj]) -> list[str]:
     for role in want:
         if not role_templates(objs, role):
             problems.append(f"no {role} pods")
+    return problems
+
+
+def instances(objs: list[Obj]) -> dict[str, tuple[int, int]]:
+    """Per role: (instances, GPUs of one instance). An instance is a Deployment's pod or an LWS
+    group (leader + size - 1 workers): one vLLM server, as one compose replica is."""
+    found: dict[str, tuple[int, int]] = {}
+    for o in find(objs, "Deployment"):
+        t = o["spec"]["template"]
+        role = t["metadata"].get("labels", {}).get("llm-d.ai/role")
+        if role in ("prefill", "decode"):
+            per = sum(gpus(c) for c in t["spec"]["containers"])
+            found[role] = (int(o["spec"].get("replicas", 1)), per)
+    for o in find(objs, "LeaderWorkerSet"):
+        lwt = o["spec"]["leaderWorkerTemplate"]
+        leader = lwt.get("leaderTemplate", lwt["workerTemplate"])
+        role = leader["metadata"].get("labels", {}).get("llm-d.ai/role")
+        if role in ("prefill", "decode"):
+            size = int(lwt.get("size", 1))
+            per = sum(gpus(c) for c in leader["spec"]["containers"])
+            per += (size - 1) * sum(gpus(c) for c in lwt["workerTemplate"]["spec"]["containers"])
+            found[role] = (int(o["spec"].get("replicas", 1)), per)
+    return found
+
+
+def check_replica_meaning(objs: list[Obj], compose: Mapping[str, Any]) -> list[str]:
+    """The renders' instance counts mean what compose's PREFILL_REPLICAS / DECODE_REPLICAS mean:
+    ``compose`` is compose.yaml rendered with the knobs set to those counts, and each role's
+    service must scale to the same count, each replica (its slice of the role's GPU list, by the
+    entrypoint's own rule) taking as many GPUs as one instance requests."""
+    serve = entrypoint()
+    problems = []
+    for role, (count, per) in sorted(instances(objs).items()):
+        service = compose["services"][role]
+        env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+        scale = int(service.get("scale", 1))
+        if scale != count:
+            problems.append(f"{role}: {count} instance(s) on Kubernetes, compose scales to {scale}")
+            continue
+        argv = [str(a) for a in service.get("command") or []]
+        ids = [i.strip() for i in env.get("KIT_ROLE_GPUS", "").split(",") if i.strip()]
+        try:
+            every = [
+                serve.replica_gpus(ids, scale, serve.gpus_per_replica(argv), index)
+                for index in range(1, scale + 1)
+            ]
+        except ValueError as exc:
+            problems.append(f"{role}: compose's entrypoint refuses: {exc}")
+            continue
+        if any(len(own) != per for own in every):
+            problems.append(
+                f"{role}: a compose replica takes {[len(own) for own in every]} GPU(s), an "
+                f"instance on Kubernetes {per}"
+            )
+    return problems
+
+
+def check_pods_pick_no_gpus(objs: list[Obj]) -> list[str]:
+    """Each vLLM pod gets its GPUs from the device plugin: the entrypoint must pick none (no
+    KIT_ROLE_GPUS) and take the pod for one replica without looking anything up."""
+    serve = entrypoint()
+
+    def no_lookup() -> int:
+        raise ValueError("looked up a replica index")
+
+    problems = []
+    for role in ("prefill", "decode"):
+        for t in role_templates(objs, role):
+            container = t.container(VLLM_CONTAINER)
+            env = container_env(container, objs, t.injected)
+            try:
+                place = serve.placement(env, vllm_argv(t, objs), no_lookup)
+            except ValueError as exc:
+                problems.append(f"{t.owner}: {exc}")
+                continue
+            if tuple(place) != (1, 1, []):
+                problems.append(f"{t.owner}: the entrypoint places it as {tuple(place)}")
     return problems
 
 

@@ -377,6 +377,11 @@ def compose_command() -> list[str] | None:
 def compose_model() -> Obj:
     """`docker compose config --format json` of the GPU deployment with .env.example's values,
     in a clean environment (no .env, no shell variables)."""
+    return compose_model_with(())
+
+
+def compose_model_with(overrides: tuple[tuple[str, str], ...]) -> Obj:
+    """compose_model() with ``overrides`` set as shell variables (which win over the env file)."""
     exe, path = compose_command(), compose_file()
     assert exe is not None and path is not None
     argv = [*exe, "-f", str(path), "--env-file", str(ENV_EXAMPLE), "--profile", "gpu"]
@@ -387,7 +392,7 @@ def compose_model() -> Obj:
             text=True,
             timeout=120,
             cwd=REPO,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home},
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, **dict(overrides)},
         )
     if proc.returncode != 0:
         raise RuntimeError(f"docker compose config failed: {proc.stderr.strip()}")

@@ -10,7 +10,13 @@ import pytest
 
 from tests.k8s import checks as ck
 from tests.k8s import operations as op
-from tests.k8s.manifests import compose_command, compose_file, compose_model, find
+from tests.k8s.manifests import (
+    compose_command,
+    compose_file,
+    compose_model,
+    compose_model_with,
+    find,
+)
 from tests.k8s.renders import needs_kubectl, rendered
 
 pytestmark = [
@@ -150,3 +156,53 @@ def test_image_comparison_fails(compose: dict) -> None:
     changed = copy.deepcopy(compose)
     changed["services"]["prefill"]["image"] = "vllm/vllm-openai:v0.33.0"
     assert ck.check_image_parity(rendered("overlay:1p1d"), changed)
+
+
+def compose_for(objs: list) -> dict:
+    """compose.yaml rendered with PREFILL_REPLICAS / DECODE_REPLICAS set to the render's
+    instance counts and GPU lists of one instance's GPUs per replica (0, 1, ... in order)."""
+    found = ck.instances(objs)
+    (p_n, p_per), (d_n, d_per) = found["prefill"], found["decode"]
+    prefill = [str(i) for i in range(p_n * p_per)]
+    decode = [str(len(prefill) + i) for i in range(d_n * d_per)]
+    return compose_model_with(
+        (
+            ("PREFILL_REPLICAS", str(p_n)),
+            ("DECODE_REPLICAS", str(d_n)),
+            ("PREFILL_GPUS", ",".join(prefill)),
+            ("DECODE_GPUS", ",".join(decode)),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("overlay:1p1d", {"prefill": (1, 2), "decode": (1, 1)}),
+        ("overlay:xpyd", {"prefill": (2, 2), "decode": (2, 1)}),
+        ("xpyd+lws", {"prefill": (2, 2), "decode": (2, 1)}),  # 2 groups of 2 one-GPU pods
+    ],
+)
+def test_overlay_replicas_mean_the_compose_knobs(name: str, want: dict) -> None:
+    """An overlay's prefill count is PREFILL_REPLICAS (TP x PCP GPUs each) and its decode count
+    DECODE_REPLICAS (TP GPUs each): compose rendered with those knobs scales to the same counts
+    and gives each replica as many GPUs as one instance requests. xpyd = 2P2D, 6 GPUs."""
+    objs = rendered(name)
+    assert ck.instances(objs) == want
+    assert ck.check_replica_meaning(objs, compose_for(objs)) == []
+
+
+def test_replica_meaning_check_fails_on_a_drifted_count_or_size() -> None:
+    objs = rendered("overlay:xpyd")
+    compose = compose_for(objs)
+    find(objs, "Deployment", "pcp-pd-decode")[0]["spec"]["replicas"] = 3
+    assert ck.check_replica_meaning(objs, compose) == [
+        "decode: 3 instance(s) on Kubernetes, compose scales to 2"
+    ]
+    objs = rendered("overlay:xpyd")
+    pod = find(objs, "Deployment", "pcp-pd-prefill")[0]["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    problems = ck.check_replica_meaning(objs, compose)
+    assert problems == [
+        "prefill: a compose replica takes [2, 2] GPU(s), an instance on Kubernetes 1"
+    ], problems

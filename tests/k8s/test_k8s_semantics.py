@@ -34,6 +34,20 @@ def test_gpus_are_tp_x_pcp_for_prefill_and_tp_for_decode(name: str) -> None:
     assert ck.check_gpus(rendered(name)) == []
 
 
+@pytest.mark.parametrize("name", ALL_RENDERS)
+def test_pods_leave_gpu_choice_to_the_device_plugin(name: str) -> None:
+    assert ck.check_pods_pick_no_gpus(rendered(name)) == []
+
+
+def test_gpu_choice_check_fails_when_a_pod_gets_a_role_list() -> None:
+    objs = base()
+    vllm(objs, "pcp-pd-decode").setdefault("env", []).extend(
+        [{"name": "KIT_ROLE_GPUS", "value": "0,1"}, {"name": "KIT_ROLE_REPLICAS", "value": "2"}]
+    )
+    problems = ck.check_pods_pick_no_gpus(objs)
+    assert len(problems) == 1 and "looked up a replica index" in problems[0], problems
+
+
 def test_connector_configmap_is_the_connector_package() -> None:
     assert ck.check_connector_configmap(rendered("base")) == []
 

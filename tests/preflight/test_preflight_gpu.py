@@ -45,9 +45,11 @@ def test_nvidia_smi_odd_output(host: FakeHost) -> None:
 @pytest.mark.parametrize(
     ("settings", "needle"),
     [
-        ({"prefill_gpus": "0"}, "PREFILL_GPUS='0' lists 1 GPU(s) but PREFILLER_TP_SIZE x "
-                                "PREFILLER_PCP_SIZE = 1 x 2 = 2: list exactly 2"),
-        ({"decode_gpus": "2,0"}, "DECODE_GPUS='2,0' lists 2 GPU(s) but DECODER_TP_SIZE = 1"),
+        ({"prefill_gpus": "0"}, "PREFILL_GPUS lists 1 GPU(s) (0) but PREFILL_REPLICAS x GPUs per "
+                                "replica (PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE) = 1 x 2 = 2: "
+                                "list exactly 2 GPU id(s) in PREFILL_GPUS, in .env."),
+        ({"decode_gpus": "2,0"}, "DECODE_GPUS lists 2 GPU(s) (2, 0) but DECODE_REPLICAS x GPUs per "
+                                 "replica (DECODER_TP_SIZE) = 1 x 1 = 1"),
         ({"decode_gpus": "1"}, "GPU 1 is given to both PREFILL_GPUS and DECODE_GPUS"),
         ({"decode_gpus": "7"}, "DECODE_GPUS names GPU '7', which nvidia-smi does not list"),
         ({"prefill_gpus": "0,0"}, "GPU 0 (NVIDIA H100 80GB HBM3) appears twice in PREFILL_GPUS"),
@@ -78,6 +80,98 @@ def test_same_gpu_by_index_and_uuid_is_caught(host: FakeHost) -> None:
     host.settings.update(decode_gpus=uuid_of(0))
     out = consistent(host.run())
     assert "GPU 0 is given to both PREFILL_GPUS and DECODE_GPUS" in out.text("gpu-ids")
+
+
+# -- xPyD: several replicas per role --------------------------------------------------------------
+XPYD = {"prefill_replicas": "2", "decode_replicas": "2", "prefill_gpus": "0,1,2,3",
+        "decode_gpus": "4,5"}  # fmt: skip
+
+
+PREFILL_LENGTH = (
+    "PREFILL_GPUS lists 3 GPU(s) (0, 1, 2) but PREFILL_REPLICAS x GPUs per replica "
+    "(PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE) = 2 x 2 = 4: list exactly 4 GPU id(s) in "
+    "PREFILL_GPUS (replica 1 takes the first 2, replica 2 the next, ...), in .env, or change "
+    "PREFILL_REPLICAS (each prefill replica takes PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE GPUs)."
+)
+
+
+def test_2p2d_on_8_gpus_prints_each_replicas_gpus(host: FakeHost) -> None:
+    host.gpus = gpu_rows(*[H100] * 8)
+    host.settings.update(XPYD)
+    out = consistent(host.run())
+    assert out.returncode == 0, out.dump()
+    assert out.text("gpus") == "8 GPU(s) for 6 needed (prefill 2 x (1 x 2), decode 2 x (1))"
+    h100 = "(NVIDIA H100 80GB HBM3)"
+    assert out.text("gpu-ids") == (
+        f"prefill-1: GPU 0 {h100}, GPU 1 {h100}; prefill-2: GPU 2 {h100}, GPU 3 {h100}; "
+        f"decode-1: GPU 4 {h100}; decode-2: GPU 5 {h100}"
+    )
+
+
+def test_1p1d_prints_one_replica_per_role(host: FakeHost) -> None:
+    out = consistent(host.run())
+    assert out.text("gpu-ids").startswith("prefill-1: GPU 0 (NVIDIA H100 80GB HBM3), GPU 1 ")
+    assert "; decode-1: GPU 2 (NVIDIA H100 80GB HBM3)" in out.text("gpu-ids")
+
+
+def test_3p2d_uses_all_8_gpus(host: FakeHost) -> None:
+    host.gpus = gpu_rows(*[H200] * 8)
+    host.settings.update(prefill_replicas="3", decode_replicas="2", prefill_gpus="0,1,2,3,4,5",
+                         decode_gpus="6,7")  # fmt: skip
+    out = consistent(host.run())
+    assert out.returncode == 0, out.dump()
+    assert "8 GPU(s) for 8 needed" in out.text("gpus")
+    assert "prefill-3: GPU 4 (NVIDIA H200), GPU 5 (NVIDIA H200); decode-1: GPU 6" in out.text(
+        "gpu-ids"
+    )
+
+
+def test_too_few_gpus_for_the_replicas(host: FakeHost) -> None:
+    host.gpus = gpu_rows(*[H100] * 4)
+    host.settings.update(XPYD)
+    out = consistent(host.run())
+    assert out.status("gpus") == ["FAIL"]
+    assert out.text("gpus") == (
+        "found 4 GPU(s) but prefill needs PREFILL_REPLICAS x PREFILLER_TP_SIZE x "
+        "PREFILLER_PCP_SIZE = 2 x 1 x 2 = 4 and decode needs DECODE_REPLICAS x DECODER_TP_SIZE "
+        "= 2 x 1 = 2, 6 in all: use a bigger host or lower those sizes or replica counts in .env."
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"decode_gpus": "3,4"}, "GPU 3 is given to both PREFILL_GPUS and DECODE_GPUS"),
+        ({"prefill_gpus": "0,1,2,0"}, "GPU 0 (NVIDIA H100 80GB HBM3) appears twice in "
+                                      "PREFILL_GPUS"),
+        ({"prefill_gpus": "0,1,2"}, PREFILL_LENGTH),
+        ({"decode_gpus": "4"}, "DECODE_GPUS lists 1 GPU(s) (4) but DECODE_REPLICAS x GPUs per "
+                               "replica (DECODER_TP_SIZE) = 2 x 1 = 2"),
+        ({"decode_replicas": "0"}, "DECODE_REPLICAS='0' is not a positive integer"),
+    ],
+    ids=["overlap", "twice", "prefill-length", "decode-length", "zero-replicas"],
+)  # fmt: skip
+def test_xpyd_refusals(host: FakeHost, settings: dict[str, str], needle: str) -> None:
+    host.gpus = gpu_rows(*[H100] * 8)
+    host.settings.update({**XPYD, **settings})
+    out = consistent(host.run())
+    assert out.returncode != 0
+    assert needle in out.text("gpus") + out.text("gpu-ids"), out.dump()
+
+
+def test_parallel_flags_in_extra_args_are_caught(host: FakeHost) -> None:
+    """The entrypoint counts the flags the container really gets: a -pp in VLLM_EXTRA_ARGS
+    would make each replica want more GPUs than the lists give it."""
+    flags = ["--tensor-parallel-size", "1", "--prefill-context-parallel-size", "2"]
+    host.services["prefill"]["command"] = [*flags, "--max-num-seqs", "8"]
+    assert consistent(host.run()).status("gpu-ids") == ["ok"]
+    host.services["prefill"]["command"] = [*flags, "-pp", "2"]
+    out = consistent(host.run())
+    assert out.text("gpu-ids") == (
+        "the prefill service's vLLM flags give 4 GPU(s) per replica (TP x PCP x PP) but "
+        "PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE = 2: set the parallel sizes with "
+        "PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE only, not in VLLM_EXTRA_ARGS, in .env."
+    )
 
 
 # -- MoE backend ----------------------------------------------------------------------------------

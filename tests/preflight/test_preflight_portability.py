@@ -62,3 +62,20 @@ def test_runs_on_the_oldest_python(host: FakeHost) -> None:
     host.settings.update(decode_gpu_memory_utilization="0.3", moe_backend="bogus")
     out = host.run(python=python)
     assert out.returncode == 2 and {r["check"] for r in out.fails} == {"memory", "moe-backend"}
+
+
+def test_the_loaded_entrypoint_is_python_3_8_at_import() -> None:
+    """Preflight loads the vLLM containers' entrypoint by path (its GPU and switch rules): its
+    syntax must be 3.8's and its top-level imports the standard library (dnspython and the
+    connector are imported inside the functions that run in the containers)."""
+    path = REPO / "compose" / "entrypoint" / "vllm_serve.py"
+    tree = ast.parse(path.read_text(), feature_version=(3, 8))
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots = [node.module.split(".")[0]]
+        else:
+            continue
+        for root in roots:
+            assert root in sys.stdlib_module_names or root == "__future__", root

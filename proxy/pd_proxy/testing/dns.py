@@ -1,6 +1,7 @@
 """A minimal DNS server and client over UDP (RFC 1035), for discovery tests on loopback.
 
-``DnsServer`` answers A and AAAA questions from ``records`` (name -> addresses), which a test
+``DnsServer`` answers A and AAAA questions from ``records`` (name -> addresses), and PTR
+questions from the same table (``<reversed address>.in-addr.arpa`` -> names), which a test
 changes while the proxy runs: a name missing from it gets NXDOMAIN, one in ``silent`` gets no
 answer at all (a timeout), one in ``servfail`` gets SERVFAIL. ``UdpResolver`` is a resolver for
 pd_proxy.discovery that asks such a server directly, so tests need neither root, nor
@@ -15,7 +16,7 @@ import ipaddress
 import os
 import struct
 
-A, AAAA = 1, 28
+A, PTR, AAAA = 1, 12, 28
 CLASS_IN = 1
 NOERROR, SERVFAIL, NXDOMAIN = 0, 2, 3
 RCODE_NAMES = {NOERROR: "NOERROR", 1: "FORMERR", SERVFAIL: "SERVFAIL", NXDOMAIN: "NXDOMAIN"}
@@ -82,11 +83,18 @@ def parse_query(msg: bytes) -> tuple[int, str, int, int]:
 
 
 def build_response(query: bytes, addresses: list[str], rcode: int = NOERROR, ttl: int = 0) -> bytes:
-    """The answer to ``query``: its question, then one record per address of the asked type."""
+    """The answer to ``query``: its question, then one record per address of the asked type
+    (for PTR, ``addresses`` are the names)."""
     qid, _name, qtype, end = parse_query(query)
     want = 4 if qtype == A else 6 if qtype == AAAA else None
     records = []
     for address in addresses if rcode == NOERROR else []:
+        if qtype == PTR:
+            rdata = encode_name(address)
+            records.append(
+                b"\xc0\x0c" + _ANSWER_TAIL.pack(qtype, CLASS_IN, ttl, len(rdata)) + rdata
+            )
+            continue
         ip = ipaddress.ip_address(address)
         if ip.version == want:
             rdata = ip.packed

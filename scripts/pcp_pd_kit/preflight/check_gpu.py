@@ -1,5 +1,10 @@
 """Checks of the GPUs against the settings: nvidia-smi works, there are enough GPUs, and
-PREFILL_GPUS / DECODE_GPUS name existing, distinct GPUs (by index or UUID) in the right number."""
+PREFILL_GPUS / DECODE_GPUS name existing, distinct GPUs (by index or UUID) in the right number.
+
+With several replicas per role (PREFILL_REPLICAS / DECODE_REPLICAS) each list holds every
+replica's GPUs and each replica takes its own run of them: the servers' entrypoint decides which
+(compose/entrypoint/vllm_serve.py, loaded by path), and preflight applies that same rule and
+prints each replica's GPUs."""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import math
 import shutil
 from dataclasses import dataclass
 
-from pcp_pd_kit.preflight import gpus, proc
+from pcp_pd_kit.preflight import entrypoint, gpus, proc
 from pcp_pd_kit.preflight.context import QUICK_S, Context
 from pcp_pd_kit.preflight.report import Result, fail, ok
 from pcp_pd_kit.preflight.settings import Settings, SettingsError
@@ -24,23 +29,38 @@ class Role:
     sizes: tuple[str, ...]
     fraction: str
     more_gpus: str
+    replicas: str
+    kv_role: str  # the entrypoint's KIT_KV_ROLE, whose knob names its messages use
 
     def shape(self, s: Settings) -> list[int]:
+        """One replica's sizes."""
         return [s.positive_int(key) for key in self.sizes]
 
+    def count(self, s: Settings) -> int:
+        """How many replicas (1 when compose.yaml's settings block predates the knob)."""
+        return s.positive_int(self.replicas) if s.has(self.replicas) else 1
+
+    def need(self, s: Settings) -> int:
+        """The role's GPUs: replicas x one replica's."""
+        return self.count(s) * math.prod(self.shape(s))
+
     def why(self, s: Settings) -> str:
-        """`PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE = 1 x 2 = 2`, `DECODER_TP_SIZE = 1`."""
-        values = self.shape(s)
-        text = " x ".join(s.env(k) for k in self.sizes) + " = " + " x ".join(map(str, values))
+        """`PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE = 1 x 2 = 2`, `DECODER_TP_SIZE = 1`; with
+        several replicas `PREFILL_REPLICAS x PREFILLER_TP_SIZE x ... = 2 x 1 x 2 = 4`."""
+        keys, values = list(self.sizes), self.shape(s)
+        if self.count(s) > 1:
+            keys, values = [self.replicas, *keys], [self.count(s), *values]
+        text = " x ".join(s.env(k) for k in keys) + " = " + " x ".join(map(str, values))
         return text + (f" = {math.prod(values)}" if len(values) > 1 else "")
 
 
 ROLES = (
     Role("prefill", "prefill_gpus", ("prefill_tp_size", "prefill_pcp_size"),
          "prefill_gpu_memory_utilization",
-         "raise PREFILLER_PCP_SIZE or PREFILLER_TP_SIZE (more GPUs share the weights)"),
+         "raise PREFILLER_PCP_SIZE or PREFILLER_TP_SIZE (more GPUs share the weights)",
+         "prefill_replicas", "kv_producer"),
     Role("decode", "decode_gpus", ("decode_tp_size",), "decode_gpu_memory_utilization",
-         "raise DECODER_TP_SIZE (more GPUs share the weights)"),
+         "raise DECODER_TP_SIZE (more GPUs share the weights)", "decode_replicas", "kv_consumer"),
 )  # fmt: skip
 
 
@@ -78,16 +98,25 @@ def inventory(ctx: Context) -> list[Result]:
 
 def _count(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
     s = ctx.need_settings()
-    need = sum(math.prod(role.shape(s)) for role in ROLES)
+    need = sum(role.need(s) for role in ROLES)
     if len(found) >= need:
-        shapes = ", ".join(f"{r.name} {' x '.join(map(str, r.shape(s)))}" for r in ROLES)
+        shapes = ", ".join(_shape(r, s) for r in ROLES)
         return [ok("gpus", f"{len(found)} GPU(s) for {need} needed ({shapes})")]
     needs = " and ".join(f"{role.name} needs {role.why(s)}" for role in ROLES)
+    fewer = any(role.count(s) > 1 for role in ROLES)
     msg = (
         f"found {len(found)} GPU(s) but {needs}, {need} in all: use a bigger host or lower those "
-        f"sizes in {ctx.env_label}."
+        f"sizes{' or replica counts' if fewer else ''} in {ctx.env_label}."
     )
     return [fail("gpus", msg)]
+
+
+def _shape(role: Role, s: Settings) -> str:
+    """`prefill 1 x 2`, or `prefill 2 x (1 x 2)` for two replicas."""
+    one = " x ".join(map(str, role.shape(s)))
+    if role.count(s) == 1:
+        return f"{role.name} {one}"
+    return f"{role.name} {role.count(s)} x ({one})"
 
 
 def _ids(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
@@ -97,15 +126,24 @@ def _ids(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
     owner: dict[int, str] = {}
     problems: list[str] = []
     placed: list[str] = []
+    serve = entrypoint.load()
     for role in ROLES:
-        env, ids, want = s.env(role.gpus), s.id_list(role.gpus), math.prod(role.shape(s))
+        env, ids = s.env(role.gpus), s.id_list(role.gpus)
+        replicas, per_replica = role.count(s), math.prod(role.shape(s))
         ctx.assigned[role.name] = []
-        if len(ids) != want:
-            problems.append(
-                f"{env}='{s.text(role.gpus)}' lists {len(ids)} GPU(s) but {role.why(s)}: list "
-                f"exactly {want} GPU id(s) in {env} in {ctx.env_label}."
-            )
-        names = []
+        try:
+            # The entrypoint's rule: replica i takes the i-th run of TP x PCP (x PP) ids.
+            knobs = serve.ROLE_KNOBS[role.kv_role]
+            slices = [
+                serve.replica_gpus(ids, replicas, per_replica, index, knobs)
+                for index in range(1, replicas + 1)
+            ]
+        except ValueError as exc:
+            slices = []
+            if len(ids) != replicas * per_replica:  # a GPU listed twice is reported below
+                problems.append(f"{exc}, in {ctx.env_label}{_fix(role, s)}.")
+        problems += _command_sizes(ctx, role, per_replica)
+        names: dict[str, str] = {}
         for gpu_id in ids:
             gpu = gpus.resolve(gpu_id, found)
             if gpu is None:
@@ -128,8 +166,42 @@ def _ids(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
             else:
                 owner[gpu.index] = env
                 ctx.assigned[role.name].append(gpu)
-                names.append(gpus.describe(gpu_id, gpu))
-        placed.append(f"{role.name} on {', '.join(names)}")
+                names[gpu_id] = gpus.describe(gpu_id, gpu)
+        for index, own in enumerate(slices, start=1):
+            placed.append(f"{role.name}-{index}: {', '.join(names.get(g, g) for g in own)}")
     if problems:
         return [fail("gpu-ids", msg) for msg in problems]
     return [ok("gpu-ids", "; ".join(placed))]
+
+
+def _fix(role: Role, s: Settings) -> str:
+    """More of the fix for a list of the wrong length: what the host would need otherwise."""
+    if role.count(s) == 1:
+        return ""
+    return (
+        f", or change {s.env(role.replicas)} (each {role.name} replica takes "
+        f"{' x '.join(s.env(k) for k in role.sizes)} GPUs)"
+    )
+
+
+def _command_sizes(ctx: Context, role: Role, per_replica: int) -> list[str]:
+    """The GPUs per replica the server's own rendered flags give (what its entrypoint counts,
+    VLLM_EXTRA_ARGS included) against the sizes' product; none when compose's model lacks the
+    service's command."""
+    service = ctx.view.services.get(role.name) if ctx.view is not None else None
+    command = service.get("command") if isinstance(service, dict) else None
+    if not isinstance(command, list):
+        return []
+    s = ctx.need_settings()
+    try:
+        got = entrypoint.load().gpus_per_replica([str(arg) for arg in command])
+    except ValueError as exc:
+        return [f"the {role.name} service's vLLM flags: {exc}; fix them in {ctx.env_label}."]
+    if got == per_replica:
+        return []
+    sizes = " x ".join(s.env(k) for k in role.sizes)
+    return [
+        f"the {role.name} service's vLLM flags give {got} GPU(s) per replica (TP x PCP x PP) but "
+        f"{sizes} = {per_replica}: set the parallel sizes with {sizes} only, not in "
+        f"VLLM_EXTRA_ARGS, in {ctx.env_label}."
+    ]

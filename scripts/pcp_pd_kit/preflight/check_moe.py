@@ -6,11 +6,7 @@ what the containers would refuse."""
 
 from __future__ import annotations
 
-import importlib.util
-from types import ModuleType
-
-from pcp_pd_kit import repo_root
-from pcp_pd_kit.preflight import VLLM_VERSION, moe
+from pcp_pd_kit.preflight import VLLM_VERSION, entrypoint, moe
 from pcp_pd_kit.preflight.check_gpu import ROLES
 from pcp_pd_kit.preflight.context import Context
 from pcp_pd_kit.preflight.gpus import Gpu
@@ -78,24 +74,11 @@ def _auto_line(backend: str, placed: list[Gpu]) -> Result:
     return ok(CHECK, text)
 
 
-#: The vLLM containers' entrypoint, which decides ENFORCE_EAGER (standard library only).
-ENTRYPOINT = repo_root() / "compose" / "entrypoint" / "vllm_serve.py"
-
-
-def entrypoint() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kit_vllm_serve", ENTRYPOINT)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load the vLLM entrypoint {ENTRYPOINT}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def enforce_eager(ctx: Context) -> list[Result]:
     """Silent when off (vLLM's compiled default); one line when eager; FAIL where the servers'
     entrypoint would refuse the value and exit before vLLM starts."""
     value = ctx.need_settings().text("enforce_eager")
-    serve = entrypoint()
+    serve = entrypoint.load()
     try:
         eager = serve.enforce_eager({serve.EAGER_ENV: value})
     except ValueError as exc:

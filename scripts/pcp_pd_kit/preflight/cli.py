@@ -34,7 +34,8 @@ USAGE_ERROR = 100
 
 DESCRIPTION = """\
 Checks a GPU host before `docker compose up`: Docker Compose v2, the NVIDIA runtime, the GPUs
-named by PREFILL_GPUS/DECODE_GPUS, the MoE backend for their compute capability, ENFORCE_EAGER,
+named by PREFILL_GPUS/DECODE_GPUS (each replica's share, with PREFILL_REPLICAS/DECODE_REPLICAS),
+the MoE backend for their compute capability, ENFORCE_EAGER,
 GPU memory for the weights, the driver for the image's CUDA, NIXL in the image, CDI devices for
 compose's GPU requests, PD_SUBNET, free disk, the model and its token, free host ports, the
 KV lease against pd-proxy's timeouts, and one vLLM release for prefill and decode.

@@ -39,7 +39,7 @@ REQUIRED = tuple(ENV_NAMES)
 #: Where the Hugging Face token is: a file, or `hf_token` in the folder of Compose secrets.
 TOKEN_KEYS = ("hf_token_file", "secrets_dir")
 #: Read when present: the token's place, the proxy's address, the cpu profile's model, the
-#: servers' ports if compose.yaml publishes them, and the GPU servers' eager switch.
+#: servers' ports if compose.yaml publishes them, the GPU servers' eager switch and the replicas.
 OPTIONAL_ENV_NAMES: dict[str, str] = {
     "hf_token_file": "HF_TOKEN_FILE",
     "secrets_dir": "KIT_SECRETS_DIR",
@@ -48,6 +48,9 @@ OPTIONAL_ENV_NAMES: dict[str, str] = {
     "prefill_port": "PREFILL_PORT",
     "decode_port": "DECODE_PORT",
     "enforce_eager": "ENFORCE_EAGER",
+    # xPyD: servers per role (compose's `scale`); 1 when the block lacks them.
+    "prefill_replicas": "PREFILL_REPLICAS",
+    "decode_replicas": "DECODE_REPLICAS",
 }
 
 

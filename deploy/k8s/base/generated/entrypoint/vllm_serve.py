@@ -4,6 +4,9 @@
 Why a wrapper: CUDA IPC between the prefill and decode containers needs each to *see* both
 roles' GPUs (mutual visibility) while using only its own, and the compose file cannot compute
 in-container device indices (it gives both containers every host GPU: KIT_ALL_GPUS=all).
+With several replicas of a role (PREFILL_REPLICAS / DECODE_REPLICAS) every replica gets the
+role's whole list and takes its own slice (placement()): TP x PCP x PP ids, read from its own vLLM
+flags, at its replica index, compose's container number, which Docker's DNS names.
 Secrets arrive as files (Compose secrets / a generated key volume) so that neither the Hugging
 Face token nor the vLLM API key is an environment value visible in `docker inspect`; they are put
 into vLLM's own environment here, inside the process.
@@ -22,13 +25,16 @@ starts them again after its own restart or a reboot, and leaves alone what was s
 Docker bounds nothing under that policy, so the bound on crash loops is here: each unasked exit
 is counted in the container's own filesystem (CRASH_FILE), and after CRASH_LIMIT in a row the
 entrypoint stays up without starting vLLM (unhealthy, saying why) instead of looping.
-Standard library only: it runs with the image's own Python, before vLLM is imported.
+Standard library only at import: it runs with the image's own Python, before vLLM is imported
+(the replica lookup imports dnspython, which vLLM brings, when it runs).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 HF_TOKEN_FILE = Path("/run/secrets/kit_secrets/hf_token")
 VLLM_KEY_FILE = Path("/run/kit-keys/vllm_api_key")
@@ -63,6 +69,25 @@ KV_ROLES = ("kv_producer", "kv_consumer")
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 # KIT_ALL_GPUS value for a container that sees every host GPU.
 ALL_GPUS = "all"
+# xPyD (docs/gpu.md, "Using every GPU"): compose runs PREFILL_REPLICAS / DECODE_REPLICAS copies of a
+# server, each with the role's whole GPU list (KIT_ROLE_GPUS) and replica count; each copy takes
+# its own slice of the list, found from its replica index (compose's container number).
+ROLE_GPUS_ENV = "KIT_ROLE_GPUS"
+REPLICAS_ENV = "KIT_ROLE_REPLICAS"
+REPLICA_INDEX_ENV = "KIT_REPLICA_INDEX"  # set by hand: overrides the DNS lookup below
+# vLLM's flags whose product is the GPUs one server uses (long form, short form).
+PARALLEL_FLAGS = (
+    ("--tensor-parallel-size", "-tp"),
+    ("--prefill-context-parallel-size", "-pcp"),
+    ("--pipeline-parallel-size", "-pp"),
+)
+DATA_PARALLEL_FLAGS = ("--data-parallel-size", "-dp")
+# Compose's container name ends in its number: <project>-<service>-<n> (v1: underscores).
+_CONTAINER_NUMBER = re.compile(r"[-_]([0-9]+)$")
+# Docker's embedded DNS server, the nameserver of containers on user-defined networks.
+DOCKER_DNS = "127.0.0.11"
+RESOLV_CONF = Path("/etc/resolv.conf")
+PTR_TIMEOUT_S = 5.0
 BUFFER_DEVICES = ("cuda", "cpu")
 # vLLM's OpenAI API server, run with `python -m`: the module the deprecated
 # vllm.entrypoints.openai.api_server shim runs (its `main()`, present in vLLM 0.32.0 and 0.33.0).
@@ -127,6 +152,207 @@ def read_secret(path: Path) -> str | None:
     return text.splitlines()[0].strip() if text else None
 
 
+class Knobs(NamedTuple):
+    """The .env names of one role's settings, for messages a user can act on."""
+
+    gpus: str
+    replicas: str
+    per_replica: str
+
+
+# By KIT_KV_ROLE: the compose knobs behind KIT_ROLE_GPUS, KIT_ROLE_REPLICAS and the parallel sizes.
+ROLE_KNOBS = {
+    "kv_producer": Knobs(
+        "PREFILL_GPUS", "PREFILL_REPLICAS", "PREFILLER_TP_SIZE x PREFILLER_PCP_SIZE"
+    ),
+    "kv_consumer": Knobs("DECODE_GPUS", "DECODE_REPLICAS", "DECODER_TP_SIZE"),
+}
+GENERIC_KNOBS = Knobs(ROLE_GPUS_ENV, REPLICAS_ENV, "the server's parallel sizes")
+
+
+def role_knobs(env: Mapping[str, str]) -> Knobs:
+    return ROLE_KNOBS.get(env.get(KV_ENV["role"], "").strip(), GENERIC_KNOBS)
+
+
+def flag_value(argv: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value argparse would give a flag: its last ``--flag value`` or ``--flag=value``
+    (vLLM also takes underscores in long names)."""
+    value = None
+    for i, arg in enumerate(argv):
+        name, eq, inline = arg.partition("=")
+        if name.startswith("--"):
+            name = name.replace("_", "-")
+        if name not in names:
+            continue
+        if eq:
+            value = inline
+        elif i + 1 < len(argv):
+            value = argv[i + 1]
+        else:
+            raise ValueError(f"{arg} has no value in the server's arguments")
+    return value
+
+
+def parallel_size(argv: Sequence[str], names: Sequence[str]) -> int:
+    """A positive parallel size from argv (1 when absent); ValueError otherwise."""
+    raw = flag_value(argv, names)
+    if raw is None:
+        return 1
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+        raise ValueError(f"{names[0]}={raw!r} in the server's arguments: want an integer >= 1")
+    return int(raw)
+
+
+def gpus_per_replica(argv: Sequence[str]) -> int:
+    """The GPUs one server with vLLM flags ``argv`` uses: TP x PCP x PP (vLLM's world size).
+
+    Data parallelism inside one server is refused: it multiplies the GPUs a server takes, and
+    the kit scales out with replicas instead (PREFILL_REPLICAS / DECODE_REPLICAS).
+    """
+    if parallel_size(argv, DATA_PARALLEL_FLAGS) != 1:
+        raise ValueError(
+            f"{DATA_PARALLEL_FLAGS[0]} is in the server's arguments (VLLM_EXTRA_ARGS?): run "
+            "more replicas instead (PREFILL_REPLICAS / DECODE_REPLICAS), each on its own GPUs"
+        )
+    return math.prod(parallel_size(argv, names) for names in PARALLEL_FLAGS)
+
+
+def replica_count(env: Mapping[str, str]) -> int:
+    """KIT_ROLE_REPLICAS (1 when unset: Kubernetes pods, older compose files)."""
+    raw = env.get(REPLICAS_ENV, "").strip() or "1"
+    if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+        raise ValueError(
+            f"{REPLICAS_ENV}={raw!r} ({role_knobs(env).replicas}): want an integer >= 1"
+        )
+    return int(raw)
+
+
+def replica_gpus(
+    role_ids: Sequence[str],
+    replicas: int,
+    per_replica: int,
+    index: int,
+    knobs: Knobs = GENERIC_KNOBS,
+) -> list[str]:
+    """Replica ``index``'s (1-based) GPU ids: the index-th run of ``per_replica`` ids in the
+    role's list. ValueError naming the knobs for a list of the wrong length, an id listed twice
+    or an index outside 1..replicas. Preflight applies the same rule to the .env values."""
+    want = replicas * per_replica
+    if len(role_ids) != want:
+        runs = f" (replica 1 takes the first {per_replica}, replica 2 the next, ...)"
+        raise ValueError(
+            f"{knobs.gpus} lists {len(role_ids)} GPU(s) ({', '.join(role_ids) or 'none'}) but "
+            f"{knobs.replicas} x GPUs per replica ({knobs.per_replica}) = {replicas} x "
+            f"{per_replica} = {want}: list exactly {want} GPU id(s) in {knobs.gpus}"
+            + (runs if replicas > 1 else "")
+        )
+    twice = sorted({gpu for gpu in role_ids if list(role_ids).count(gpu) > 1})
+    if twice:
+        raise ValueError(
+            f"{knobs.gpus} lists GPU {', '.join(twice)} more than once: give each GPU once, to "
+            "one replica"
+        )
+    if not 1 <= index <= replicas:
+        raise ValueError(
+            f"replica index {index} is outside 1..{replicas} ({knobs.replicas}={replicas}): "
+            f"recreate the role's containers (docker compose up -d --force-recreate) or set "
+            f"{REPLICA_INDEX_ENV}"
+        )
+    return list(role_ids[(index - 1) * per_replica : index * per_replica])
+
+
+def index_from_name(name: str) -> int | None:
+    """The container number in a PTR answer of Docker's DNS: ``pcp-pd-kit-prefill-2.
+    pcp-pd-kit_pd.`` gives 2 (the first label is the container's name); None without one."""
+    label = name.strip().split(".", 1)[0]
+    match = _CONTAINER_NUMBER.search(label)
+    return int(match.group(1)) if match else None
+
+
+def nameservers(resolv_conf: str) -> list[str]:
+    """The nameservers of a resolv.conf text, in order."""
+    found = []
+    for line in resolv_conf.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            found.append(words[1])
+    return found
+
+
+def ptr_names(
+    address: str, servers: Sequence[str], port: int = 53, timeout: float = PTR_TIMEOUT_S
+) -> list[str]:
+    """The PTR names of ``address`` asked of ``servers`` (not /etc/hosts, whose entry for the
+    container's own address is its short id). dnspython comes with vLLM (fastapi[standard]),
+    imported here so the module itself stays standard library only."""
+    try:
+        import dns.exception
+        import dns.resolver
+        import dns.reversename
+    except ImportError:
+        raise ValueError(
+            f"dnspython is not installed in this image, so the replica index cannot be looked "
+            f"up: set {REPLICA_INDEX_ENV}"
+        ) from None
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers = list(servers)
+    resolver.port = port
+    resolver.timeout = resolver.lifetime = timeout
+    try:
+        answer = resolver.resolve(dns.reversename.from_address(address), "PTR")
+    except dns.exception.DNSException as exc:
+        raise ValueError(
+            f"reverse DNS of this container's address {address} at {', '.join(servers)} "
+            f"failed ({exc.__class__.__name__}: {exc})"
+        ) from None
+    return [record.to_text() for record in answer]
+
+
+def looked_up_index(
+    address: Callable[[], str] = lambda: own_address(),
+    resolv_conf: Path = RESOLV_CONF,
+    port: int = 53,
+    timeout: float = PTR_TIMEOUT_S,
+) -> int:
+    """This container's number from Docker's embedded DNS: a PTR query for its own address
+    answers its container name, ``<project>-<service>-<n>.<network>``."""
+    ip = address()
+    try:
+        servers = nameservers(resolv_conf.read_text()) or [DOCKER_DNS]
+    except OSError:
+        servers = [DOCKER_DNS]
+    names = ptr_names(ip, servers, port, timeout)
+    found = {index for index in map(index_from_name, names) if index is not None}
+    if len(found) != 1:
+        raise ValueError(
+            f"reverse DNS of {ip} answered {names or 'nothing'}, with no single container "
+            f"number in it (want <project>-<service>-<n>)"
+        )
+    return found.pop()
+
+
+def replica_index(
+    env: Mapping[str, str], replicas: int, lookup: Callable[[], int] = looked_up_index
+) -> int:
+    """This replica's index (1-based): KIT_REPLICA_INDEX when set; 1 with one replica (no
+    lookup); else compose's container number, looked up (ValueError naming the way out)."""
+    raw = env.get(REPLICA_INDEX_ENV, "").strip()
+    if raw:
+        if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+            raise ValueError(f"{REPLICA_INDEX_ENV}={raw!r}: want an integer >= 1")
+        return int(raw)
+    if replicas == 1:
+        return 1
+    try:
+        return lookup()
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}: cannot tell which of the {replicas} replicas ({role_knobs(env).replicas}) "
+            f"this is, so which GPUs are its own; set {REPLICA_INDEX_ENV} to override"
+        ) from None
+
+
 def own_address() -> str:
     """This container's address on its network: Docker maps the hostname to it in /etc/hosts."""
     return socket.gethostbyname(socket.gethostname())
@@ -144,18 +370,48 @@ def side_channel_host(env: Mapping[str, str], address: Callable[[], str]) -> dic
     return {SIDE_CHANNEL_HOST_ENV: address()}
 
 
+class Placement(NamedTuple):
+    """Which replica this server is and the host GPU ids it uses (none: the cpu profile, or a
+    Kubernetes pod, whose GPUs come from the device plugin)."""
+
+    replica: int
+    replicas: int
+    gpus: list[str]
+
+
+def placement(
+    env: Mapping[str, str], argv: Sequence[str], lookup: Callable[[], int] = looked_up_index
+) -> Placement:
+    """This replica's index and its slice of KIT_ROLE_GPUS, TP x PCP x PP ids (from ``argv``,
+    the server's vLLM flags) per replica. Without KIT_ROLE_GPUS no GPUs, and the index is only
+    looked up for the start-up line (a failed lookup gives 0: unknown)."""
+    replicas = replica_count(env)
+    role_gpus = split_ids(env.get(ROLE_GPUS_ENV, ""))
+    if not role_gpus:
+        try:
+            return Placement(replica_index(env, replicas, lookup), replicas, [])
+        except ValueError:
+            return Placement(0, replicas, [])
+    index = replica_index(env, replicas, lookup)
+    gpus = replica_gpus(role_gpus, replicas, gpus_per_replica(argv), index, role_knobs(env))
+    return Placement(index, replicas, gpus)
+
+
 def serve_environment(
-    env: Mapping[str, str], address: Callable[[], str] = own_address
+    env: Mapping[str, str],
+    address: Callable[[], str] = own_address,
+    argv: Sequence[str] = (),
+    lookup: Callable[[], int] = looked_up_index,
 ) -> dict[str, str]:
-    """The environment vLLM starts with (pure apart from reading the two secret files and the
-    replica's own address)."""
+    """The environment vLLM starts with for its flags ``argv`` (pure apart from reading the two
+    secret files, the replica's own address and, with several replicas, its index)."""
     out = dict(env)
     out.update(side_channel_host(env, address))
-    role_gpus = split_ids(env.get("KIT_ROLE_GPUS", ""))
-    if role_gpus:
-        all_gpus = split_ids(env.get("KIT_ALL_GPUS", "")) or role_gpus
+    place = placement(env, argv, lookup)
+    if place.gpus:
+        all_gpus = split_ids(env.get("KIT_ALL_GPUS", "")) or place.gpus
         out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        out["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(role_gpus, all_gpus)
+        out["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(place.gpus, all_gpus)
     token = read_secret(HF_TOKEN_FILE)
     if token:
         out["HF_TOKEN"] = token
@@ -437,7 +693,8 @@ def main(argv: Sequence[str]) -> None:
     if count >= CRASH_LIMIT:
         sys.exit(hold_after_crash_loop(crash_file, count, last))
     try:
-        env = serve_environment(os.environ)
+        place = placement(os.environ, argv)
+        env = serve_environment(os.environ, argv=argv, lookup=lambda: place.replica)
         flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)))
         env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
         cmd = vllm_command([*argv, *flags], env, sys.executable)
@@ -449,7 +706,12 @@ def main(argv: Sequence[str]) -> None:
     devices = env.get("CUDA_VISIBLE_DEVICES", "(unset)")
     token = "set" if "HF_TOKEN" in env else "not set"
     key = "set" if "VLLM_API_KEY" in env else "not set"
-    print(f"vllm_serve: CUDA_VISIBLE_DEVICES={devices}, HF token {token}, API key {key}")
+    which = f"replica {place.replica or '?'} of {place.replicas}"
+    gpus = f", GPUs {','.join(place.gpus)}" if place.gpus else ""
+    print(
+        f"vllm_serve: {which}{gpus}, CUDA_VISIBLE_DEVICES={devices}, HF token {token}, "
+        f"API key {key}"
+    )
     print(f"vllm_serve: NIXL side channel {env[SIDE_CHANNEL_HOST_ENV]}")
     if flags:
         print(f"vllm_serve: CPU topology {' '.join(flags)}")
