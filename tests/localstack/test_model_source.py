@@ -46,3 +46,12 @@ def test_cached_hf_id_is_used_as_is(tmp_path: Path) -> None:
 def test_nonsense_model_value(tmp_path: Path) -> None:
     with pytest.raises(ModelNotAvailableError, match="no such directory"):
         resolve_model("no/such/thing/here", "", tmp_path, build_tiny=_never_build)
+
+
+def test_a_server_side_path_is_not_an_hf_id() -> None:
+    """The remote bench asks about the served model's root, which for the compose cpu profile is
+    a path inside the container: no repo id, so not cached (huggingface_hub would raise)."""
+    from pcp_pd_kit.localstack.model_source import hf_cached
+
+    assert hf_cached("/models/tiny-mla-moe") is False
+    assert hf_cached("no-such-org/no-such-model-for-the-kit") is False

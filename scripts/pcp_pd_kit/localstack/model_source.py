@@ -30,12 +30,17 @@ class ResolvedModel:
 
 
 def hf_cached(model_id: str) -> bool:
-    """True when the HF cache already holds the model's config.json."""
+    """True when the HF cache already holds the model's config.json; False for anything that is
+    no repo id (a server's own path such as the compose cpu profile's /models/tiny-mla-moe)."""
     try:
         from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.errors import HFValidationError
     except ImportError:
         return False
-    found = try_to_load_from_cache(model_id, "config.json")
+    try:
+        found = try_to_load_from_cache(model_id, "config.json")
+    except HFValidationError:
+        return False
     return isinstance(found, str)
 
 
