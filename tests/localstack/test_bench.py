@@ -710,12 +710,24 @@ def test_first_token_proxy_is_a_second_pd_proxy_on_its_own_port(tmp_path: Path) 
 
 def test_bench_phases_start_a_first_token_proxy_only_when_asked() -> None:
     from pcp_pd_kit.bench.runner import _phase_parts, parse_targets
-    from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY
+    from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY, LOCAL_PREFILL_PROXY
 
-    assert parse_targets("single,pd,pd-ft") == spec.TARGETS
-    with pytest.raises(BenchError, match="single,pd,pd-ft"):
+    assert parse_targets("single,pd,pd-local,pd-ft") == spec.TARGETS
+    with pytest.raises(BenchError, match="single,pd,pd-local,pd-ft"):
         parse_targets("pd,nope")
-    assert _phase_parts("pd", spec.TARGETS) == ("prefill", "decode", "proxy", FIRST_TOKEN_PROXY)
+    assert _phase_parts("pd", spec.TARGETS) == (
+        "prefill",
+        "decode",
+        "proxy",
+        LOCAL_PREFILL_PROXY,
+        FIRST_TOKEN_PROXY,
+    )
+    assert _phase_parts("pd", ("single", "pd", "pd-ft")) == (
+        "prefill",
+        "decode",
+        "proxy",
+        FIRST_TOKEN_PROXY,
+    )
     assert _phase_parts("pd", ("single", "pd")) == ("prefill", "decode", "proxy")
     assert _phase_parts("pd", ("pd-ft",)) == ("prefill", "decode", FIRST_TOKEN_PROXY)
     assert spec.first_token_proxy_port(18400) == 18401
