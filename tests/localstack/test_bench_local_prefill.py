@@ -343,3 +343,30 @@ def test_tokenize_stats_and_table_flag_disagreeing_counts() -> None:
     assert "WARNING: the counts differ" in text and "long, chat" in text.split("WARNING")[1]
     assert "WARNING" not in tokenize_cost.format_table([same])
     assert tokenize_cost.rows_json([same])[0]["counts_agree"] is True
+
+
+def test_time_rows_split_the_local_paths_ttft_into_decode_and_proxy() -> None:
+    from pcp_pd_kit.bench.histograms import Histogram
+
+    def hist(total_s: float, n: int) -> Histogram:
+        return Histogram(buckets=((0.025, n), (float("inf"), n)), sum=total_s, count=n)
+
+    deltas = {
+        "single": {"single": {local_prefill.TTFT_SECONDS: hist(0.32, 32)}},  # 10 ms
+        "pd-local": {
+            "proxy": {local_prefill.PROXY_TTFB_SECONDS: hist(1.92, 32)},  # 60 ms
+            "decode": {local_prefill.TTFT_SECONDS: hist(1.28, 32)},  # 40 ms
+        },
+    }
+    short = {"single": _result(10.5), "pd-local": _result(60.8)}
+    rows = {r.label.strip(): r for r in local_prefill.time_rows(deltas, short)}
+    assert rows["single vLLM: TTFT"].mean_ms == pytest.approx(10.0)
+    assert rows["decode vLLM: TTFT (its own prefill)"].mean_ms == pytest.approx(40.0)
+    assert rows["proxy around decode (/tokenize, legs)"].mean_ms == pytest.approx(20.0)
+    assert rows["decode TTFT - single vLLM TTFT"].mean_ms == pytest.approx(30.0)
+    assert rows["P/D+local - single, client TTFT"].p50_ms == pytest.approx(50.3)
+    text = local_prefill.format_time_rows(list(rows.values()))
+    assert "decode vLLM: TTFT (its own prefill)" in text and "0.00-25.0" in text
+    # nothing scraped: n/a rows, not an error
+    empty = local_prefill.time_rows({}, {})
+    assert all(r.mean_ms is None for r in empty)

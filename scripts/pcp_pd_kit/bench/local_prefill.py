@@ -15,9 +15,14 @@ from typing import Any
 from pcp_pd_kit.bench.histograms import parse_selector
 from pcp_pd_kit.bench.tables import (
     REQUESTS_COUNTER,
+    BreakdownRow,
+    Deltas,
     Goal,
     Result,
+    _diff,
+    _hist_row,
     fmt_num,
+    fmt_p50,
     fmt_ratio,
     ratio,
     value,
@@ -262,6 +267,94 @@ def goals(
         Goal(text, "pd-local", 1, measured, None if r is None else low <= r <= high, r, high)
     )
     return out
+
+
+TTFT_SECONDS = "vllm:time_to_first_token_seconds"
+PROXY_TTFB_SECONDS = "pd_proxy_time_to_first_byte_seconds"
+
+
+def _client_row(label: str, result: Result | None) -> BreakdownRow:
+    return BreakdownRow(
+        label,
+        value(result, "mean_ttft_ms"),
+        value(result, "median_ttft_ms"),
+        value(result, "completed"),
+        "client",
+    )
+
+
+def time_rows(
+    deltas: Mapping[str, Deltas], short: Mapping[str, Result | None]
+) -> list[BreakdownRow]:
+    """Where the short prompts' time to first token goes, single vs P/D+local (the local path).
+
+    deltas: target -> source -> histogram -> delta over that target's short run. The decode's
+    own TTFT (arrival -> first token, its prefill of the prompt included) against the single
+    instance's, and what the proxy adds around it: counting the prompt (decode's /tokenize), the
+    decode leg's HTTP and the relay.
+    """
+
+    def hist(target: str, source: str, name: str) -> BreakdownRow:
+        return _hist_row("", source, deltas.get(target, {}).get(source, {}).get(name))
+
+    single = _client_row("single: client TTFT", short.get("single"))
+    single_server = hist("single", "single", TTFT_SECONDS)
+    local = _client_row("P/D+local: client TTFT", short.get("pd-local"))
+    ttfb = hist("pd-local", "proxy", PROXY_TTFB_SECONDS)
+    decode = hist("pd-local", "decode", TTFT_SECONDS)
+    named = [
+        single,
+        BreakdownRow("  single vLLM: TTFT", **_fields(single_server)),
+        local,
+        BreakdownRow("  proxy: client TTFB", **_fields(ttfb)),
+        BreakdownRow("  decode vLLM: TTFT (its own prefill)", **_fields(decode)),
+        BreakdownRow(
+            "  proxy around decode (/tokenize, legs)",
+            _diff(ttfb.mean_ms, decode.mean_ms),
+            None,
+            None,
+            "derived: proxy TTFB - decode TTFT",
+        ),
+        BreakdownRow(
+            "decode TTFT - single vLLM TTFT",
+            _diff(decode.mean_ms, single_server.mean_ms),
+            None,
+            None,
+            "derived: the two servers' own TTFT",
+        ),
+        BreakdownRow(
+            "P/D+local - single, client TTFT",
+            _diff(local.mean_ms, single.mean_ms),
+            _diff(local.p50_ms, single.p50_ms),
+            None,
+            "derived: client TTFTs",
+        ),
+    ]
+    return named
+
+
+def _fields(row: BreakdownRow) -> dict[str, Any]:
+    return {
+        "mean_ms": row.mean_ms,
+        "p50_ms": row.p50_ms,
+        "count": row.count,
+        "source": row.source,
+        "p50_bucket_ms": row.p50_bucket_ms,
+        "p50_estimate_ms": row.p50_estimate_ms,
+    }
+
+
+def format_time_rows(rows: Sequence[BreakdownRow]) -> str:
+    head = f"{'short prompts, c=1: where TTFT goes':<42} {'mean ms':>9} {'p50 ms':>11} {'n':>5}"
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        count = "" if row.count is None else f"{row.count:.0f}"
+        lines.append(f"{row.label:<42} {fmt_num(row.mean_ms):>9} {fmt_p50(row):>11} {count:>5}")
+    lines += [
+        "mean: sum/count of each histogram's delta over the run; p50: the client's exact median,",
+        "or the histogram bucket holding it. Derived rows subtract means.",
+    ]
+    return "\n".join(lines)
 
 
 def format_goals(found: Sequence[Goal]) -> str:

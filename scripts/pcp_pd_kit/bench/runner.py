@@ -782,12 +782,17 @@ def render_local_prefill(
         long_check,
         short.max_tokens,
     )
+    times = local_prefill.time_rows(
+        {target: r.deltas for target, r in short_runs.items()}, short_results
+    )
     text = [
         format_header(
             f"short prompts: single vs P/D vs P/D with --local-prefill-max-tokens "
             f"{short.max_tokens}, concurrency 1"
         ),
         table,
+        "",
+        local_prefill.format_time_rows(times),
         "",
         format_header("local-prefill goals (reported, never a failure)"),
         local_prefill.format_goals(found),
@@ -796,6 +801,7 @@ def render_local_prefill(
         "short_plan": short.as_dict(),
         "short": local_prefill.short_rows(short_results, short_check),
         "long": local_prefill.long_rows(long_pd_result, long_local_result, long_check),
+        "where": [dataclasses.asdict(row) for row in times],
         "paths": {
             "short": None if short_check is None else short_check.as_dict(),
             "long": None if long_check is None else long_check.as_dict(),
