@@ -358,10 +358,10 @@ def format_time_rows(rows: Sequence[BreakdownRow]) -> str:
 
 
 def format_goals(found: Sequence[Goal]) -> str:
-    head = f"{'goal (issue 27)':<52} {'measured':<32} result"
+    head = f"{'goal (issue 27)':<58} {'measured':<32} result"
     lines = [head, "-" * len(head)]
     for g in found:
-        lines.append(f"{g.goal:<52} {g.measured:<32} {g.verdict}".rstrip())
+        lines.append(f"{g.goal:<58} {g.measured:<32} {g.verdict}".rstrip())
     lines += [
         "TTFT: vllm bench serve's median; short: P/D+local / single on the short prompts; long:",
         "P/D+local / P/D on the main workload's prompts. Reported only: never a failure.",
