@@ -4,7 +4,7 @@
 The proxy asks a decode's ``POST /tokenize`` (aiohttp, as the proxy does). The alternative is a
 local Hugging Face tokenizer of the same model dir (transformers' AutoTokenizer; for chat its
 chat template applied), run inline (blocking the event loop) or through ``asyncio.to_thread``
-(what a proxy must do not to block it). Short (~32 tokens) and long (~250 tokens) prompts, for
+(what a proxy must do not to block it). Short (36 tokens) and long (303 tokens) prompts, for
 completions and chat; medians over ``--requests`` after a warm-up; the counts of both ways must
 agree.
 

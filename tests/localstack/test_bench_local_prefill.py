@@ -160,7 +160,7 @@ def test_goals_say_what_was_not_run() -> None:
     found = local_prefill.goals(
         {"pd-local": _result(20)}, LOCAL_OK, None, _result(250, 64), LONG_OK, N
     )
-    assert [g.measured for g in found] == ["single not run", "P/D c=1 not run"]
+    assert [g.measured for g in found] == ["single not run", "P/D (long) not run"]
     assert all(g.met is None for g in found)
 
 
@@ -185,21 +185,38 @@ def test_short_table_marks_runs_not_measured_and_not_run() -> None:
 # --- the runner's plan and render ----------------------------------------------------------------
 
 
-def test_workloads_add_the_short_runs_only_with_pd_local() -> None:
+def test_run_order_pairs_the_short_and_the_long_runs() -> None:
     base = spec.BenchPlan(levels=(1, 4), prompts=(40, 64), input_len=250, output_len=64)
     short = spec.ShortPlan(input_len=32, output_len=16, prompts=24, max_tokens=N)
-    every = spec.TARGETS
-    assert [w for w, _ in spec.workloads("single", base, short, every)] == [spec.MAIN, spec.SHORT]
-    assert [w for w, _ in spec.workloads("pd-ft", base, short, every)] == [spec.MAIN]
-    assert [w for w, _ in spec.workloads("pd", base, short, ("single", "pd"))] == [spec.MAIN]
-    (_, s), (_, long) = spec.workloads("pd-local", base, short, every)
+    pd_phase = ("pd", "pd-local", "pd-ft")
+    order = spec.run_order(pd_phase, base, short, spec.TARGETS)
+    assert [(t, w) for t, w, _ in order] == [
+        ("pd", spec.MAIN),
+        ("pd", spec.SHORT),
+        ("pd-local", spec.SHORT),
+        ("pd", spec.LONG),
+        ("pd-local", spec.LONG),
+        ("pd-ft", spec.MAIN),
+    ]
+    plans = {(t, w): p for t, w, p in order}
+    assert plans[("pd", spec.MAIN)] is base
+    s = plans[("pd-local", spec.SHORT)]
     assert (s.levels, s.prompts, s.input_len, s.output_len) == ((1,), (24,), 32, 16)
-    assert (long.levels, long.prompts, long.input_len, long.output_len) == ((1,), (40,), 250, 64)
-    # the main workload without c=1: the long check takes c=1's default count
-    (_, _), (_, long) = spec.workloads(
-        "pd-local", spec.BenchPlan(levels=(4,), prompts=(8,)), short, every
-    )
-    assert long.prompts == (spec.default_prompts(1),)
+    long = plans[("pd-local", spec.LONG)]
+    assert plans[("pd", spec.LONG)] == long
+    assert (long.levels, long.prompts, long.input_len, long.output_len) == ((1,), (24,), 250, 16)
+    single = spec.run_order(("single",), base, short, spec.TARGETS)
+    assert [w for _, w, _ in single] == [spec.MAIN, spec.SHORT]
+    # without pd-local: the main workload only, as before
+    assert [w for _, w, _ in spec.run_order(("pd", "pd-ft"), base, short, ("pd", "pd-ft"))] == [
+        spec.MAIN,
+        spec.MAIN,
+    ]
+    # pd-local without pd: its own runs, nothing to pair with
+    assert [(t, w) for t, w, _ in spec.run_order(("pd-local",), base, short, ("pd-local",))] == [
+        ("pd-local", spec.SHORT),
+        ("pd-local", spec.LONG),
+    ]
     assert short.problems(base) == []
     assert len(spec.ShortPlan(input_len=64, max_tokens=N).problems(base)) == 1
     assert len(short.problems(spec.BenchPlan(input_len=N))) == 1
@@ -222,7 +239,8 @@ def test_render_keeps_short_runs_out_of_the_main_table() -> None:
     short = spec.ShortPlan(max_tokens=N)
     records = [
         RunRecord("single", 1, 64, 0, result=_result(30.0, 64)),
-        RunRecord("pd", 1, 64, 0, result=_result(250.0, 64)),
+        RunRecord("pd", 1, 64, 0, result=_result(400.0, 64)),
+        RunRecord("pd", 1, 32, 0, result=_result(250.0), workload=spec.LONG),
         RunRecord("single", 1, 32, 0, result=_result(20.0), workload=spec.SHORT),
         RunRecord("pd", 1, 32, 0, result=_result(240.0), workload=spec.SHORT),
         RunRecord(
@@ -239,14 +257,14 @@ def test_render_keeps_short_runs_out_of_the_main_table() -> None:
             1,
             64,
             0,
-            result=_result(255.0, 64),
-            counters=_counters((34, 2), (34, 66)),
+            result=_result(255.0),
+            counters=_counters((34, 2), (34, 34)),
             workload=spec.LONG,
         ),
     ]
     text, summary = render(plan, records, [], short)
     main_ttft = next(r for r in summary["table"] if r["key"] == "median_ttft_ms")
-    assert (main_ttft["single"], main_ttft["pd"]) == (30.0, 250.0)  # not the short runs
+    assert (main_ttft["single"], main_ttft["pd"]) == (30.0, 400.0)  # not the short runs
     local = summary["local_prefill"]
     ttft = next(r for r in local["short"] if r["key"] == "median_ttft_ms")
     assert (ttft["single"], ttft["pd"], ttft["pd_local"]) == (20.0, 240.0, 21.0)
@@ -254,11 +272,11 @@ def test_render_keeps_short_runs_out_of_the_main_table() -> None:
     long = next(r for r in local["long"] if r["key"] == "median_ttft_ms")
     assert long["pd_local_over_pd"] == pytest.approx(255 / 250)
     assert [g["verdict"] for g in local["goals"]] == ["met", "met"]
-    assert local["paths"]["short"]["local"] == 32 and local["paths"]["long"]["pd"] == 64
+    assert local["paths"]["short"]["local"] == 32 and local["paths"]["long"]["pd"] == 32
     assert "P/D+local proxy (N=64): path local 32, path pd 0 (of 32 completed): all local" in text
     assert "21.0 / 20.0 ms = 1.05x" in text
     # without pd-local the section is absent
-    text, summary = render(plan, records[:2], [], short)
+    text, summary = render(plan, records[:3], [], short)
     assert summary["local_prefill"] is None and "short prompts" not in text
 
 
@@ -370,3 +388,24 @@ def test_time_rows_split_the_local_paths_ttft_into_decode_and_proxy() -> None:
     # nothing scraped: n/a rows, not an error
     empty = local_prefill.time_rows({}, {})
     assert all(r.mean_ms is None for r in empty)
+
+
+def test_short_table_warns_when_streams_arrived_in_bursts() -> None:
+    bursty = {**_result(80.0, 2), "itls": [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], "output_lens": [4, 4]}
+    smooth = {**_result(10.0, 2), "itls": [[0.01] * 3, [0.01] * 3], "output_lens": [4, 4]}
+
+    def table(single: dict[str, Any]) -> str:
+        return local_prefill.format_short(
+            {"single": single, "pd-local": smooth},
+            LOCAL_OK,
+            None,
+            None,
+            None,
+            input_len=32,
+            long_input_len=250,
+            max_tokens=N,
+            ran_long_pd=False,
+        )
+
+    assert "single: 4.00 tokens per delivery" in table(bursty)
+    assert "WARNING" not in table(smooth)

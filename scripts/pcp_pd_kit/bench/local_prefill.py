@@ -14,6 +14,7 @@ from typing import Any
 
 from pcp_pd_kit.bench.histograms import parse_selector
 from pcp_pd_kit.bench.tables import (
+    BURSTY_ABOVE,
     REQUESTS_COUNTER,
     BreakdownRow,
     Deltas,
@@ -21,6 +22,7 @@ from pcp_pd_kit.bench.tables import (
     Result,
     _diff,
     _hist_row,
+    delivery,
     fmt_num,
     fmt_p50,
     fmt_ratio,
@@ -207,9 +209,20 @@ def format_short(
         "P/D+local: the same prefill + decode through a third pd-proxy with",
         f"--local-prefill-max-tokens {max_tokens}: prompts of at most N tokens (counted by",
         "decode's /tokenize) go to decode alone. Its figures count only when its",
-        f"{PATH_COUNTER}{{path}} delta shows every request on the expected path. Long: P/D is",
-        "the main workload's c=1 run through the normal proxy.",
+        f"{PATH_COUNTER}{{path}} delta shows every request on the expected path. Long: the",
+        "main workload's prompt length through the normal proxy and this one, back to back.",
     ]
+    bursts = []
+    for name, result in (*short.items(), ("pd (long)", long_pd), ("pd-local (long)", long_local)):
+        d = delivery(result)
+        if d is not None and d.tokens_per_delivery > BURSTY_ABOVE:
+            bursts.append(f"{name}: {d.tokens_per_delivery:.2f} tokens per delivery")
+    if bursts:
+        lines += [
+            "WARNING: these runs' streams reached the client in bursts (a process short of CPU:",
+            "their TTFT includes decode steps); quote their TTFT only from a quieter run:",
+            *(f"  {b}" for b in bursts),
+        ]
     return "\n".join(lines)
 
 
@@ -253,7 +266,7 @@ def goals(
     if long_local is None:
         why = "pd-local not run" if long_check is None else "no result"
     elif long_pd is None:
-        why = "P/D c=1 not run"
+        why = "P/D (long) not run"
     elif long_check is None or not long_check.measured:
         why = "NOT MEASURED: P/D path not taken"
     if why:

@@ -54,8 +54,8 @@ SETTLE_S = 1.0  # after a run, before the "after" scrape: the last request's obs
 HEARTBEAT_S = 30.0
 WARMUP_REQUESTS = 2
 PD_PARTS = ("prefill", "decode", "proxy")
-# Local phases: the targets each one serves, in run order (pd, pd-local and pd-ft share one
-# prefill + decode; pd-local right after pd, so their short-prompt runs are close in time).
+# Local phases: the targets each one serves (pd, pd-local and pd-ft share one prefill + decode;
+# the order of their runs: spec.run_order).
 PHASE_TARGETS = {"single": ("single",), "pd": ("pd", "pd-local", "pd-ft")}
 # The pd-proxy each P/D target goes through, by local stack part.
 PROXY_PARTS = {"pd": "proxy", "pd-local": LOCAL_PREFILL_PROXY, "pd-ft": FIRST_TOKEN_PROXY}
@@ -488,6 +488,7 @@ def run_local(
             urls = stack.urls
             assert stack.model is not None
             outcome.extra["model"] = dataclasses.asdict(stack.model)
+            found: dict[str, tuple[spec.Target, dict[str, str]]] = {}
             for target_name in targets:
                 if target_name == "single":
                     target_url, sources = urls["reference"], {"single": urls["reference"]}
@@ -499,17 +500,17 @@ def run_local(
                     target_name, target_url, stack.model.served_name, stack.model.path
                 )
                 outcome.targets[target_name] = target_url
-                for workload, wplan in spec.workloads(target_name, plan, short, wanted):
-                    try:
-                        outcome.records += run_target(
-                            target, wplan, out_dir, sources, api_key=None, workload=workload
-                        )
-                    except BenchError as exc:  # the other runs of the phase still go
-                        title = spec.TARGET_TITLES[target_name] + (
-                            f" ({workload})" * bool(workload)
-                        )
-                        log.error("%s failed: %s", title, exc)
-                        outcome.errors.append(f"{title}: {exc}")
+                found[target_name] = (target, sources)
+            for target_name, workload, wplan in spec.run_order(targets, plan, short, wanted):
+                target, sources = found[target_name]
+                try:
+                    outcome.records += run_target(
+                        target, wplan, out_dir, sources, api_key=None, workload=workload
+                    )
+                except BenchError as exc:  # the other runs of the phase still go
+                    title = spec.TARGET_TITLES[target_name] + (f" ({workload})" * bool(workload))
+                    log.error("%s failed: %s", title, exc)
+                    outcome.errors.append(f"{title}: {exc}")
         except (StackProcessError, BenchError) as exc:
             log.error("phase %d/%d (%s) failed: %s", number, len(phases), name, exc)
             outcome.errors.append(f"{spec.TARGET_TITLES[name]}: {exc}")
@@ -616,26 +617,24 @@ def run_remote(
         topology=remote.topology,
         extra={"server_versions": remote.server_versions, "model": models},
     )
-    for number, target in enumerate(remote.targets, 1):
+    by_name = {t.name: t for t in remote.targets}
+    for target in remote.targets:
         log.info(
-            "phase %d/%d: %s at %s (model %r)",
-            number,
-            len(remote.targets),
+            "%s at %s (model %r)",
             spec.TARGET_TITLES[target.name],
             target.base_url,
             target.served_model_name,
         )
         outcome.targets[target.name] = target.base_url
-        wanted = [t.name for t in remote.targets]
-        for workload, wplan in spec.workloads(target.name, plan, short, wanted):
-            try:
-                outcome.records += run_target(
-                    target, wplan, out_dir, remote.sources[target.name], api_key, workload
-                )
-            except BenchError as exc:
-                title = spec.TARGET_TITLES[target.name] + (f" ({workload})" * bool(workload))
-                log.error("%s failed: %s", title, exc)
-                outcome.errors.append(f"{title}: {exc}")
+    for name, workload, wplan in spec.run_order(list(by_name), plan, short, list(by_name)):
+        try:
+            outcome.records += run_target(
+                by_name[name], wplan, out_dir, remote.sources[name], api_key, workload
+            )
+        except BenchError as exc:
+            title = spec.TARGET_TITLES[name] + (f" ({workload})" * bool(workload))
+            log.error("%s failed: %s", title, exc)
+            outcome.errors.append(f"{title}: {exc}")
     return outcome
 
 
@@ -743,12 +742,10 @@ def render_local_prefill(
     """Issue 27's part: the short-prompt table, the long check and their goals ('' and None
     when the short workload did not run)."""
     short_runs = {r.target: r for r in records if r.workload == spec.SHORT}
-    long_local = next((r for r in records if r.workload == spec.LONG), None)
+    long_runs = {r.target: r for r in records if r.workload == spec.LONG}
+    long_local, long_pd = long_runs.get("pd-local"), long_runs.get("pd")
     if not short_runs and long_local is None:
         return "", None
-    long_pd = next(
-        (r for r in records if (r.workload, r.target, r.level) == (spec.MAIN, "pd", 1)), None
-    )
     short_results = {target: r.result for target, r in short_runs.items()}
     local_run = short_runs.get("pd-local")
     short_check = (

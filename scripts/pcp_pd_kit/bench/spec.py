@@ -64,7 +64,8 @@ DEFAULT_SHORT_PROMPTS = 32
 DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 64
 SHORT_LEVEL = 1
 # Workload tags in result names: "" the main workload, "short" the short prompts, "long" the
-# main workload's prompts through the pd-local proxy at concurrency 1 (long prompts unchanged).
+# main workload's prompt length at concurrency 1 through the pd and pd-local proxies, back to back
+# (long prompts unchanged).
 MAIN, SHORT, LONG = "", "short", "long"
 SHORT_TARGETS = ("single", "pd", "pd-local")
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
@@ -194,10 +195,10 @@ class ShortPlan:
         )
 
     def long(self, base: BenchPlan) -> BenchPlan:
-        """The main workload at concurrency 1 (its prompt count there), for pd-local."""
-        count = base.prompts_for(SHORT_LEVEL) if SHORT_LEVEL in base.levels else None
+        """The main workload's prompt length at concurrency 1, as many prompts and output tokens
+        as the short workload: pd and pd-local run it back to back."""
         return dataclasses.replace(
-            base, levels=(SHORT_LEVEL,), prompts=(count or default_prompts(SHORT_LEVEL),)
+            base, levels=(SHORT_LEVEL,), prompts=(self.prompts,), output_len=self.output_len
         )
 
     def problems(self, base: BenchPlan) -> list[str]:
@@ -219,17 +220,21 @@ class ShortPlan:
         return {**dataclasses.asdict(self), "concurrency": SHORT_LEVEL}
 
 
-def workloads(
-    target: str, base: BenchPlan, short: ShortPlan, wanted: Sequence[str]
-) -> list[tuple[str, BenchPlan]]:
-    """(workload tag, plan) for one target, in run order. The short workload runs only when
-    pd-local is wanted (it is that target's measurement); pd-local runs no main workload."""
-    with_short = "pd-local" in wanted and target in SHORT_TARGETS
-    if target == "pd-local":
-        return [(SHORT, short.short(base)), (LONG, short.long(base))]
-    runs = [(MAIN, base)]
-    if with_short:
-        runs.append((SHORT, short.short(base)))
+def run_order(
+    targets: Sequence[str], base: BenchPlan, short: ShortPlan, wanted: Sequence[str]
+) -> list[tuple[str, str, BenchPlan]]:
+    """(target, workload tag, plan) for the targets one set of servers serves, in run order.
+
+    The main workload of single and pd first; with pd-local wanted, the short prompts on single,
+    pd and pd-local, then the long check on pd and pd-local, each pair back to back so a busy
+    moment of a shared machine is less likely to fall on one side only; pd-ft last. pd-local runs
+    no main workload."""
+    runs = [(t, MAIN, base) for t in targets if t in ("single", "pd")]
+    if "pd-local" in wanted:
+        runs += [(t, SHORT, short.short(base)) for t in SHORT_TARGETS if t in targets]
+        if "pd-local" in targets:
+            runs += [(t, LONG, short.long(base)) for t in ("pd", "pd-local") if t in targets]
+    runs += [(t, MAIN, base) for t in targets if t == "pd-ft"]
     return runs
 
 
