@@ -198,7 +198,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict; the API key never appears in it."""
     manifest: dict[str, Any] = {
-        "kind": "pcp-pd-kit serving benchmark (vllm bench serve: single vs P/D vs P/D first token)",
+        "kind": "pcp-pd-kit serving benchmark (vllm bench serve: single vs P/D vs its variants)",
         "started_utc": started_utc,
         "mode": mode,
         "command": redact_argv(argv),
