@@ -5,8 +5,8 @@ with pd-proxy, a second pd-proxy with --local-prefill-max-tokens and a third wit
 --first-token-from-prefill in front of the same pair (no Prometheus: the histograms are read from
 /metrics directly), each phase stopped before the next starts, so at most two servers share the
 cores (spec.run_order says which workload runs on which target, and when). Remote mode benchmarks
-the URLs given and starts nothing. Either way each `vllm bench serve` runs in its own process group, killed on a
-timeout or Ctrl-C, and the stack is stopped in a `finally`.
+the URLs given and starts nothing. Either way each `vllm bench serve` runs in its own process
+group, killed on a timeout or Ctrl-C, and the stack is stopped in a `finally`.
 """
 
 from __future__ import annotations
