@@ -119,7 +119,7 @@ def test_bench_serve_argv_parses_with_vllms_own_parser() -> None:
     assert args.temperature == 0.0 and args.backend == "vllm"
     assert args.result_dir == "/tmp/out" and args.result_filename == "pd-c2.json"
     assert args.model == "/models/tiny" and args.served_model_name == "tiny-llama"
-    assert args.metadata == ["target=pd", "concurrency=2"]
+    assert args.metadata == ["target=pd", "concurrency=2", "workload=main"]
     assert args.metric_percentiles == "50,99"
 
 
