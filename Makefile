@@ -75,9 +75,10 @@ lint: install  ## ruff, ruff format --check, mypy, shellcheck (also run by make 
 format: install
 	$(PY) -m ruff format .
 
-bench: install  ## vllm bench serve: single vs P/D (results/bench-*), then proxy + connector microbenchmarks
+bench: install  ## vllm bench serve: single vs P/D (results/bench-*), then token counting, proxy + connector microbenchmarks
 	@status=0; \
 	$(KIT) bench $(BENCH_ARGS) || status=$$?; \
+	$(PY) scripts/bench_tokenize.py || status=$$?; \
 	$(PY) scripts/bench_proxy.py || status=$$?; \
 	$(PY) scripts/bench_connector.py || status=$$?; \
 	exit $$status

@@ -119,7 +119,7 @@ def test_bench_serve_argv_parses_with_vllms_own_parser() -> None:
     assert args.temperature == 0.0 and args.backend == "vllm"
     assert args.result_dir == "/tmp/out" and args.result_filename == "pd-c2.json"
     assert args.model == "/models/tiny" and args.served_model_name == "tiny-llama"
-    assert args.metadata == ["target=pd", "concurrency=2"]
+    assert args.metadata == ["target=pd", "concurrency=2", "workload=main"]
     assert args.metric_percentiles == "50,99"
 
 
@@ -710,12 +710,24 @@ def test_first_token_proxy_is_a_second_pd_proxy_on_its_own_port(tmp_path: Path) 
 
 def test_bench_phases_start_a_first_token_proxy_only_when_asked() -> None:
     from pcp_pd_kit.bench.runner import _phase_parts, parse_targets
-    from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY
+    from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY, LOCAL_PREFILL_PROXY
 
-    assert parse_targets("single,pd,pd-ft") == spec.TARGETS
-    with pytest.raises(BenchError, match="single,pd,pd-ft"):
+    assert parse_targets("single,pd,pd-local,pd-ft") == spec.TARGETS
+    with pytest.raises(BenchError, match="single,pd,pd-local,pd-ft"):
         parse_targets("pd,nope")
-    assert _phase_parts("pd", spec.TARGETS) == ("prefill", "decode", "proxy", FIRST_TOKEN_PROXY)
+    assert _phase_parts("pd", spec.TARGETS) == (
+        "prefill",
+        "decode",
+        "proxy",
+        LOCAL_PREFILL_PROXY,
+        FIRST_TOKEN_PROXY,
+    )
+    assert _phase_parts("pd", ("single", "pd", "pd-ft")) == (
+        "prefill",
+        "decode",
+        "proxy",
+        FIRST_TOKEN_PROXY,
+    )
     assert _phase_parts("pd", ("single", "pd")) == ("prefill", "decode", "proxy")
     assert _phase_parts("pd", ("pd-ft",)) == ("prefill", "decode", FIRST_TOKEN_PROXY)
     assert spec.first_token_proxy_port(18400) == 18401
@@ -1127,6 +1139,7 @@ def _leftovers(port_base: int, marker: str) -> list[str]:
 
     ports = {str(p) for p in spec.bench_ports(port_base).values()}
     ports.add(str(spec.first_token_proxy_port(port_base)))
+    ports.add(str(spec.local_prefill_proxy_port(port_base)))
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
@@ -1147,9 +1160,12 @@ def _leftovers(port_base: int, marker: str) -> list[str]:
 def test_bench_end_to_end_on_the_cpu_stack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Single vLLM, then P/D through pd-proxy and through a second pd-proxy with
-    --first-token-from-prefill, tiny counts; figures plausible, the handover breakdown read from
-    the connector's histograms, the first-token proxy really continued requests, nothing left."""
+    """Single vLLM, then P/D through pd-proxy, through a second pd-proxy with
+    --first-token-from-prefill and through a third with --local-prefill-max-tokens (short prompts
+    on single, P/D and decode alone; long ones through it), tiny counts; figures plausible, the
+    handover breakdown read from the connector's histograms, the first-token proxy really
+    continued requests, the local-prefill proxy took the local path for the short prompts and P/D
+    for the long ones, nothing left."""
     pytest.importorskip("vllm")
     results = tmp_path / "results"
     code, out = _run_cli(
@@ -1165,6 +1181,14 @@ def test_bench_end_to_end_on_the_cpu_stack(
             "8",
             "--breakdown-concurrency",
             "2",
+            "--short-input-len",
+            "16",
+            "--short-output-len",
+            "8",
+            "--short-prompts",
+            "4",
+            "--local-prefill-max-tokens",
+            "28",  # above the short prompts (16), below the long ones (40)
             "--port-base",
             str(SMOKE_PORT_BASE),
             "--results-dir",
@@ -1176,7 +1200,7 @@ def test_bench_end_to_end_on_the_cpu_stack(
     try:
         assert code == 0, out[-3000:]
         run = _only_run_dir(results)
-        for target in spec.TARGETS:
+        for target in ("single", "pd", "pd-ft"):
             for level in (1, 2):
                 r = json.loads((run / f"{target}-c{level}.json").read_text())
                 assert r["completed"] == 4 and r["failed"] == 0, (target, level)
@@ -1195,6 +1219,7 @@ def test_bench_end_to_end_on_the_cpu_stack(
             "pd/logs/decode",
             "pd/logs/proxy",
             "pd/logs/proxy-first-token",
+            "pd/logs/proxy-local-prefill",
         ):
             assert (run / "servers" / f"{part}.log").is_file(), part
         table = (run / "table.txt").read_text()
@@ -1226,6 +1251,15 @@ def test_bench_end_to_end_on_the_cpu_stack(
             hold = next(r for label, r in rows.items() if label.startswith("prefill: KV hold"))
             assert hold["count"] >= 1, (mode, hold)  # the last ones may land after the scrape
             assert "(lease " in hold["label"]
+        for name in ("single-short", "pd-short", "pd-local-short", "pd-local-long"):
+            r = json.loads((run / f"{name}-c1.json").read_text())
+            assert r["completed"] == 4 and r["failed"] == 0, name
+        local = summary["local_prefill"]
+        assert local["paths"]["short"]["measured"] is True, local["paths"]
+        assert local["paths"]["long"]["measured"] is True, local["paths"]
+        assert local["paths"]["short"]["local"] == 4 and local["paths"]["long"]["pd"] == 4
+        assert all(g["met"] is not None for g in local["goals"]), local["goals"]
+        assert "short prompts: single vs P/D vs P/D with --local-prefill-max-tokens 28" in table
         goals = [g for g in summary["goals"] if g["concurrency"] == 1]
         assert {g["mode"] for g in goals} == {"pd", "pd-ft"}
         assert all(g["met"] is not None for g in goals), goals  # measured, met or not
@@ -1245,6 +1279,7 @@ def test_bench_end_to_end_on_the_cpu_stack(
     ports = [
         *spec.bench_ports(SMOKE_PORT_BASE).values(),
         spec.first_token_proxy_port(SMOKE_PORT_BASE),
+        spec.local_prefill_proxy_port(SMOKE_PORT_BASE),
     ]
     busy = [p for p in ports if not port_is_free("127.0.0.1", p)]
     assert not busy, f"bench ports still bound: {busy}"

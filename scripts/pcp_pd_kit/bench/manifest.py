@@ -146,7 +146,10 @@ def load_average() -> list[float] | None:
 
 
 def local_topology(
-    settings: StackSettings, first_token_proxy_port: int | None = None
+    settings: StackSettings,
+    first_token_proxy_port: int | None = None,
+    local_prefill_proxy_port: int | None = None,
+    local_prefill_max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """What the local CPU stack runs: one core per vLLM server, as settings bind them."""
     return {
@@ -169,6 +172,12 @@ def local_topology(
             "--first-token-from-prefill (token 1 from the prefill leg, decode continues)",
             "proxy_port": first_token_proxy_port,
         },
+        "pd-local": {
+            "what": "the same prefill + decode through a third pd-proxy started with "
+            "--local-prefill-max-tokens N (prompts of at most N tokens on decode alone)",
+            "proxy_port": local_prefill_proxy_port,
+            "local_prefill_max_tokens": local_prefill_max_tokens,
+        },
         "client": "vllm bench serve on the same machine, no CPU pinning",
     }
 
@@ -189,7 +198,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The manifest as a JSON-ready dict; the API key never appears in it."""
     manifest: dict[str, Any] = {
-        "kind": "pcp-pd-kit serving benchmark (vllm bench serve: single vs P/D vs P/D first token)",
+        "kind": "pcp-pd-kit serving benchmark (vllm bench serve: single vs P/D vs its variants)",
         "started_utc": started_utc,
         "mode": mode,
         "command": redact_argv(argv),

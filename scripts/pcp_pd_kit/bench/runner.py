@@ -1,11 +1,12 @@
 """Run the serving benchmark: start what is needed (or nothing), run each level, write results.
 
 Local mode (no --base-url/--single-url): one plain vLLM instance first, alone, then the P/D pair
-with pd-proxy and a second pd-proxy with --first-token-from-prefill in front of the same pair (no
-Prometheus: the histograms are read from /metrics directly), each phase stopped before the next
-starts, so at most two servers share the cores. Remote mode benchmarks the URLs given
-and starts nothing. Either way each `vllm bench serve` runs in its own process group, killed on a
-timeout or Ctrl-C, and the stack is stopped in a `finally`.
+with pd-proxy, a second pd-proxy with --local-prefill-max-tokens and a third with
+--first-token-from-prefill in front of the same pair (no Prometheus: the histograms are read from
+/metrics directly), each phase stopped before the next starts, so at most two servers share the
+cores (spec.run_order says which workload runs on which target, and when). Remote mode benchmarks
+the URLs given and starts nothing. Either way each `vllm bench serve` runs in its own process
+group, killed on a timeout or Ctrl-C, and the stack is stopped in a `finally`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench import local_prefill, spec, tables
 from pcp_pd_kit.bench import manifest as manifest_mod
-from pcp_pd_kit.bench import spec, tables
 from pcp_pd_kit.bench.histograms import (
     Histogram,
     counter_delta,
@@ -41,7 +42,12 @@ from pcp_pd_kit.localstack.host import ensure_ports_free
 from pcp_pd_kit.localstack.model_source import hf_cached, resolve_model
 from pcp_pd_kit.localstack.process import StackProcessError, parent_death_preexec, signal_group
 from pcp_pd_kit.localstack.report import parse_metrics
-from pcp_pd_kit.localstack.stack import FIRST_TOKEN_PROXY, REFERENCE_PARTS, Stack
+from pcp_pd_kit.localstack.stack import (
+    FIRST_TOKEN_PROXY,
+    LOCAL_PREFILL_PROXY,
+    REFERENCE_PARTS,
+    Stack,
+)
 from pcp_pd_kit.settings import StackSettings
 
 log = logging.getLogger("pcp_pd_kit.localstack")
@@ -49,8 +55,11 @@ SETTLE_S = 1.0  # after a run, before the "after" scrape: the last request's obs
 HEARTBEAT_S = 30.0
 WARMUP_REQUESTS = 2
 PD_PARTS = ("prefill", "decode", "proxy")
-# Local phases: the targets each one serves (pd and pd-ft share one prefill + decode).
-PHASE_TARGETS = {"single": ("single",), "pd": ("pd", "pd-ft")}
+# Local phases: the targets each one serves (pd, pd-local and pd-ft share one prefill + decode;
+# the order of their runs: spec.run_order).
+PHASE_TARGETS = {"single": ("single",), "pd": ("pd", "pd-local", "pd-ft")}
+# The pd-proxy each P/D target goes through, by local stack part.
+PROXY_PARTS = {"pd": "proxy", "pd-local": LOCAL_PREFILL_PROXY, "pd-ft": FIRST_TOKEN_PROXY}
 BENCH_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -81,6 +90,7 @@ class RunRecord:
     # source -> counter series -> growth over the run; source -> gauge -> value after it
     counters: dict[str, dict[str, float] | None] = field(default_factory=dict)
     gauges: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    workload: str = spec.MAIN  # "" the main workload; spec.SHORT, spec.LONG: issue 27's runs
 
     @property
     def complete(self) -> bool:
@@ -90,6 +100,7 @@ class RunRecord:
     def summary(self) -> dict[str, Any]:
         return {
             "target": self.target,
+            "workload": self.workload or "main",
             "concurrency": self.level,
             "prompts": self.prompts,
             "returncode": self.returncode,
@@ -293,15 +304,16 @@ def run_target(
     out_dir: Path,
     sources: Mapping[str, str],
     api_key: str | None,
+    workload: str = spec.MAIN,
 ) -> list[RunRecord]:
     """Warm up, then every concurrency level against one target, reading /metrics around each."""
-    title = spec.TARGET_TITLES[target.name]
+    title = spec.TARGET_TITLES[target.name] + (f" ({workload})" if workload else "")
     log.info("%s: warming up %s (%d requests)", title, target.base_url, WARMUP_REQUESTS)
     warm_up(target, api_key)
     env = bench_env(api_key)
     records = []
     for index, level in enumerate(plan.levels, 1):
-        record = RunRecord(target.name, level, plan.prompts_for(level))
+        record = RunRecord(target.name, level, plan.prompts_for(level), workload=workload)
         what = f"{title} c={level}"
         log.info(
             "%s [%d/%d]: %d prompts, %d in / %d out tokens, max concurrency %d",
@@ -313,9 +325,9 @@ def run_target(
             plan.output_len,
             level,
         )
-        argv = spec.bench_serve_argv(target, plan, level, str(out_dir))
-        log_path = out_dir / "logs" / f"{target.name}-c{level}.log"
-        result_path = out_dir / spec.result_filename(target.name, level)
+        argv = spec.bench_serve_argv(target, plan, level, str(out_dir), workload=workload)
+        log_path = out_dir / "logs" / f"{spec.run_name(target.name, level, workload)}.log"
+        result_path = out_dir / spec.result_filename(target.name, level, workload)
         before = snapshot(sources, api_key)
         code, seconds, timed_out = run_bench_process(argv, log_path, env, plan.run_timeout_s, what)
         time.sleep(SETTLE_S)
@@ -353,6 +365,12 @@ def run_target(
             (log.info if check.measured else log.warning)(
                 "%s: first-token proxy: %s", what, check.text()
             )
+        if target.name == "pd-local":
+            expected = "local" if workload == spec.SHORT else "pd"
+            path = local_prefill.path_check(record.counters, record.result, expected)
+            (log.info if path.measured else log.warning)(
+                "%s: local-prefill proxy: %s", what, path.text()
+            )
         records.append(record)
     return records
 
@@ -369,13 +387,12 @@ class Outcome:
 
 def _phase_parts(phase: str, wanted: Sequence[str]) -> tuple[str, ...]:
     """The local stack's parts for one phase: the single instance, or prefill + decode with a
-    pd-proxy per P/D target wanted (pd: the normal one, pd-ft: one with
-    --first-token-from-prefill on its own port)."""
+    pd-proxy per P/D target wanted (pd: the normal one; pd-local: one with
+    --local-prefill-max-tokens, pd-ft: one with --first-token-from-prefill, each on its own
+    port)."""
     if phase == "single":
         return REFERENCE_PARTS
-    proxies: tuple[str, ...] = ("proxy",) if "pd" in wanted else ()
-    if "pd-ft" in wanted:
-        proxies += (FIRST_TOKEN_PROXY,)
+    proxies = tuple(part for target, part in PROXY_PARTS.items() if target in wanted)
     return ("prefill", "decode", *proxies)
 
 
@@ -384,17 +401,24 @@ def _first_token_port(settings: StackSettings) -> int:
     return settings.proxy_port + spec.FIRST_TOKEN_PROXY_OFFSET
 
 
+def _local_prefill_port(settings: StackSettings) -> int:
+    """The local-prefill pd-proxy's port: the bench's proxy port + its offset."""
+    return settings.proxy_port + spec.LOCAL_PREFILL_PROXY_OFFSET
+
+
 def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]) -> StackSettings:
     """The bench's settings (own ports), checked before anything starts or any file is written.
 
     Every port of every phase must be free and the model must resolve; a failure raises the
     stack's own error (PortInUseError, ModelNotAvailableError), which the CLI turns into exit 2.
+    The normal and first-token proxies get --local-prefill-max-tokens 0 whatever the settings
+    say (LOCAL_PREFILL_MAX_TOKENS): their columns are P/D for every prompt.
     """
     try:
         ports = spec.bench_ports(port_base)
     except spec.BenchSpecError as exc:
         raise BenchError(str(exc)) from None
-    settings = dataclasses.replace(settings, **ports)  # type: ignore[arg-type]
+    settings = dataclasses.replace(settings, **ports, local_prefill_max_tokens=0)  # type: ignore[arg-type]
     parts = {
         p
         for phase, targets in PHASE_TARGETS.items()
@@ -405,6 +429,7 @@ def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]
         "reference": settings.reference_port,
         **settings.ports(),
         FIRST_TOKEN_PROXY: _first_token_port(settings),
+        LOCAL_PREFILL_PROXY: _local_prefill_port(settings),
     }
     needed = {name: port for name, port in every.items() if name.split()[0] in parts}
     ensure_ports_free(settings.host, needed)
@@ -413,11 +438,19 @@ def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]
 
 
 def run_local(
-    settings: StackSettings, plan: spec.BenchPlan, out_dir: Path, wanted: Sequence[str]
+    settings: StackSettings,
+    plan: spec.BenchPlan,
+    out_dir: Path,
+    wanted: Sequence[str],
+    short: spec.ShortPlan,
 ) -> Outcome:
-    """Each phase starts its servers, runs every level of each of its targets, stops them; a
+    """Each phase starts its servers, runs every workload of each of its targets, stops them; a
     phase that fails to start is recorded and the next one still runs."""
-    outcome = Outcome(topology=manifest_mod.local_topology(settings, _first_token_port(settings)))
+    outcome = Outcome(
+        topology=manifest_mod.local_topology(
+            settings, _first_token_port(settings), _local_prefill_port(settings), short.max_tokens
+        )
+    )
     startup: dict[str, dict[str, float]] = {}
     phases = [p for p, targets in PHASE_TARGETS.items() if set(targets) & set(wanted)]
     for number, name in enumerate(phases, 1):
@@ -430,8 +463,10 @@ def run_local(
                 f"(cpus {settings.decode_cpus}) + pd-proxy"
             )
         )
+        if "pd-local" in targets:
+            what += f" + one with --local-prefill-max-tokens {short.max_tokens}"
         if "pd-ft" in targets:
-            what += (" + one" if "pd" in targets else "") + " with --first-token-from-prefill"
+            what += " + one with --first-token-from-prefill"
         log.info("phase %d/%d: starting %s", number, len(phases), what)
         # The servers' logs go with the results: out_dir/servers/<single|pd>/logs/.
         stack = Stack(
@@ -439,6 +474,8 @@ def run_local(
             parts=_phase_parts(name, wanted),
             work_dir=out_dir / "servers" / name,
             first_token_proxy_port=_first_token_port(settings),
+            local_prefill_proxy_port=_local_prefill_port(settings),
+            local_prefill_max_tokens=short.max_tokens,
         )
         try:
             stack.start()
@@ -452,22 +489,29 @@ def run_local(
             urls = stack.urls
             assert stack.model is not None
             outcome.extra["model"] = dataclasses.asdict(stack.model)
+            found: dict[str, tuple[spec.Target, dict[str, str]]] = {}
             for target_name in targets:
                 if target_name == "single":
                     target_url, sources = urls["reference"], {"single": urls["reference"]}
                 else:
-                    proxy = urls["proxy" if target_name == "pd" else FIRST_TOKEN_PROXY]
+                    proxy = urls[PROXY_PARTS[target_name]]
                     target_url = proxy
                     sources = {"proxy": proxy, "prefill": urls["prefill"], "decode": urls["decode"]}
                 target = spec.Target(
                     target_name, target_url, stack.model.served_name, stack.model.path
                 )
                 outcome.targets[target_name] = target_url
+                found[target_name] = (target, sources)
+            for target_name, workload, wplan in spec.run_order(targets, plan, short, wanted):
+                target, sources = found[target_name]
                 try:
-                    outcome.records += run_target(target, plan, out_dir, sources, api_key=None)
-                except BenchError as exc:  # the other target of the phase still runs
-                    log.error("%s failed: %s", spec.TARGET_TITLES[target_name], exc)
-                    outcome.errors.append(f"{spec.TARGET_TITLES[target_name]}: {exc}")
+                    outcome.records += run_target(
+                        target, wplan, out_dir, sources, api_key=None, workload=workload
+                    )
+                except BenchError as exc:  # the other runs of the phase still go
+                    title = spec.TARGET_TITLES[target_name] + (f" ({workload})" * bool(workload))
+                    log.error("%s failed: %s", title, exc)
+                    outcome.errors.append(f"{title}: {exc}")
         except (StackProcessError, BenchError) as exc:
             log.error("phase %d/%d (%s) failed: %s", number, len(phases), name, exc)
             outcome.errors.append(f"{spec.TARGET_TITLES[name]}: {exc}")
@@ -508,12 +552,17 @@ def prepare_remote(
     settings: StackSettings, args: argparse.Namespace, api_key: str | None, wanted: Sequence[str]
 ) -> RemotePlan:
     """Ask each URL for its model (this also checks the key) before any file is written."""
-    urls = {"pd": args.base_url, "single": args.single_url, "pd-ft": args.first_token_url}
+    urls = {
+        "pd": args.base_url,
+        "single": args.single_url,
+        "pd-ft": args.first_token_url,
+        "pd-local": args.local_prefill_url,
+    }
     urls = {k: v.rstrip("/") for k, v in urls.items() if v and k in wanted}
     if not urls:
         raise BenchError(
             "--targets leaves none of the URLs given (--base-url: pd, --single-url: single, "
-            "--first-token-url: pd-ft)"
+            "--first-token-url: pd-ft, --local-prefill-url: pd-local)"
         )
     tokenizer: str | None = None
     targets: list[spec.Target] = []
@@ -529,7 +578,11 @@ def prepare_remote(
         if name == "single":
             sources[name] = {"single": urls[name]}
         else:
-            proxy_metrics = args.proxy_metrics_url if name == "pd" else args.first_token_metrics_url
+            proxy_metrics = {
+                "pd": args.proxy_metrics_url,
+                "pd-ft": args.first_token_metrics_url,
+                "pd-local": args.local_prefill_metrics_url,
+            }[name]
             sources[name] = {"proxy": (proxy_metrics or urls[name]).rstrip("/")}
             if args.prefill_metrics_url:
                 sources[name]["prefill"] = args.prefill_metrics_url.rstrip("/")
@@ -544,13 +597,18 @@ def prepare_remote(
         "pd_url": urls.get("pd"),
         "single_url": urls.get("single"),
         "first_token_url": urls.get("pd-ft"),
+        "local_prefill_url": urls.get("pd-local"),
         "metrics_sources": sources,
     }
     return RemotePlan(targets, sources, topology, versions)
 
 
 def run_remote(
-    remote: RemotePlan, plan: spec.BenchPlan, out_dir: Path, api_key: str | None
+    remote: RemotePlan,
+    plan: spec.BenchPlan,
+    out_dir: Path,
+    api_key: str | None,
+    short: spec.ShortPlan,
 ) -> Outcome:
     models = {
         t.name: {"served_name": t.served_model_name, "tokenizer": t.tokenizer}
@@ -560,35 +618,40 @@ def run_remote(
         topology=remote.topology,
         extra={"server_versions": remote.server_versions, "model": models},
     )
-    for number, target in enumerate(remote.targets, 1):
+    by_name = {t.name: t for t in remote.targets}
+    for target in remote.targets:
         log.info(
-            "phase %d/%d: %s at %s (model %r)",
-            number,
-            len(remote.targets),
+            "%s at %s (model %r)",
             spec.TARGET_TITLES[target.name],
             target.base_url,
             target.served_model_name,
         )
         outcome.targets[target.name] = target.base_url
+    for name, workload, wplan in spec.run_order(list(by_name), plan, short, list(by_name)):
         try:
             outcome.records += run_target(
-                target, plan, out_dir, remote.sources[target.name], api_key
+                by_name[name], wplan, out_dir, remote.sources[name], api_key, workload
             )
         except BenchError as exc:
-            log.error("%s failed: %s", spec.TARGET_TITLES[target.name], exc)
-            outcome.errors.append(f"{spec.TARGET_TITLES[target.name]}: {exc}")
+            title = spec.TARGET_TITLES[name] + (f" ({workload})" * bool(workload))
+            log.error("%s failed: %s", title, exc)
+            outcome.errors.append(f"{title}: {exc}")
     return outcome
 
 
 # --- report -------------------------------------------------------------------------------------
 def render(
-    plan: spec.BenchPlan, records: Sequence[RunRecord], errors: Sequence[str] = ()
+    plan: spec.BenchPlan,
+    records: Sequence[RunRecord],
+    errors: Sequence[str] = (),
+    short: spec.ShortPlan | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The printed text (tables, breakdowns, goals) and summary.json's content."""
-    results = {(r.target, r.level): r.result for r in records}
-    deltas = {(r.target, r.level): r.deltas for r in records}
-    counters = {(r.target, r.level): r.counters for r in records}
-    gauges = {(r.target, r.level): r.gauges for r in records}
+    main = [r for r in records if r.workload == spec.MAIN]
+    results = {(r.target, r.level): r.result for r in main}
+    deltas = {(r.target, r.level): r.deltas for r in main}
+    counters = {(r.target, r.level): r.counters for r in main}
+    gauges = {(r.target, r.level): r.gauges for r in main}
     title = (
         f"vllm bench serve, random dataset: {plan.input_len} in / {plan.output_len} out tokens, "
         f"seed {plan.seed}, temperature {plan.temperature:g}; single = one vLLM instance, "
@@ -654,6 +717,9 @@ def render(
     found = tables.goals(results, deltas, checks)
     if found:
         text += ["", format_header("goals (reported, never a failure)"), tables.format_goals(found)]
+    local_text, local_summary = render_local_prefill(plan, records, short or spec.ShortPlan())
+    if local_text:
+        text += ["", local_text]
     summary = {
         "plan": plan.as_dict(),
         "table": tables.comparison_rows(results, plan.levels),
@@ -662,11 +728,84 @@ def render(
         "breakdown": breakdowns,
         "handover": handovers,
         "goals": tables.goals_json(found),
+        "local_prefill": local_summary,
         "runs": [r.summary() for r in records],
         "errors": list(errors),
     }
     if errors:
         text += ["", "errors (their rows show n/a):", *(f"  {e}" for e in errors)]
+    return "\n".join(text), summary
+
+
+def render_local_prefill(
+    plan: spec.BenchPlan, records: Sequence[RunRecord], short: spec.ShortPlan
+) -> tuple[str, dict[str, Any] | None]:
+    """Issue 27's part: the short-prompt table, the long check and their goals ('' and None
+    when the short workload did not run)."""
+    short_runs = {r.target: r for r in records if r.workload == spec.SHORT}
+    long_runs = {r.target: r for r in records if r.workload == spec.LONG}
+    long_local, long_pd = long_runs.get("pd-local"), long_runs.get("pd")
+    if not short_runs and long_local is None:
+        return "", None
+    short_results = {target: r.result for target, r in short_runs.items()}
+    local_run = short_runs.get("pd-local")
+    short_check = (
+        local_prefill.path_check(local_run.counters, local_run.result, "local")
+        if local_run is not None
+        else None
+    )
+    long_check = (
+        local_prefill.path_check(long_local.counters, long_local.result, "pd")
+        if long_local is not None
+        else None
+    )
+    long_local_result = long_local.result if long_local is not None else None
+    long_pd_result = long_pd.result if long_pd is not None else None
+    table = local_prefill.format_short(
+        short_results,
+        short_check,
+        long_pd_result,
+        long_local_result,
+        long_check,
+        input_len=short.input_len,
+        long_input_len=plan.input_len,
+        max_tokens=short.max_tokens,
+        ran_long_pd=long_pd is not None,
+    )
+    found = local_prefill.goals(
+        short_results,
+        short_check,
+        long_pd_result,
+        long_local_result,
+        long_check,
+        short.max_tokens,
+    )
+    times = local_prefill.time_rows(
+        {target: r.deltas for target, r in short_runs.items()}, short_results
+    )
+    text = [
+        format_header(
+            f"short prompts: single vs P/D vs P/D with --local-prefill-max-tokens "
+            f"{short.max_tokens}, concurrency 1"
+        ),
+        table,
+        "",
+        local_prefill.format_time_rows(times),
+        "",
+        format_header("local-prefill goals (reported, never a failure)"),
+        local_prefill.format_goals(found),
+    ]
+    summary = {
+        "short_plan": short.as_dict(),
+        "short": local_prefill.short_rows(short_results, short_check),
+        "long": local_prefill.long_rows(long_pd_result, long_local_result, long_check),
+        "where": [dataclasses.asdict(row) for row in times],
+        "paths": {
+            "short": None if short_check is None else short_check.as_dict(),
+            "long": None if long_check is None else long_check.as_dict(),
+        },
+        "goals": tables.goals_json(found),
+    }
     return "\n".join(text), summary
 
 
@@ -698,8 +837,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--targets",
         default=",".join(spec.TARGETS),
-        help="which of single,pd,pd-ft to run (pd-ft: P/D through a pd-proxy with "
-        "--first-token-from-prefill; default: all; remote mode: those whose URL is given)",
+        help="which of single,pd,pd-local,pd-ft to run (pd-local: P/D through a pd-proxy with "
+        "--local-prefill-max-tokens, and the short-prompt workload on single, pd and pd-local; "
+        "pd-ft: P/D through a pd-proxy with --first-token-from-prefill; default: all; remote "
+        "mode: those whose URL is given)",
+    )
+    g.add_argument(
+        "--short-input-len",
+        type=int,
+        default=spec.DEFAULT_SHORT_INPUT_LEN,
+        help="short-prompt workload (with pd-local): tokens in (%(default)s)",
+    )
+    g.add_argument(
+        "--short-output-len",
+        type=int,
+        default=spec.DEFAULT_SHORT_OUTPUT_LEN,
+        help="short-prompt workload: tokens out (%(default)s)",
+    )
+    g.add_argument(
+        "--short-prompts",
+        type=int,
+        default=spec.DEFAULT_SHORT_PROMPTS,
+        help="short-prompt workload: prompts, at concurrency 1 (%(default)s)",
+    )
+    g.add_argument(
+        "--local-prefill-max-tokens",
+        type=int,
+        default=spec.DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
+        help="N of the pd-local proxy (local mode starts it so; remote mode: the running "
+        "proxy's N, for the labels) (%(default)s)",
     )
     g.add_argument(
         "--breakdown-concurrency",
@@ -749,8 +915,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="local tokenizer path or cached HF id (default: the served model's root when "
         "present here, else the kit's MODEL)",
     )
+    r.add_argument(
+        "--local-prefill-url",
+        default=None,
+        help="P/D local prefill: a pd-proxy with --local-prefill-max-tokens N in front of the "
+        "same prefill + decode (give N as --local-prefill-max-tokens)",
+    )
     r.add_argument("--proxy-metrics-url", default=None, help="default: --base-url")
     r.add_argument("--first-token-metrics-url", default=None, help="default: --first-token-url")
+    r.add_argument("--local-prefill-metrics-url", default=None, help="default: --local-prefill-url")
     r.add_argument("--prefill-metrics-url", default=None, help="a prefill vLLM, for the breakdown")
     r.add_argument("--decode-metrics-url", default=None, help="a decode vLLM, for the breakdown")
 
@@ -786,6 +959,18 @@ def plan_from_args(args: argparse.Namespace) -> spec.BenchPlan:
         raise BenchError(str(exc)) from None
 
 
+def short_plan_from_args(args: argparse.Namespace) -> spec.ShortPlan:
+    try:
+        return spec.ShortPlan(
+            input_len=args.short_input_len,
+            output_len=args.short_output_len,
+            prompts=args.short_prompts,
+            max_tokens=args.local_prefill_max_tokens,
+        )
+    except spec.BenchSpecError as exc:
+        raise BenchError(str(exc)) from None
+
+
 def parse_targets(text: str) -> tuple[str, ...]:
     wanted = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = set(wanted) - set(spec.TARGETS)
@@ -801,8 +986,13 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
     before anything starts or any file is written.
     """
     plan = plan_from_args(args)
+    short = short_plan_from_args(args)
     remote = bool(args.base_url or args.single_url or args.first_token_url)
+    remote = remote or bool(args.local_prefill_url)
     wanted = parse_targets(args.targets)
+    if "pd-local" in wanted:
+        for problem in short.problems(plan):
+            log.warning("%s", problem)
     api_key = resolve_api_key(args, os.environ) if remote else None
     if remote:
         remote_plan = prepare_remote(settings, args, api_key, wanted)
@@ -816,10 +1006,10 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
     load_start = manifest_mod.load_average()
     wall_start = time.monotonic()
     if remote:
-        outcome = run_remote(remote_plan, plan, out_dir, api_key)
+        outcome = run_remote(remote_plan, plan, out_dir, api_key, short)
     else:
-        outcome = run_local(settings, plan, out_dir, wanted)
-    text, summary = render(plan, outcome.records, outcome.errors)
+        outcome = run_local(settings, plan, out_dir, wanted, short)
+    text, summary = render(plan, outcome.records, outcome.errors, short)
     extra = dict(outcome.extra)
     extra["load_average"] = {"start": load_start, "end": manifest_mod.load_average()}
     extra["wall_s"] = round(time.monotonic() - wall_start, 1)
@@ -830,6 +1020,7 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
         "goals": summary["goals"],
         "first_token": summary["first_token"],
         "handover": next((h for h in summary["handover"] if h["concurrency"] == focus), None),
+        "local_prefill": summary["local_prefill"],
     }
     manifest = manifest_mod.build_manifest(
         plan=plan,
@@ -851,7 +1042,10 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
     print(f"\nresults: {out_dir} (wall time {extra['wall_s']:.0f}s)")
     incomplete = [r for r in outcome.records if not r.complete]
     if incomplete or outcome.errors:
-        names = [f"{spec.TARGET_TITLES[r.target]} c={r.level}" for r in incomplete]
+        names = [
+            f"{spec.TARGET_TITLES[r.target]}{f' ({r.workload})' * bool(r.workload)} c={r.level}"
+            for r in incomplete
+        ]
         names += outcome.errors
         print(f"incomplete: {'; '.join(names)} (logs in {out_dir / 'logs'})", file=sys.stderr)
         return 1

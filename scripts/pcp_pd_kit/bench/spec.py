@@ -40,12 +40,34 @@ PORT_OFFSETS = {
 # The second pd-proxy, with --first-token-from-prefill, in front of the same prefill + decode
 # (not a StackSettings field: the local stack takes its port as an argument).
 FIRST_TOKEN_PROXY_OFFSET = 1
-# single: one plain vLLM; pd: P/D through pd-proxy; pd-ft: the same pair through a pd-proxy with
-# --first-token-from-prefill (token 1 from the prefill leg, decode continues).
-TARGETS = ("single", "pd", "pd-ft")
-TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-ft": "P/D first token"}
+# The third pd-proxy, with --local-prefill-max-tokens N (short prompts on decode alone).
+LOCAL_PREFILL_PROXY_OFFSET = 2
+# single: one plain vLLM; pd: P/D through pd-proxy; pd-local: the same pair through a pd-proxy with
+# --local-prefill-max-tokens (prompts of at most N tokens on decode alone); pd-ft: the same pair
+# through a pd-proxy with --first-token-from-prefill (token 1 from the prefill leg).
+TARGETS = ("single", "pd", "pd-local", "pd-ft")
+TARGET_TITLES = {
+    "single": "single",
+    "pd": "P/D",
+    "pd-local": "P/D local prefill",
+    "pd-ft": "P/D first token",
+}
 # Short column titles.
-TARGET_COLUMNS = {"single": "single", "pd": "P/D", "pd-ft": "P/D 1st-tok"}
+TARGET_COLUMNS = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-ft": "P/D 1st-tok"}
+# Issue 27's short-prompt workload (run when pd-local is a target): prompts well below N at
+# concurrency 1, measured on single, P/D and P/D with the option. N sits above the short prompt
+# (the dataset's prompt plus the tokenizer's BOS) and below the long one (DEFAULT_INPUT_LEN), so
+# one proxy takes the local path for the first and P/D for the second.
+DEFAULT_SHORT_INPUT_LEN = 32
+DEFAULT_SHORT_OUTPUT_LEN = 32  # TTFT does not depend on it; shorter keeps the run short
+DEFAULT_SHORT_PROMPTS = 32
+DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 64
+SHORT_LEVEL = 1
+# Workload tags in result names: "" the main workload, "short" the short prompts, "long" the
+# main workload's prompt length at concurrency 1 through the pd and pd-local proxies, back to back
+# (long prompts unchanged).
+MAIN, SHORT, LONG = "", "short", "long"
+SHORT_TARGETS = ("single", "pd", "pd-local")
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,99"
 
@@ -104,6 +126,11 @@ def first_token_proxy_port(base: int) -> int:
     return base + FIRST_TOKEN_PROXY_OFFSET
 
 
+def local_prefill_proxy_port(base: int) -> int:
+    """The local-prefill pd-proxy's port in the bench's local stack."""
+    return base + LOCAL_PREFILL_PROXY_OFFSET
+
+
 @dataclass(frozen=True)
 class BenchPlan:
     """Everything that makes two runs comparable: dataset, lengths, seed, levels, prompts."""
@@ -143,9 +170,79 @@ class BenchPlan:
 
 
 @dataclass(frozen=True)
+class ShortPlan:
+    """Issue 27's short-prompt workload and the N of the pd-local proxy."""
+
+    input_len: int = DEFAULT_SHORT_INPUT_LEN
+    output_len: int = DEFAULT_SHORT_OUTPUT_LEN
+    prompts: int = DEFAULT_SHORT_PROMPTS
+    max_tokens: int = DEFAULT_LOCAL_PREFILL_MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.input_len < 1 or self.output_len < 1 or self.prompts < 1:
+            raise BenchSpecError("--short-input-len, --short-output-len, --short-prompts: >= 1")
+        if self.max_tokens < 1:
+            raise BenchSpecError("--local-prefill-max-tokens must be >= 1")
+
+    def short(self, base: BenchPlan) -> BenchPlan:
+        """The short prompts at concurrency 1, otherwise as the main plan."""
+        return dataclasses.replace(
+            base,
+            levels=(SHORT_LEVEL,),
+            prompts=(self.prompts,),
+            input_len=self.input_len,
+            output_len=self.output_len,
+        )
+
+    def long(self, base: BenchPlan) -> BenchPlan:
+        """The main workload's prompt length at concurrency 1, as many prompts and output tokens
+        as the short workload: pd and pd-local run it back to back."""
+        return dataclasses.replace(
+            base, levels=(SHORT_LEVEL,), prompts=(self.prompts,), output_len=self.output_len
+        )
+
+    def problems(self, base: BenchPlan) -> list[str]:
+        """Why a path check will say NOT MEASURED, known before anything runs."""
+        out = []
+        if self.input_len >= self.max_tokens:
+            out.append(
+                f"--short-input-len {self.input_len} is not below --local-prefill-max-tokens "
+                f"{self.max_tokens}: the short prompts will not take the local path"
+            )
+        if base.input_len <= self.max_tokens:
+            out.append(
+                f"--input-len {base.input_len} is not above --local-prefill-max-tokens "
+                f"{self.max_tokens}: the long check's prompts will not take P/D"
+            )
+        return out
+
+    def as_dict(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "concurrency": SHORT_LEVEL}
+
+
+def run_order(
+    targets: Sequence[str], base: BenchPlan, short: ShortPlan, wanted: Sequence[str]
+) -> list[tuple[str, str, BenchPlan]]:
+    """(target, workload tag, plan) for the targets one set of servers serves, in run order.
+
+    The main workload of single and pd first; with pd-local wanted, the short prompts on single,
+    pd and pd-local, then the long check on pd and pd-local, each pair back to back so a busy
+    moment of a shared machine is less likely to fall on one side only; pd-ft last. pd-local runs
+    no main workload."""
+    runs = [(t, MAIN, base) for t in targets if t in ("single", "pd")]
+    if "pd-local" in wanted:
+        runs += [(t, SHORT, short.short(base)) for t in SHORT_TARGETS if t in targets]
+        if "pd-local" in targets:
+            runs += [(t, LONG, short.long(base)) for t in ("pd", "pd-local") if t in targets]
+    runs += [(t, MAIN, base) for t in targets if t == "pd-ft"]
+    return runs
+
+
+@dataclass(frozen=True)
 class Target:
-    """One endpoint to benchmark: 'single' (plain vLLM), 'pd' (pd-proxy in front of P/D) or
-    'pd-ft' (a pd-proxy with --first-token-from-prefill in front of the same P/D pair)."""
+    """One endpoint to benchmark: 'single' (plain vLLM), 'pd' (pd-proxy in front of P/D),
+    'pd-local' (a pd-proxy with --local-prefill-max-tokens in front of the same pair) or 'pd-ft'
+    (a pd-proxy with --first-token-from-prefill in front of the same P/D pair)."""
 
     name: str
     base_url: str
@@ -157,12 +254,22 @@ class Target:
             raise BenchSpecError(f"unknown target {self.name!r}")
 
 
-def result_filename(target: str, level: int) -> str:
-    return f"{target}-c{level}.json"
+def run_name(target: str, level: int, workload: str = MAIN) -> str:
+    """'pd-c4' for the main workload, 'pd-local-short-c1' for another."""
+    return f"{target}-{workload}-c{level}" if workload else f"{target}-c{level}"
+
+
+def result_filename(target: str, level: int, workload: str = MAIN) -> str:
+    return f"{run_name(target, level, workload)}.json"
 
 
 def bench_serve_argv(
-    target: Target, plan: BenchPlan, level: int, result_dir: str, python: str = sys.executable
+    target: Target,
+    plan: BenchPlan,
+    level: int,
+    result_dir: str,
+    python: str = sys.executable,
+    workload: str = MAIN,
 ) -> list[str]:
     """`vllm bench serve` for one target at one concurrency, saving its JSON result.
 
@@ -213,9 +320,10 @@ def bench_serve_argv(
         "--metadata",
         f"target={target.name}",
         f"concurrency={level}",
+        f"workload={workload or 'main'}",
         "--save-result",
         "--result-dir",
         result_dir,
         "--result-filename",
-        result_filename(target.name, level),
+        result_filename(target.name, level, workload),
     ]

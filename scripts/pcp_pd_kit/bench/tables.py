@@ -217,6 +217,7 @@ def handover_selector(phase: str) -> str:
 
 
 FIRST_TOKEN_COUNTER = "pd_proxy_first_token_requests_total"
+REQUESTS_COUNTER = "pd_proxy_requests_total"  # by path: pd, or local (decode alone)
 ITL_SECONDS = "vllm:inter_token_latency_seconds"  # vLLM's decode step, as its clients see it
 XFER_SECONDS = "vllm:nixl_xfer_time_seconds"
 PREFILL_HOLD = "prefill_kv_hold"
@@ -270,8 +271,14 @@ def breakdown_metrics() -> dict[str, tuple[str, ...]]:
 
 
 def counter_metrics() -> dict[str, tuple[tuple[str, tuple[str, ...]], ...]]:
-    """Source -> (counter as exposed, labels kept): the first-token proxy's outcomes."""
-    return {"proxy": ((FIRST_TOKEN_COUNTER, ("outcome", "reason")),)}
+    """Source -> (counter as exposed, labels kept): the first-token proxy's outcomes and the
+    proxy's requests by path (pd, local: the local-prefill proxy's check)."""
+    return {
+        "proxy": (
+            (FIRST_TOKEN_COUNTER, ("outcome", "reason")),
+            (REQUESTS_COUNTER, ("path",)),
+        )
+    }
 
 
 def gauge_metrics() -> dict[str, tuple[str, ...]]:
@@ -416,7 +423,7 @@ def breakdown_json(level: int, rows: Sequence[BreakdownRow]) -> dict[str, Any]:
 
 # --- the handover breakdown, the P/D modes side by side, the goals ----------------------------
 PD_MODES = ("pd", "pd-ft")  # P/D through pd-proxy; the same through a first-token pd-proxy
-MODE_COLUMNS = {"single": "single", "pd": "P/D", "pd-ft": "P/D 1st-tok"}
+MODE_COLUMNS = {"single": "single", "pd": "P/D", "pd-ft": "P/D 1st-tok", "pd-local": "P/D+local"}
 Deltas = Mapping[str, Mapping[str, Histogram | None]]
 Counters = Mapping[str, Mapping[str, float] | None]
 Gauges = Mapping[str, Mapping[str, float | None]]

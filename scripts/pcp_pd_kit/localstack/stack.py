@@ -8,6 +8,7 @@ Ctrl-C between start() and stop() does not leave vLLM processes behind.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import shutil
 import time
@@ -36,6 +37,9 @@ WARMED_PARTS = frozenset({"prefill", "decode", "proxy"})
 REFERENCE_PARTS = ("reference",)
 # Opt-in (the bench): a second pd-proxy with --first-token-from-prefill, on its own port.
 FIRST_TOKEN_PROXY = "proxy-first-token"
+# Opt-in (the bench): a third pd-proxy with --local-prefill-max-tokens N, on its own port.
+LOCAL_PREFILL_PROXY = "proxy-local-prefill"
+EXTRA_PROXIES = (FIRST_TOKEN_PROXY, LOCAL_PREFILL_PROXY)
 
 
 class Stack:
@@ -49,16 +53,23 @@ class Stack:
         work_dir: Path | None = None,
         first_token_proxy_port: int | None = None,
         warm: bool = True,
+        local_prefill_proxy_port: int | None = None,
+        local_prefill_max_tokens: int = 0,
     ) -> None:
-        unknown = set(parts) - set(PD_PARTS) - set(REFERENCE_PARTS) - {FIRST_TOKEN_PROXY}
+        unknown = set(parts) - set(PD_PARTS) - set(REFERENCE_PARTS) - set(EXTRA_PROXIES)
         if unknown:
             raise ValueError(f"unknown stack parts: {sorted(unknown)}")
+        if LOCAL_PREFILL_PROXY in parts and local_prefill_max_tokens < 1:
+            raise ValueError(f"{LOCAL_PREFILL_PROXY} needs local_prefill_max_tokens >= 1")
         self.settings = settings
         self.parts = tuple(parts)
         self.repo = repo or repo_root()
         self.work_dir = work_dir or run_dir(self.repo)
         # The first-token proxy's port (default: the proxy's + 1), used only with that part.
         self.first_token_proxy_port = first_token_proxy_port or settings.proxy_port + 1
+        # The local-prefill proxy's port (default: the proxy's + 2) and N, used only with it.
+        self.local_prefill_proxy_port = local_prefill_proxy_port or settings.proxy_port + 2
+        self.local_prefill_max_tokens = local_prefill_max_tokens
         self.log_dir = self.work_dir / "logs"
         self.model: ResolvedModel | None = None
         self.processes: dict[str, ManagedProcess] = {}
@@ -78,6 +89,7 @@ class Stack:
             "prometheus": s.url(s.prometheus_port),
             "reference": s.url(s.reference_port),
             FIRST_TOKEN_PROXY: s.url(self.first_token_proxy_port),
+            LOCAL_PREFILL_PROXY: s.url(self.local_prefill_proxy_port),
         }
         return {name: url for name, url in all_urls.items() if name in self.parts}
 
@@ -98,6 +110,8 @@ class Stack:
         )
         if FIRST_TOKEN_PROXY in self.parts:
             wanted[FIRST_TOKEN_PROXY] = self.first_token_proxy_port
+        if LOCAL_PREFILL_PROXY in self.parts:
+            wanted[LOCAL_PREFILL_PROXY] = self.local_prefill_proxy_port
         return wanted
 
     def _spec(self, part: str, settings: StackSettings | None = None) -> commands.ProcessSpec:
@@ -115,6 +129,13 @@ class Stack:
             return commands.proxy_spec(s)
         if part == FIRST_TOKEN_PROXY:
             return commands.proxy_spec(s, first_token_port=self.first_token_proxy_port)
+        if part == LOCAL_PREFILL_PROXY:
+            local = dataclasses.replace(
+                s,
+                proxy_port=self.local_prefill_proxy_port,
+                local_prefill_max_tokens=self.local_prefill_max_tokens,
+            )
+            return dataclasses.replace(commands.proxy_spec(local), name=LOCAL_PREFILL_PROXY)
         if part == "prometheus":
             binary = shutil.which("prometheus")
             if binary is None:
@@ -214,7 +235,15 @@ class Stack:
 
     def stop(self) -> None:
         """Stop every part, proxy first so no request lands on a half-stopped pair."""
-        order = [FIRST_TOKEN_PROXY, "proxy", "prometheus", "decode", "prefill", "reference"]
+        order = [
+            LOCAL_PREFILL_PROXY,
+            FIRST_TOKEN_PROXY,
+            "proxy",
+            "prometheus",
+            "decode",
+            "prefill",
+            "reference",
+        ]
         for part in sorted(self.processes, key=order.index):
             try:
                 self.processes[part].stop()
