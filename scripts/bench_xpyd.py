@@ -86,6 +86,11 @@ class Stack:
         wait = ["up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
         proc = self.compose(*wait, timeout=UP_TIMEOUT_S + 120)
         if proc.returncode != 0:
+            # A new count recreates the role (KIT_ROLE_REPLICAS changes): meanwhile pd-proxy has
+            # no prefill and its healthcheck fails, which ends --wait although the proxy is
+            # healthy again seconds after the prefills. Waiting once more changes nothing else.
+            proc = self.compose(*wait, timeout=UP_TIMEOUT_S + 120)
+        if proc.returncode != 0:
             logs = self.compose("logs", "--no-color", "--tail", "40").stdout
             raise SystemExit(
                 f"compose up failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}"
