@@ -85,11 +85,11 @@ class Stack:
         start = time.monotonic()
         wait = ["up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
         proc = self.compose(*wait, timeout=UP_TIMEOUT_S + 120)
-        if proc.returncode != 0:
+        if proc.returncode != 0 and self.all_healthy(UP_TIMEOUT_S):
             # A new count recreates the role (KIT_ROLE_REPLICAS changes): meanwhile pd-proxy has
-            # no prefill and its healthcheck fails, which ends --wait although the proxy is
-            # healthy again seconds after the prefills. Waiting once more changes nothing else.
-            proc = self.compose(*wait, timeout=UP_TIMEOUT_S + 120)
+            # no prefill and its healthcheck fails, which ends --wait at once although the proxy
+            # is healthy again one check after the prefills.
+            proc = subprocess.CompletedProcess(proc.args, 0, proc.stdout, proc.stderr)
         if proc.returncode != 0:
             logs = self.compose("logs", "--no-color", "--tail", "40").stdout
             raise SystemExit(
@@ -97,6 +97,17 @@ class Stack:
             )
         self.wait_for(HEALTHY, lambda v: v >= prefill_replicas, "pd-proxy's prefill pool")
         return time.monotonic() - start
+
+    def all_healthy(self, timeout_s: float) -> bool:
+        """Every running container with a healthcheck reports healthy, within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            rows = self.compose("ps", "--format", "{{.Service}} {{.Health}}").stdout.split("\n")
+            states = [row.split()[1] for row in rows if len(row.split()) == 2]
+            if states and all(state == "healthy" for state in states):
+                return True
+            time.sleep(3)
+        return False
 
     def down(self) -> None:
         self.compose("down", "-v", "--remove-orphans", "--timeout", "30", timeout=300)
