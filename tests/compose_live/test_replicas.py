@@ -1,7 +1,8 @@
 """xPyD on the live cpu stack: PREFILL_REPLICAS=2 through `docker compose up`, as a user runs it.
 
 The session stack (1P1D) is brought to two prefill replicas with the knob itself, not `--scale`:
-compose adds `prefill-cpu-2` and leaves the running services alone. pd-proxy finds the new
+compose adds `prefill-cpu-2` and recreates `prefill-cpu-1` (its KIT_ROLE_REPLICAS changed), the
+other services stay as they are. pd-proxy finds the new
 replica by DNS (the `prefill` alias now has two A records), Prometheus scrapes it by DNS service
 discovery, and 16 concurrent requests through the proxy all answer 200 with each replica having
 prefilled some of them (counted per replica by Prometheus). A replica stopped by hand leaves the
