@@ -734,15 +734,22 @@ def test_bench_phases_start_a_first_token_proxy_only_when_asked() -> None:
     assert spec.first_token_proxy_port(18400) not in spec.bench_ports(18400).values()
 
 
-def test_cli_busy_first_token_port_is_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("offset", "part"),
+    [
+        (spec.FIRST_TOKEN_PROXY_OFFSET, "proxy-first-token"),
+        (spec.LOCAL_PREFILL_PROXY_OFFSET, "proxy-local-prefill"),
+    ],
+)
+def test_cli_busy_extra_proxy_port_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offset: int, part: str
 ) -> None:
     with busy_port() as busy:
-        base = busy - spec.FIRST_TOKEN_PROXY_OFFSET
+        base = busy - offset
         code = main(["bench", "--port-base", str(base), "--results-dir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
-    assert f"proxy-first-token port {busy}" in err and "already in use" in err
+    assert f"{part} port {busy}" in err and "already in use" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -21,7 +21,6 @@ from pcp_pd_kit.bench.runner import (
 from pcp_pd_kit.cli import main
 from pcp_pd_kit.localstack.report import parse_metrics
 from tests.support.env import example_settings
-from tests.support.net import busy_port
 
 N = 64
 
@@ -309,18 +308,6 @@ def test_local_prefill_proxy_is_a_third_pd_proxy_with_n(tmp_path: Path) -> None:
     assert LOCAL_PREFILL_PROXY not in PD_PARTS  # make up / make demo do not start it
     with pytest.raises(ValueError, match="local_prefill_max_tokens"):
         Stack(settings, parts=parts, work_dir=tmp_path)
-
-
-def test_cli_busy_local_prefill_port_is_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with busy_port() as busy:
-        base = busy - spec.LOCAL_PREFILL_PROXY_OFFSET
-        code = main(["bench", "--port-base", str(base), "--results-dir", str(tmp_path)])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert f"proxy-local-prefill port {busy}" in err and "already in use" in err
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_bad_short_plan_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
