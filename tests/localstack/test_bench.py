@@ -35,6 +35,7 @@ from pcp_pd_kit.bench.runner import BenchError, render, resolve_api_key
 from pcp_pd_kit.cli import main
 from pcp_pd_kit.localstack.report import parse_metrics
 from tests.support import procs
+from tests.support.bench_results import bench_result
 from tests.support.env import example_settings
 from tests.support.net import busy_port, closed_port_url
 
@@ -126,21 +127,6 @@ def test_bench_serve_argv_parses_with_vllms_own_parser() -> None:
 # --- tables ----------------------------------------------------------------------------------
 
 
-def _result(ttft: float, tput: float, completed: int = 4, failed: int = 0) -> dict:
-    return {
-        "completed": completed,
-        "failed": failed,
-        "median_ttft_ms": ttft,
-        "mean_ttft_ms": ttft + 1,
-        "p99_ttft_ms": ttft * 2,
-        "median_tpot_ms": 5.0,
-        "median_itl_ms": 5.0,
-        "median_e2el_ms": ttft + 100,
-        "request_throughput": tput,
-        "output_throughput": tput * 16,
-    }
-
-
 def test_ratio_and_value_refuse_what_cannot_be_divided() -> None:
     assert tables.ratio(30.0, 10.0) == pytest.approx(3.0)
     assert tables.ratio(None, 10.0) is None
@@ -164,9 +150,9 @@ def test_number_formatting() -> None:
 
 def test_table_puts_single_and_pd_side_by_side_with_ratio() -> None:
     results = {
-        ("single", 1): _result(10.0, 8.0),
-        ("pd", 1): _result(30.0, 4.0),
-        ("single", 4): _result(20.0, 20.0),
+        ("single", 1): bench_result(10.0, 8.0),
+        ("pd", 1): bench_result(30.0, 4.0),
+        ("single", 4): bench_result(20.0, 20.0),
         ("pd", 4): None,  # the P/D run at 4 produced nothing
     }
     text = tables.format_table(results, (1, 4), (4, 4), title="T")
@@ -197,7 +183,7 @@ def test_delivery_counts_bursts_and_merged_tokens() -> None:
     assert (d.one_piece, d.requests) == (1, 2)
     assert tables.delivery(failed) == tables.Delivery(1.0, 0, 1)  # the failed one left out
     assert tables.delivery({"median_ttft_ms": 1.0}) is None  # not --save-detailed
-    results = {("single", 1): {**_result(10, 8), **bursty}, ("pd", 1): streamed}
+    results = {("single", 1): {**bench_result(10, 8), **bursty}, ("pd", 1): streamed}
     warnings = tables.delivery_warnings(results, (1,))
     assert warnings == ["single c=1: 2.67 tokens per delivery, 1/2 requests arrived in one piece"]
     text = tables.format_table(results, (1,), (4,))
@@ -211,7 +197,7 @@ def test_delivery_counts_bursts_and_merged_tokens() -> None:
 
 
 def test_completed_column_names_failures() -> None:
-    assert tables.completed_text(_result(1, 1, completed=3, failed=1), 4) == "3/4 (1 failed)"
+    assert tables.completed_text(bench_result(1, 1, completed=3, failed=1), 4) == "3/4 (1 failed)"
     assert tables.completed_text(None, 4) == "no result"
 
 
@@ -318,8 +304,8 @@ def test_render_writes_errors_and_focus_breakdown() -> None:
     from pcp_pd_kit.bench.runner import RunRecord
 
     records = [
-        RunRecord("single", 1, 4, 0, result=_result(10, 8)),
-        RunRecord("pd", 2, 4, 0, result=_result(30, 4)),
+        RunRecord("single", 1, 4, 0, result=bench_result(10, 8)),
+        RunRecord("pd", 2, 4, 0, result=bench_result(30, 4)),
     ]
     text, summary = render(plan, records, ["P/D: decode exited"])
     assert "concurrency 2" in text and "P/D: decode exited" in text
@@ -550,17 +536,17 @@ def _pd_records(url: str, registries: dict[str, Any], ft_outcome: str = "continu
 
     records = []
     for level, (single, pd, ft) in {1: (10.0, 40.0, 11.0), 4: (20.0, 80.0, 29.0)}.items():
-        records.append(RunRecord("single", level, 4, 0, result=_result(single, 8)))
+        records.append(RunRecord("single", level, 4, 0, result=bench_result(single, 8)))
         fake = _FakePd(first_token=False)
         warm = _FakePd(first_token=True)
         warm.serve(2, (0.5,))  # warm-up requests before the first scrape: not counted
         record = _measure(url, registries, "pd", level, fake, lambda f=fake: f.serve(4, PD_STEPS))
-        record.result = _result(pd, 4)
+        record.result = bench_result(pd, 4)
         records.append(record)
         record = _measure(
             url, registries, "pd-ft", level, warm, lambda f=warm: f.serve(4, FT_STEPS, ft_outcome)
         )
-        record.result = _result(ft, 4)
+        record.result = bench_result(ft, 4)
         records.append(record)
     return records
 
@@ -656,12 +642,12 @@ def test_first_token_check_needs_the_proxys_counter() -> None:
 
 
 def test_goals_not_run_are_reported_not_guessed() -> None:
-    results = {("pd", 2): _result(30.0, 4), ("single", 2): _result(10.0, 8)}
+    results = {("pd", 2): bench_result(30.0, 4), ("single", 2): bench_result(10.0, 8)}
     found = tables.goals(results, {}, {})
     assert found and all(g.met is None and g.measured.endswith("not run") for g in found)
     assert "c=1 not run" in tables.format_goals(found)
     # c=1 run without the single instance, and without handover metrics
-    results = {("pd", 1): _result(30.0, 4)}
+    results = {("pd", 1): bench_result(30.0, 4)}
     by_goal = {(g.goal, g.mode): g for g in tables.goals(results, {("pd", 1): {}}, {})}
     assert by_goal[("TTFT median <= 1.2x single, c=1", "pd")].measured == "single not run"
     handover = by_goal[("handover <= xfer + step + 5 ms, c=1", "pd")]
@@ -672,7 +658,7 @@ def test_render_warns_when_the_pd_proxy_itself_runs_first_token_mode() -> None:
     from pcp_pd_kit.bench.runner import RunRecord
 
     name = "pd_proxy_first_token_requests_total"
-    record = RunRecord("pd", 1, 4, 0, result=_result(30.0, 4))
+    record = RunRecord("pd", 1, 4, 0, result=bench_result(30.0, 4))
     record.counters = {"proxy": {f'{name}{{outcome="continued",reason=""}}': 4.0}}
     text, _ = render(spec.BenchPlan(levels=(1,), prompts=(4,)), [record])
     assert "it runs --first-token-from-prefill" in text

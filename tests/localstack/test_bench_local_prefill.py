@@ -20,24 +20,14 @@ from pcp_pd_kit.bench.runner import (
 )
 from pcp_pd_kit.cli import main
 from pcp_pd_kit.localstack.report import parse_metrics
+from tests.support.bench_results import bench_result
 from tests.support.env import example_settings
 
 N = 64
 
 
 def _result(ttft: float, completed: int = 32) -> dict[str, Any]:
-    return {
-        "completed": completed,
-        "failed": 0,
-        "median_ttft_ms": ttft,
-        "mean_ttft_ms": ttft + 1,
-        "p99_ttft_ms": ttft * 2,
-        "median_tpot_ms": 5.0,
-        "median_itl_ms": 5.0,
-        "median_e2el_ms": ttft + 100,
-        "request_throughput": 1.0,
-        "output_throughput": 16.0,
-    }
+    return bench_result(ttft, 1.0, completed)
 
 
 def _page(local: float, pd: float) -> str:
