@@ -30,7 +30,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pcp_pd_kit.localstack.host import free_port
 from pd_proxy.rewrite import decode_body, dumps, prefill_body
 
 DEFAULT_PROXY_CMD = (
@@ -105,12 +105,6 @@ def cpu_seconds(pid: int) -> float:
         total += _own_cpu(p)
         todo.extend(_children(p))
     return total
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_fake(role: str, token_delay: float, port: int = 0) -> tuple[subprocess.Popen, str]:

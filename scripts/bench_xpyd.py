@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,17 +34,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+from pcp_pd_kit.localstack.host import free_port  # noqa: E402
+
 PROJECT = "pcp-pd-kit-bench-xpyd"
 SUBNET = "172.29.252.0/24"
 UP_TIMEOUT_S = 900
 SERVED = 'sum by (instance) (vllm:request_success_total{job="prefill"})'
 HEALTHY = 'sum(pd_proxy_backend_healthy{role="prefill"})'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Stack:

@@ -22,6 +22,13 @@ def run_dir(root: Path | None = None) -> Path:
     return (root or repo_root()) / "run"
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel has just given out on ``host``: free unless taken again meanwhile."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def port_is_free(host: str, port: int) -> bool:
     """True when nothing listens on host:port (bind test, so it also catches non-HTTP users)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
