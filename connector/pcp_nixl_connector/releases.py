@@ -49,6 +49,9 @@ SUPPORTED_MINORS: tuple[tuple[int, int], ...] = tuple(r.minor for r in RELEASES)
 SUPPORTED_TEXT = "vLLM " + and_list([r.series for r in RELEASES])
 #: The releases with a CPU build: the only ones the CPU fixes' canaries can run on.
 CPU_CHECKED: tuple[str, ...] = tuple(r.version for r in RELEASES if r.cpu_build)
+#: Set to 1 in a server's environment, the version guard lets another release try (its API
+#: check still applies); preflight then warns instead of failing.
+OVERRIDE_ENV = "PCP_NIXL_ALLOW_UNSUPPORTED_VLLM"
 
 
 def parse_minor(version: str) -> tuple[int, int] | None:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import importlib
 import os
 
+from .releases import OVERRIDE_ENV, SUPPORTED_TEXT, parse_minor
 from .releases import SUPPORTED_MINORS as SUPPORTED_VLLM_MINORS
-from .releases import SUPPORTED_TEXT, parse_minor
-
-OVERRIDE_ENV = "PCP_NIXL_ALLOW_UNSUPPORTED_VLLM"
 
 # module -> attribute names the connector relies on.
 REQUIRED_APIS: dict[str, tuple[str, ...]] = {

@@ -16,13 +16,17 @@ from pcp_pd_kit.preflight.check_timeouts import service_env
 from pcp_pd_kit.preflight.context import Context
 from pcp_pd_kit.preflight.report import OK, Result, fail, ok, warn
 
-# The connector is not installed for a host's system python3; its release list and version
-# guard import nothing beyond the standard library.
+# The connector is not installed for a host's system python3; its release list imports nothing
+# (and the package's __init__ only its metric names).
 _CONNECTOR_DIR = str(repo_root() / "connector")
 if _CONNECTOR_DIR not in sys.path:
     sys.path.append(_CONNECTOR_DIR)
-from pcp_nixl_connector.releases import RELEASES, SUPPORTED_TEXT, is_supported  # noqa: E402
-from pcp_nixl_connector.version_guard import OVERRIDE_ENV  # noqa: E402
+from pcp_nixl_connector.releases import (  # noqa: E402
+    OVERRIDE_ENV,
+    RELEASES,
+    SUPPORTED_TEXT,
+    is_supported,
+)
 
 CHECK = "vllm-version"
 #: The prefill and decode services of each stack (GPU mode, cpu profile).
@@ -45,7 +49,7 @@ def supported(
         if release is None or is_supported(release):
             continue
         newest = RELEASES[-1].version
-        users = [name for name, used in zip(names, images, strict=True) if used == image]
+        users = [names[i] for i, used in enumerate(images) if used == image]
         msg = (
             f"{' and '.join(users)} run{'s' if len(users) == 1 else ''} vLLM {release} ({image}, "
             f"{source}): the kit's connector supports {SUPPORTED_TEXT} and refuses to load on "
