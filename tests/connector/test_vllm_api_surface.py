@@ -155,3 +155,23 @@ def test_a_main_module_needs_main_under_dunder_main() -> None:
     files["vllm/x/entry.py"] += 'if __name__ == "__main__":\n    main()\n'
     surface = api_surface.read_modules(files.get, ["vllm.x.entry"])
     assert api_surface.missing(surface, needs, surface) == []
+
+
+# -- the docs name the same releases ---------------------------------------------------------------
+def _table_header(path: Path, first_cell: str) -> list[str]:
+    """The header cells after the first of the first table whose first cell is ``first_cell``."""
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell and len(cells) > 1:
+            return cells[1:]
+    raise AssertionError(f"no table starting with {first_cell!r} in {path}")
+
+
+def test_the_docs_version_tables_have_a_column_per_supported_release() -> None:
+    connector_readme = api_surface.REPO / "connector" / "README.md"
+    gpu = api_surface.REPO / "docs" / "gpu.md"
+    assert _table_header(connector_readme, "") == [f"vLLM {v}" for v in VERSIONS]
+    assert _table_header(gpu, "") == VERSIONS
+    assert f"The kit supports {releases.SUPPORTED_TEXT} " in gpu.read_text().replace("\n", " ")
+    series = ", ".join(r.series for r in releases.RELEASES)
+    assert f"| vLLM versions ({series}) |" in (api_surface.REPO / "README.md").read_text()
