@@ -65,8 +65,9 @@ def check(fix: str, version: str | None = None) -> None:
         f"{and_list(list(known))}, not vLLM {found}, so it refuses to patch it (if this vLLM "
         "fixed the defect, the patch would compute wrong answers without an error). Run the "
         f"canary tests against this vLLM (python -m pytest -m vllm {CANARIES}): if they pass, "
-        f"the defect is still there: add {release(found)!r} to READ_AGAINST[{fix!r}] in "
-        "connector/pcp_nixl_connector/cpu_compat/upstream_gate.py; if this fix's canary fails, "
-        "vLLM fixed it: remove the fix. Or run without the fixes (PCP_NIXL_CPU_FIXES=0; a CPU "
-        "PCP or EP server then gives wrong answers)."
+        f"the defect is still there: list {release(found)!r} with cpu_build=True in "
+        f"connector/pcp_nixl_connector/releases.py (READ_AGAINST[{fix!r}] in "
+        "connector/pcp_nixl_connector/cpu_compat/upstream_gate.py reads it); if this fix's "
+        "canary fails, vLLM fixed it: remove the fix. Or run without the fixes "
+        "(PCP_NIXL_CPU_FIXES=0; a CPU PCP or EP server then gives wrong answers)."
     )
