@@ -11,16 +11,18 @@ when a reused connection closed before any answer, and every other upstream fail
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 
 from pd_proxy.auth import BackendKey
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError
+from pd_proxy.health import Breaker
 from pd_proxy.metrics import PATHS, ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
 from pd_proxy.sse_relay import relay_stream
@@ -41,6 +43,14 @@ CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
 SSE_TYPE = "text/event-stream; charset=utf-8"  # vLLM's
 JSON_TYPE = "application/json"
 T = TypeVar("T")
+
+
+class Move(NamedTuple):
+    """Why a leg's attempt ended, and where it goes again (None: nowhere healthy)."""
+
+    why: str
+    to: Backend | None
+    reason: str  # pd_proxy_retries_total's label
 
 
 class Trace:
@@ -98,8 +108,9 @@ def pick(pool: BackendPool, exclude: Backend | None = None) -> Backend:
 
 
 def mark_down(metrics: ProxyMetrics, backend: Backend, stage: str) -> None:
-    """Passive health: a refused connection takes the backend out until a check passes."""
-    backend.healthy = False
+    """Passive health: a refused connection takes the backend out until a check passes (its
+    waiting prefill legs move to another)."""
+    backend.went_down()
     metrics.set_health(backend.role, backend.url, False)
     metrics.backend_error(stage, backend.url)
 
@@ -159,50 +170,64 @@ class Legs:
         silence: float | None,
         trace: Trace,
         consume: Callable[[Backend, Reply], Awaitable[T]],
-        retry_stale: bool = False,
+        movable: bool = False,
     ) -> T:
-        """POST to the least-busy backend of ``pool`` and hand its answer to ``consume``.
+        """POST to a backend of ``pool`` (``pick``) and hand its answer to ``consume``.
 
-        One leg's whole life (connect, headers, body) sits inside one ``outstanding`` increment,
-        so a cancelled client cannot leak it. A refused connection marks the backend down and
-        retries once on another; with ``retry_stale`` (the prefill leg), a reused connection that
-        closed before any answer sends the request once more, on a new connection to the same
-        backend. Other upstream errors while posting or consuming become ``ProxyError``.
-        ``total`` bounds each attempt (connect included), ``silence`` each wait for the backend.
+        One attempt's whole life (connect, headers, body) sits inside one ``outstanding``
+        increment, so a cancelled client cannot leak it. A leg goes at most twice:
+
+        - a refused connection (the request never left) marks the backend down and goes to
+          another, for every leg;
+        - a ``movable`` leg (the prefill's: it has no answer to lose) also goes again when its
+          backend goes down while it waits (pd_proxy.pool ``Backend.went_down``: a hung
+          replica), or the connection broke before an answer (to another backend), or a reused
+          connection closed before any answer (the same backend, on a new connection). What the
+          first attempt may hold on its backend is freed there: the closed connection aborts
+          the request, and KV already handed out expires with its lease.
+
+        Each retry is counted in ``pd_proxy_retries_total``. Other upstream errors become a
+        ``ProxyError`` (502, or 504 for a time limit). ``total`` bounds each attempt (connect
+        included), ``silence`` each wait for the backend.
         """
         upstream = self.upstream
         assert upstream is not None
         stage = pool.role
         backend = pick(pool)
-        for attempt in (0, 1):
+        task = asyncio.current_task() if movable else None
+        retried = False
+        while True:
             backend.outstanding += 1
+            if task is not None:
+                backend.waiters[task] = False
+            answered = False
             try:
                 deadline = None if total is None else upstream.loop.time() + total
                 resp = await upstream.post(backend, path, headers, payload, deadline, silence)
+                answered = True
+                backend.progress += 1
                 try:
-                    return await consume(backend, resp)
+                    result = await consume(backend, resp)
                 finally:
                     resp.release()  # closes the connection if the body was not read to the end
+                if backend.probing:
+                    Breaker.proved(backend)
+                return result
+            except asyncio.CancelledError:
+                # Told to move (its backend went down), not the client leaving: go elsewhere.
+                if task is None or not backend.waiters.get(task) or task.uncancel() > 0:
+                    raise
+                move = Move("went down before answering", pool.pick(exclude=backend), "unhealthy")
             except StaleConnection as exc:
-                if attempt == 0 and retry_stale:  # the same backend, on a new connection
-                    log.info("rid=%s %s %s: %s, sending again", trace.rid, stage, backend.url, exc)
-                    continue
-                self.metrics.backend_error(stage, backend.url)
-                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                if not movable:
+                    self.metrics.backend_error(stage, backend.url)
+                    raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                move = Move(str(exc), backend, "stale_connection")
             except ConnectFailed as exc:
+                if task is not None:
+                    backend.waiters.pop(task, None)  # the move below is this leg's own
                 mark_down(self.metrics, backend, stage)
-                retry = pool.pick(exclude=backend)
-                if attempt == 0 and retry is not None:
-                    log.warning(
-                        "rid=%s %s %s unreachable, retrying on %s",
-                        trace.rid,
-                        stage,
-                        backend.url,
-                        retry.url,
-                    )
-                    backend = retry
-                    continue
-                raise ProxyError(502, f"{stage} backend {backend.url} unreachable: {exc}") from None
+                move = Move(f"unreachable: {exc}", pool.pick(exclude=backend), "unreachable")
             except UpstreamTimeout:
                 self.metrics.backend_error(stage, backend.url)
                 raise ProxyError(
@@ -210,10 +235,26 @@ class Legs:
                 ) from None
             except UpstreamBroken as exc:
                 self.metrics.backend_error(stage, backend.url)
-                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                if not movable or answered:
+                    raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                move = Move(f"failed: {exc}", pool.pick(exclude=backend), "broken")
             finally:
                 backend.outstanding -= 1
-        raise AssertionError("unreachable: the second attempt returns or raises")
+                if task is not None:
+                    backend.waiters.pop(task, None)
+            if retried or move.to is None:
+                raise ProxyError(502, f"{stage} backend {backend.url} {move.why}")
+            log.warning(
+                "rid=%s %s %s %s, sending again to %s",
+                trace.rid,
+                stage,
+                backend.url,
+                move.why,
+                move.to.url,
+            )
+            self.metrics.retry(stage, move.reason)
+            backend = move.to
+            retried = True
 
     def invalid_prefill_json(self, backend: Backend, data: bytes) -> ProxyError:
         self.metrics.backend_error("prefill", backend.url)
@@ -235,7 +276,7 @@ class Legs:
             None,
             trace,
             read_whole,
-            retry_stale=True,
+            movable=True,
         )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start

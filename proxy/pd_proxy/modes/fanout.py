@@ -157,6 +157,7 @@ class FanoutMode:
                     legs.decode_error(backend, resp.status, data, content_type)
                     raise ProxyError(502, f"decode backend {backend.url} answered JSON")
                 while chunk := await resp.readany():
+                    backend.progress += 1
                     data = merge.feed(k, chunk)
                     if data:
                         await send(data)
