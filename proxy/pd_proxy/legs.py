@@ -195,7 +195,7 @@ class Legs:
         stage = pool.role
         backend = pick(pool)
         task = asyncio.current_task() if movable else None
-        retried = False
+        moved = resent = False  # at most one move to another backend, one resend on a new conn
         while True:
             backend.outstanding += 1
             if task is not None:
@@ -242,7 +242,8 @@ class Legs:
                 backend.outstanding -= 1
                 if task is not None:
                     backend.waiters.pop(task, None)
-            if retried or move.to is None:
+            again = resent if move.to is backend else moved
+            if again or move.to is None:
                 raise ProxyError(502, f"{stage} backend {backend.url} {move.why}")
             log.warning(
                 "rid=%s %s %s %s, sending again to %s",
@@ -253,8 +254,11 @@ class Legs:
                 move.to.url,
             )
             self.metrics.retry(stage, move.reason)
+            if move.to is backend:
+                resent = True
+            else:
+                moved = True
             backend = move.to
-            retried = True
 
     def invalid_prefill_json(self, backend: Backend, data: bytes) -> ProxyError:
         self.metrics.backend_error("prefill", backend.url)
