@@ -29,6 +29,8 @@ log = logging.getLogger("pd_proxy.pool")
 
 # The message a moved leg's cancellation carries (pd_proxy.legs tells it from a client leaving).
 MOVE = "pd-proxy: backend went down"
+# The part of a health check's time its connect may take.
+CONNECT_SHARE = 0.5
 
 
 class Backend:
@@ -235,7 +237,9 @@ class HealthChecker:
         self.pools = pools
         self.session = session
         self.interval = interval
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        # The connect gets its own share, so a backend that cannot even accept a connection
+        # (ConnectionTimeoutError) is told from one that accepted and stays silent.
+        self.timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout * CONNECT_SHARE)
         self.on_result = on_result
         self.breaker = breaker or Breaker()
         self.rounds = 0
