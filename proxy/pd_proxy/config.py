@@ -91,7 +91,7 @@ class ProxyConfig:
     workers: int = 1
     # Export a ``_created`` series beside each counter and histogram (prometheus_client's default).
     metrics_created: bool = False
-    # Token 1 from the prefill leg, the rest from decode (pd_proxy.first_token).
+    # Token 1 from the prefill leg, the rest from decode (pd_proxy.rewrite_first_token).
     first_token_from_prefill: bool = False
     # The prefill's KV lease (vLLM's kv_lease_duration): when set, limits that could let decode
     # read expired KV blocks are refused (pd_proxy.timeouts).

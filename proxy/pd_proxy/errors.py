@@ -39,6 +39,21 @@ class Passthrough(Exception):
         self.body = body
         self.content_type = content_type
 
+    @property
+    def message(self) -> str:
+        """The backend's own message: its OpenAI ``error.message`` (vLLM's), a bare ``error``
+        string, or the start of its body."""
+        try:
+            obj = json.loads(self.body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            obj = None
+        error = obj.get("error") if isinstance(obj, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        return self.body[:200].decode("utf-8", "replace")
+
 
 def error_body(
     status: int, message: str, code: int | str | None = None, param: str | None = None

@@ -25,6 +25,7 @@ from pd_proxy.errors import Passthrough, ProxyError
 from pd_proxy.health import Breaker
 from pd_proxy.metrics import PATHS, ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
+from pd_proxy.rewrite import dumps, release_body
 from pd_proxy.sse_relay import relay_stream
 from pd_proxy.upstream import (
     ConnectFailed,
@@ -147,6 +148,7 @@ class Legs:
         self.prefill_pool = prefill
         self.decode_pool = decode
         self.upstream: Upstream | None = None
+        self._background: set[asyncio.Task[None]] = set()  # KV releases nobody waits for
         # The tail of each stage's 504 message (decode's timeout bounds silence, not the total).
         self._timeout_text = {
             "prefill": f"timed out after {config.prefill_timeout:g}s",
@@ -364,6 +366,30 @@ class Legs:
             trace,
             answer,
         )
+
+    def release_kv(
+        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: Fields, rid: str
+    ) -> None:
+        """Let a decode take the KV a prefill keeps for a request that will not read it (token 1
+        ended it, a fan-out leg was cancelled), so the prefill frees its blocks now rather than
+        when their lease ends. Nobody waits for the answer."""
+        if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
+            return
+        payload = dumps(release_body(client_body, kv))
+        task = asyncio.create_task(self._release_leg(endpoint, payload, headers, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_leg(self, endpoint: str, payload: bytes, headers: Fields, rid: str) -> None:
+        try:
+            _, status, data, _ = await self.decode_to(
+                endpoint, payload, headers, Trace(rid), read_whole
+            )
+        except ProxyError as exc:
+            log.warning("rid=%s KV release on decode failed: %s", rid, exc.message)
+            return
+        if status != 200:
+            log.warning("rid=%s KV release on decode answered %d: %s", rid, status, data[:200])
 
     def decode_error(self, backend: Backend, status: int, data: bytes, content_type: str) -> None:
         """The one mapping of a decode answer's status to the client's error: 200 passes, 401 is

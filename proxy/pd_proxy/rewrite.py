@@ -41,6 +41,13 @@ PREFILL_DROPPED = (
 )
 
 
+def _std_loads(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise TooDeep("nested too deeply") from None
+
+
 def _std_dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -52,11 +59,12 @@ if orjson is not None:
     _OrjsonEncodeError = orjson.JSONEncodeError
 
     def loads(data: bytes) -> Any:
-        """Parse JSON bytes; ``ValueError`` (or ``UnicodeDecodeError``) when they are not JSON."""
+        """Parse JSON bytes; ``ValueError`` (or ``UnicodeDecodeError``) when they are not JSON,
+        ``TooDeep`` when they nest deeper than the parsers go."""
         try:
             return _orjson_loads(data)
         except _OrjsonError:
-            return json.loads(data)
+            return _std_loads(data)
 
     def dumps(obj: Any) -> bytes:
         """Compact UTF-8 JSON bytes."""
@@ -66,12 +74,17 @@ if orjson is not None:
             return _std_dumps(obj)
 
 else:  # pragma: no cover
-    loads = json.loads
+    loads = _std_loads
     dumps = _std_dumps
 
 
 class BadRequest(ValueError):
     """The client body cannot be proxied; the message is safe to return to the client."""
+
+
+class TooDeep(ValueError):
+    """JSON nested deeper than the parsers go (orjson stops at 1024 levels, the stdlib at
+    Python's recursion limit)."""
 
 
 def prefill_kv_params() -> dict[str, Any]:
@@ -90,6 +103,8 @@ def parse_request(body: bytes, endpoint: str) -> dict[str, Any]:
     """Decode and minimally validate a client body; raise ``BadRequest`` with a client message."""
     try:
         obj = loads(body)
+    except TooDeep:
+        raise BadRequest("request body is nested too deeply to be parsed") from None
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("request body is not valid JSON") from None
     if not isinstance(obj, dict):
@@ -116,6 +131,14 @@ def prefill_body(request: dict[str, Any]) -> dict[str, Any]:
 def decode_body(request: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
     """The decode leg: the client's original body plus the prefill's ``kv_transfer_params``."""
     body = dict(request)
+    body["kv_transfer_params"] = kv_transfer_params
+    return body
+
+
+def release_body(request: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
+    """A decode request that only takes the prefill's KV (so the prefill frees its blocks now,
+    not when their lease ends): the decode leg cut to one token, its answer discarded."""
+    body = prefill_body(request)
     body["kv_transfer_params"] = kv_transfer_params
     return body
 

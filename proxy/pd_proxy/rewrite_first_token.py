@@ -301,14 +301,6 @@ def continuation_body(endpoint: str, body: dict[str, Any], first: FirstToken) ->
     return out
 
 
-def release_body(body: dict[str, Any], kv: Any) -> dict[str, Any]:
-    """A decode request that only takes the prefill's KV (so the prefill frees its blocks now,
-    not when their lease ends): the normal decode leg, cut to one token, answer discarded."""
-    out = prefill_body(body)
-    out["kv_transfer_params"] = kv
-    return out
-
-
 # ---------------------------------------------------------------------- answers to the client
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
