@@ -149,11 +149,6 @@ class Legs:
         self.decode_pool = decode
         self.upstream: Upstream | None = None
         self._background: set[asyncio.Task[None]] = set()  # KV releases nobody waits for
-        # The tail of each stage's 504 message (decode's timeout bounds silence, not the total).
-        self._timeout_text = {
-            "prefill": f"timed out after {config.prefill_timeout:g}s",
-            "decode": f"sent nothing for {config.decode_timeout:g}s",
-        }
 
     def backend_headers(self, rid: str) -> Fields:
         """The header fields both legs add, encoded once: the client's Authorization is never
@@ -232,9 +227,8 @@ class Legs:
                 move = Move(f"unreachable: {exc}", pool.pick(exclude=backend), "unreachable")
             except UpstreamTimeout:
                 self.metrics.backend_error(stage, backend.url)
-                raise ProxyError(
-                    504, f"{stage} backend {backend.url} {self._timeout_text[stage]}"
-                ) from None
+                limit = f"timed out after {total:g}s" if total else f"sent nothing for {silence:g}s"
+                raise ProxyError(504, f"{stage} backend {backend.url} {limit}") from None
             except UpstreamBroken as exc:
                 self.metrics.backend_error(stage, backend.url)
                 if not movable or answered:
@@ -315,6 +309,28 @@ class Legs:
             headers,
             None,
             self.config.decode_timeout,
+            trace,
+            consume,
+        )
+
+    async def side_call(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Fields,
+        trace: Trace,
+        consume: Callable[[Backend, Reply], Awaitable[T]],
+    ) -> T:
+        """A call to a decode backend on the request's path that is not a leg (``/tokenize``):
+        the whole of it bounded by ``side_call_timeout``, so a slow one costs little and its
+        caller falls back."""
+        return await self.exchange(
+            self.decode_pool,
+            path,
+            payload,
+            headers,
+            self.config.side_call_timeout,
+            None,
             trace,
             consume,
         )
