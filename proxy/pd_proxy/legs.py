@@ -23,9 +23,10 @@ from pd_proxy.auth import BackendKey
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError
 from pd_proxy.health import Breaker
-from pd_proxy.metrics import PATHS, ProxyMetrics
+from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
 from pd_proxy.rewrite import dumps, release_body
+from pd_proxy.shapes import PD
 from pd_proxy.sse_relay import relay_stream
 from pd_proxy.upstream import (
     ConnectFailed,
@@ -39,7 +40,6 @@ from pd_proxy.upstream import (
 
 log = logging.getLogger("pd_proxy.request")
 
-PD, LOCAL = PATHS  # pd_proxy_requests_total's path label
 CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
 SSE_TYPE = "text/event-stream; charset=utf-8"  # vLLM's
 JSON_TYPE = "application/json"
@@ -86,6 +86,13 @@ class Mode(Protocol):
         headers: Fields,
         trace: Trace,
     ) -> web.StreamResponse: ...
+
+
+def is_event_stream(resp: Reply) -> bool:
+    """A 200 answer that streams events; anything else (JSON, an error) is read whole."""
+    return resp.status == 200 and resp.headers.get("content-type", "").startswith(
+        "text/event-stream"
+    )
 
 
 def snippet(data: bytes, limit: int = 200) -> str:
@@ -349,7 +356,7 @@ class Legs:
         async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
             trace.decode = backend.url
             content_type = resp.headers.get("content-type", JSON_TYPE)
-            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+            if not is_event_stream(resp):
                 # Read failures (timeout, broken connection) are mapped by exchange.
                 data = await resp.read()
                 now = self.first_byte(start, trace)

@@ -36,6 +36,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from pd_proxy.shapes import LOCAL, PD
+
 # Names other tools read (the kit's demo report and eval manifest) import these, not a copy.
 REQUESTS_TOTAL = "pd_proxy_requests_total"
 BACKEND_ERRORS_TOTAL = "pd_proxy_backend_errors_total"
@@ -62,7 +64,7 @@ BACKEND_STATES = ("healthy", "unhealthy", "draining")
 RETRY_REASONS = ("unreachable", "unhealthy", "broken", "stale_connection")
 # How a completions request was served: through a prefill, or by decode alone (pd_proxy.shapes,
 # --local-prefill-max-tokens).
-PATHS = ("pd", "local")
+PATHS = (PD, LOCAL)
 
 # Loopback legs take milliseconds, real CPU/GPU prefill and KV transfer seconds to minutes.
 LATENCY_BUCKETS = (

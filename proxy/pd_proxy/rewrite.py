@@ -155,6 +155,23 @@ def kv_params_from_prefill(payload: bytes) -> Any:
     return obj.get("kv_transfer_params")
 
 
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """An answer's ``usage`` counts, in vLLM's key order."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+def usage_options(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) as vLLM reads a stream's ``stream_options``."""
+    options = body.get("stream_options")
+    if not isinstance(options, dict) or not options.get("include_usage"):
+        return False, False
+    return True, bool(options.get("continuous_usage_stats"))
+
+
 def decode_payload(raw: bytes, request: dict[str, Any], kv_transfer_params: Any) -> bytes:
     """The decode leg as bytes: the client's own bytes with ``kv_transfer_params`` appended.
 

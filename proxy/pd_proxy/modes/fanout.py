@@ -24,10 +24,16 @@ from aiohttp import web
 
 from pd_proxy import rewrite_fanout
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace
+from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend
-from pd_proxy.rewrite import decode_body, dumps, kv_params_from_prefill, prefill_body
+from pd_proxy.rewrite import (
+    decode_body,
+    dumps,
+    kv_params_from_prefill,
+    prefill_body,
+    usage_options,
+)
 from pd_proxy.shapes import Shape, samples
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse
 from pd_proxy.upstream import Fields, Reply
@@ -147,7 +153,7 @@ class FanoutMode:
                 raise  # nothing sent yet: the client gets the failure as the answer
             await relay.end(sse_error_event(failure.status, failure.message, False), trace)
             return relay.out
-        await relay.end(relay.merge.finish(_include_usage(client_body)), trace)
+        await relay.end(relay.merge.finish(usage_options(client_body)[0]), trace)
         return relay.out
 
 
@@ -177,11 +183,10 @@ class _MergedStream:
         legs = self.legs
 
         async def relay(backend: Backend, resp: Reply, taken: Callable[[], None]) -> None:
-            content_type = resp.headers.get("content-type", "")
-            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+            if not is_event_stream(resp):
                 data = await resp.read()
                 taken()
-                legs.decode_error(backend, resp.status, data, content_type)
+                legs.decode_error(backend, resp.status, data, resp.headers.get("content-type", ""))
                 legs.metrics.backend_error("decode", backend.url)
                 raise ProxyError(502, f"decode backend {backend.url} answered JSON, not a stream")
             while chunk := await resp.readany():
@@ -232,8 +237,3 @@ async def first_failure_ends_all(legs: list[Coroutine[Any, Any, T]]) -> list[T]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _include_usage(client_body: dict[str, Any]) -> bool:
-    options = client_body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))

@@ -27,7 +27,7 @@ from aiohttp import web
 from pd_proxy import rewrite_first_token as ft
 from pd_proxy.block_size import BlockSizes
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace
+from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace, is_event_stream
 from pd_proxy.modes.normal import NormalMode
 from pd_proxy.pool import Backend
 from pd_proxy.rewrite import decode_payload, dumps, loads
@@ -202,7 +202,7 @@ class FirstTokenMode:
         async def answer(backend: Backend, resp: Reply) -> bool:
             trace.decode = backend.url
             content_type = resp.headers.get("content-type", "")
-            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+            if not is_event_stream(resp):
                 data = await resp.read()
                 legs.first_byte(start, trace)
                 try:
