@@ -82,8 +82,12 @@ class Backend:
         return url
 
     def went_down(self) -> None:
-        """Down now: its waiting legs are cancelled with ``MOVE`` and retried elsewhere."""
+        """Down now (a refused connection): its waiting legs move elsewhere."""
         Breaker.open(self)
+        self.move_waiters()
+
+    def move_waiters(self) -> None:
+        """Cancel the legs waiting for its answer with ``MOVE``: each goes again elsewhere."""
         for task, told in self.waiters.items():
             if not told:
                 self.waiters[task] = True
@@ -311,8 +315,12 @@ class HealthChecker:
                         if hung and others
                         else "",
                     )
-            if was_healthy and not backend.healthy:
-                backend.went_down()
+            if (
+                was_healthy
+                and not backend.healthy
+                and any(p.healthy for p in roles.get(backend.role, ()) if p is not backend)
+            ):
+                backend.move_waiters()  # with nowhere to go, its legs keep their chance here
             self.on_result(backend, verdict is Verdict.PASS)
 
     async def run(self) -> None:

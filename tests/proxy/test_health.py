@@ -108,3 +108,27 @@ async def test_a_backend_that_accepts_no_connection_is_down_however_busy():
             for s in fillers:
                 s.close()
     assert result is FAILED
+
+
+async def test_legs_stay_on_a_backend_taken_out_when_no_other_is_healthy():
+    """A lone prefill that misses its checks while busy is taken out, but its legs keep waiting
+    there: moving them would only turn them into errors."""
+    import asyncio
+
+    pool = BackendPool("prefill", ("http://a:1",))
+    (lone,) = pool.backends
+    lone.outstanding = 1
+    leg = asyncio.ensure_future(asyncio.sleep(10))
+    lone.waiters[leg] = False
+
+    class _Silent:
+        def get(self, *args, **kwargs):
+            raise asyncio.TimeoutError
+
+    checker = HealthChecker([pool], _Silent(), 30.0, 0.2, lambda b, ok: None)  # type: ignore[arg-type]
+    for _ in range(BUSY_TIMEOUTS_TOLERATED + 1):
+        await checker.check_some([lone])
+    assert not lone.healthy
+    await asyncio.sleep(0)
+    assert not leg.cancelled() and lone.waiters[leg] is False
+    leg.cancel()
