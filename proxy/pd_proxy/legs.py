@@ -2,11 +2,13 @@
 prefill leg, the normal decode leg, and the one mapping from a decode answer's status to the error
 the client gets.
 
-``Legs.exchange`` is a leg's whole life on one backend (pd_proxy.upstream does the HTTP): a
-refused connection marks the backend down and goes to another once, the prefill leg goes once more
-when a reused connection closed before any answer, and every other upstream failure becomes a
-``ProxyError`` (502, or 504 for a time limit). A mode (pd_proxy.modes) is a strategy with the
-``Mode`` signature, chosen once at start-up, that runs a request's legs.
+``Legs.exchange`` is a leg's whole life (pd_proxy.upstream does the HTTP): a refused connection
+marks the backend down and goes to another once; the prefill leg also moves once when its backend
+goes down while it waits (a hung replica, pd_proxy.health) or its connection breaks before an
+answer, and goes once more when a reused connection closed before any answer; every other
+upstream failure becomes a ``ProxyError`` (502, or 504 for a time limit). A mode
+(pd_proxy.modes) is a strategy with the ``Mode`` signature, chosen once at start-up, that runs a
+request's legs.
 """
 
 from __future__ import annotations
@@ -248,7 +250,8 @@ class Legs:
             again = resent if move.to is backend else moved
             if again or move.to is None:
                 raise ProxyError(502, f"{stage} backend {backend.url} {move.why}")
-            log.warning(
+            log.log(
+                logging.INFO if move.to is backend else logging.WARNING,  # an idle close: routine
                 "rid=%s %s %s %s, sending again to %s",
                 trace.rid,
                 stage,

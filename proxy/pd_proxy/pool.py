@@ -130,31 +130,25 @@ class BackendPool:
         self.chooser = Chooser()
 
     def pick(self, exclude: Backend | None = None) -> Backend | None:
-        """The backend for a leg: ``chooser`` among the healthy ones (not ``exclude``); a
-        probing one only while it has nothing in flight, unless no other is healthy."""
+        """The backend for a leg: ``chooser`` among the healthy ones (not ``exclude``), in
+        rotation order; a probing one only while it has nothing in flight, unless no other is
+        healthy."""
         backends = self.backends
         n = len(backends)
         start = self._next
-        order: list[int] = []
         candidates: list[Backend] = []
-        spare: list[int] = []  # busy probing backends: the last resort
+        spare: list[Backend] = []  # busy probing backends: the last resort
         for i in range(start, start + n):
             b = backends[i % n]
-            if not b.healthy or b is exclude:
-                continue
-            if b.probing and b.outstanding > 0:
-                spare.append(i)
-                continue
-            order.append(i)
-            candidates.append(b)
+            if b.healthy and b is not exclude:
+                (spare if b.probing and b.outstanding else candidates).append(b)
         if not candidates:
             if not spare:
                 return None
-            order = spare
-            candidates = [backends[i % n] for i in spare]
-        k = self.chooser.choose(candidates)
-        self._next = (order[k] + 1) % n
-        return candidates[k]
+            candidates = spare
+        chosen = candidates[self.chooser.choose(candidates)]
+        self._next = (backends.index(chosen) + 1) % n
+        return chosen
 
     def healthy(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
