@@ -6,6 +6,8 @@ import json
 
 from aiohttp import web
 
+from pd_proxy.rewrite import JSON_TYPE
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",  # what OpenAI answers for a bad key, with code invalid_api_key
@@ -75,7 +77,7 @@ def error_response(
     return web.Response(
         status=status,
         body=json.dumps(error_body(status, message, param=param)).encode(),
-        content_type="application/json",
+        content_type=JSON_TYPE,
         headers=headers,
     )
 
@@ -85,7 +87,7 @@ def unauthorized_response(message: str) -> web.Response:
     return web.Response(
         status=401,
         body=json.dumps(error_body(401, message, "invalid_api_key")).encode(),
-        content_type="application/json",
+        content_type=JSON_TYPE,
         headers={"WWW-Authenticate": 'Bearer realm="pd-proxy"'},
     )
 

@@ -27,8 +27,9 @@ from pd_proxy.errors import Passthrough, ProxyError
 from pd_proxy.health import Breaker
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
-from pd_proxy.rewrite import dumps, release_body
+from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
 from pd_proxy.shapes import PD
+from pd_proxy.sse import MEDIA_TYPE
 from pd_proxy.sse_relay import relay_stream
 from pd_proxy.upstream import (
     ConnectFailed,
@@ -43,8 +44,6 @@ from pd_proxy.upstream import (
 log = logging.getLogger("pd_proxy.request")
 
 CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
-SSE_TYPE = "text/event-stream; charset=utf-8"  # vLLM's
-JSON_TYPE = "application/json"
 T = TypeVar("T")
 
 
@@ -92,9 +91,7 @@ class Mode(Protocol):
 
 def is_event_stream(resp: Reply) -> bool:
     """A 200 answer that streams events; anything else (JSON, an error) is read whole."""
-    return resp.status == 200 and resp.headers.get("content-type", "").startswith(
-        "text/event-stream"
-    )
+    return resp.status == 200 and resp.headers.get("content-type", "").startswith(MEDIA_TYPE)
 
 
 def snippet(data: bytes, limit: int = 200) -> str:
@@ -104,7 +101,7 @@ def snippet(data: bytes, limit: int = 200) -> str:
 async def read_whole(backend: Backend, resp: Reply) -> tuple[Backend, int, bytes, str]:
     """Prefill answers are small JSON: read them whole while the backend still counts them."""
     data = await resp.read()
-    return backend, resp.status, data, resp.headers.get("content-type", "application/json")
+    return backend, resp.status, data, resp.headers.get("content-type", JSON_TYPE)
 
 
 def pick(pool: BackendPool, exclude: Backend | None = None) -> Backend:

@@ -22,6 +22,7 @@ try:
 except ImportError:  # pragma: no cover - the kit pins orjson; this keeps a bare checkout working
     orjson = None  # type: ignore[assignment]
 
+JSON_TYPE = "application/json"
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 

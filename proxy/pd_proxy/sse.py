@@ -9,6 +9,8 @@ from typing import Any
 
 from pd_proxy.rewrite import dumps, loads
 
+MEDIA_TYPE = "text/event-stream"
+SSE_TYPE = f"{MEDIA_TYPE}; charset=utf-8"  # vLLM's Content-Type for a stream
 SEPARATOR = b"\n\n"
 DATA = b"data: "
 DONE = b"data: [DONE]\n\n"

@@ -24,10 +24,11 @@ from aiohttp import web
 
 from pd_proxy import rewrite_fanout
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Legs, Trace, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend
 from pd_proxy.rewrite import (
+    JSON_TYPE,
     decode_body,
     dumps,
     kv_params_from_prefill,
@@ -35,6 +36,7 @@ from pd_proxy.rewrite import (
     usage_options,
 )
 from pd_proxy.shapes import Shape, samples
+from pd_proxy.sse import SSE_TYPE
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse
 from pd_proxy.upstream import Fields, Reply
 

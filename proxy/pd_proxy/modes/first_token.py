@@ -27,10 +27,11 @@ from aiohttp import web
 from pd_proxy import rewrite_first_token as ft
 from pd_proxy.block_size import BlockSizes
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Legs, Trace, is_event_stream
 from pd_proxy.modes.normal import NormalMode
 from pd_proxy.pool import Backend
-from pd_proxy.rewrite import decode_payload, dumps, loads
+from pd_proxy.rewrite import JSON_TYPE, decode_payload, dumps, loads
+from pd_proxy.sse import SSE_TYPE
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse, relay_events
 from pd_proxy.upstream import Fields, Reply
 
