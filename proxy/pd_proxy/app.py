@@ -2,6 +2,13 @@
 completions endpoints, pd_proxy.side_endpoints for the rest) and the shared client session (health
 checks, ``/v1/models``) and upstream client (the two legs, pd_proxy.upstream).
 
+The app is built in two steps, each once and in order. ``build_app`` builds what needs no event
+loop (``Proxy``: config, metrics, pools, discovery, keys) and the routes. When the app starts,
+``start`` builds the rest (``Running``: session, upstream client, P/D flow, side endpoints,
+health checker, canary), each from the parts before it, and the app's one cleanup context
+(``_lifecycle``) then starts the background tasks; stopping undoes all of it in reverse. No part is
+set on another after it was built: a new part is one more field and one more line in ``start``.
+
 ``build_app`` is what in-process tests use; ``make_runner`` adds the server settings the proxy
 relies on (client disconnects cancel the handler, no access log, drain timeout), so use it (or pass
 ``handler_cancellation=True`` to aiohttp's ``TestServer``) when disconnect behaviour matters.
@@ -15,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -30,29 +38,44 @@ from pd_proxy.health import Breaker
 from pd_proxy.metrics import SYNC_INTERVAL_S, ProxyMetrics
 from pd_proxy.pd_flow import PdFlow
 from pd_proxy.pool import Backend, BackendPool, HealthChecker
-from pd_proxy.side_endpoints import SideEndpoints
+from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.side_endpoints import SideEndpoints, metrics_page, not_found
 from pd_proxy.upstream import Upstream
 
 request_log = logging.getLogger("pd_proxy.request")
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Proxy:
-    """One app's parts, at ``app[PROXY_KEY]``: for the metrics listener and in-process tests."""
+    """The parts built with the app (no event loop needed), at ``app[PROXY_KEY]``: for the
+    metrics listener and in-process tests."""
 
     config: ProxyConfig
     metrics: ProxyMetrics
     prefill_pool: BackendPool
     decode_pool: BackendPool
     client_keys: ClientKeys | None  # checked in front of the routes (_require_key)
+    backend_key: BackendKey | None  # sent to the backends instead of the client's
     discovery: Discovery | None  # when backends are discovered
+    canary_interval_s: float | None  # --canary-minutes; None: this app runs no canary
+
+
+@dataclass(frozen=True, eq=False)
+class Running:
+    """The parts built when the app starts, at ``app[RUNNING_KEY]`` from then on: ``start``
+    builds them once, in this order, each from the ones above it (the first two need a running
+    event loop)."""
+
+    session: aiohttp.ClientSession  # health checks and /v1/models
+    upstream: Upstream  # the legs' keep-alive client
     flow: PdFlow
     side: SideEndpoints
-    checker: HealthChecker | None = None  # set when the app starts
-    canary: Canary | None = None  # --canary-minutes
+    checker: HealthChecker
+    canary: Canary | None
 
 
 PROXY_KEY = web.AppKey("pd_proxy", Proxy)
+RUNNING_KEY = web.AppKey("pd_proxy_running", Running)
 
 # Below uvicorn's 5 s keep-alive (vLLM's server), so we drop idle upstream connections before the
 # backend does and never send a request onto a socket it is closing.
@@ -80,13 +103,8 @@ def build_app(
     )
     client_keys = _key_file(ClientKeys, config.api_key_file, "--api-key-file")
     backend_key = _key_file(BackendKey, config.backend_api_key_file, "--backend-api-key-file")
-    flow = PdFlow(config, metrics, prefill, decode, backend_key)
-    side = SideEndpoints(config, metrics, prefill, decode, backend_key)
-    proxy = Proxy(config, metrics, prefill, decode, client_keys, discovery, flow, side)
-    if canary and config.canary_minutes:
-        proxy.canary = Canary(
-            flow, metrics.registry, config.canary_minutes * 60, config.canary_timeout
-        )
+    canary_s = config.canary_minutes * 60 if canary and config.canary_minutes else None
+    proxy = Proxy(config, metrics, prefill, decode, client_keys, backend_key, discovery, canary_s)
 
     def guard(handler: Handler, endpoint: str | None = None) -> Handler:
         if client_keys is None:
@@ -95,80 +113,121 @@ def build_app(
 
     app = web.Application(client_max_size=config.max_body_bytes)
     app[PROXY_KEY] = proxy
-    app.router.add_post("/v1/completions", guard(flow.completions, "/v1/completions"))
-    app.router.add_post(
-        "/v1/chat/completions", guard(flow.chat_completions, "/v1/chat/completions")
-    )
-    app.router.add_get("/v1/models", guard(side.models, "/v1/models"))
-    app.router.add_get("/health", side.health)  # always open: orchestrators probe it
+    app.router.add_post(COMPLETIONS, guard(_completions, COMPLETIONS))
+    app.router.add_post(CHAT_COMPLETIONS, guard(_chat_completions, CHAT_COMPLETIONS))
+    app.router.add_get("/v1/models", guard(_models, "/v1/models"))
+    app.router.add_get("/health", _health)  # always open: orchestrators probe it
     if config.metrics and config.metrics_port is None:
-        app.router.add_get("/metrics", guard(side.metrics_page))
-    app.router.add_route("*", "/{tail:.*}", guard(side.not_found))
-
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(
-            limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S, ttl_dns_cache=300
-        )
-        # No Accept-Encoding: backends answer uncompressed, so bytes relay unchanged. No cookie
-        # jar: backends set none, and filtering cookies costs CPU on every leg.
-        session = aiohttp.ClientSession(
-            connector=connector,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        side.session = session
-        upstream = flow.legs.upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
-
-        def on_result(backend: Backend, passed: bool) -> None:
-            metrics.set_health(backend.role, backend.url, backend.healthy)
-            if not passed:
-                metrics.backend_error("health", backend.url)
-
-        checker = HealthChecker(
-            [prefill, decode],
-            session,
-            config.health_interval,
-            config.health_timeout,
-            on_result,
-            Breaker(config.health_failures, config.health_successes),
-        )
-        proxy.checker = checker
-        tasks: list[asyncio.Task[None]] = []
-        try:
-            if discovery is not None:
-                # Discovered backends join unhealthy; the first round below checks them.
-                await discovery.refresh()
-                discovery.check = checker.check_some
-            tasks.append(asyncio.create_task(checker.run(), name="pd-proxy-health"))
-            await _first_round(checker, config.health_timeout)
-            if discovery is not None:
-                tasks.append(asyncio.create_task(discovery.run(), name="pd-proxy-discovery"))
-            if metrics.multiprocess_dir is not None:  # --workers: other workers read our gauges
-                tasks.append(asyncio.create_task(_sync_metrics(metrics), name="pd-proxy-metrics"))
-            if proxy.canary is not None:
-                proxy.canary.start()
-            yield
-        finally:
-            if proxy.canary is not None:
-                await proxy.canary.stop()
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if discovery is not None:
-                discovery.close()
-            upstream.close()
-            await session.close()
-
-    async def on_shutdown(app: web.Application) -> None:
-        side.draining = True  # /health turns 503 so load balancers stop sending
-        if proxy.canary is not None:
-            await proxy.canary.stop()  # no new canary legs while in-flight requests drain
-
-    app.cleanup_ctx.append(lifecycle)
-    app.on_shutdown.append(on_shutdown)
+        app.router.add_get("/metrics", guard(metrics_page(metrics)))
+    app.router.add_route("*", "/{tail:.*}", guard(not_found))
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_on_shutdown)
     return app
+
+
+# The routes that need the running parts. Each calls the part's handler directly: no frame more
+# than a bound method would cost, one dict lookup.
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[RUNNING_KEY].flow.handle(request, COMPLETIONS)
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[RUNNING_KEY].flow.handle(request, CHAT_COMPLETIONS)
+
+
+async def _models(request: web.Request) -> web.StreamResponse:
+    return await request.app[RUNNING_KEY].side.models(request)
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    return await request.app[RUNNING_KEY].side.health(request)
+
+
+async def start(proxy: Proxy, stack: contextlib.AsyncExitStack) -> Running:
+    """Build the running parts once, in order, each closed by ``stack`` (so in reverse).
+
+    Needs a running event loop; starts no task (``_lifecycle`` does).
+    """
+    config, metrics = proxy.config, proxy.metrics
+    pools = (proxy.prefill_pool, proxy.decode_pool)
+    # No Accept-Encoding: backends answer uncompressed, so bytes relay unchanged. No cookie
+    # jar: backends set none, and filtering cookies costs CPU on every leg.
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S, ttl_dns_cache=300
+        ),
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+    stack.push_async_callback(session.close)
+    upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
+    stack.callback(upstream.close)
+    flow = PdFlow(config, metrics, *pools, upstream, proxy.backend_key)
+    side = SideEndpoints(config, metrics, *pools, session, proxy.backend_key)
+
+    def on_result(backend: Backend, passed: bool) -> None:
+        metrics.set_health(backend.role, backend.url, backend.healthy)
+        if not passed:
+            metrics.backend_error("health", backend.url)
+
+    checker = HealthChecker(
+        list(pools),
+        session,
+        config.health_interval,
+        config.health_timeout,
+        on_result,
+        Breaker(config.health_failures, config.health_successes),
+    )
+    canary = None
+    if proxy.canary_interval_s is not None:
+        canary = Canary(flow, metrics.registry, proxy.canary_interval_s, config.canary_timeout)
+    return Running(session, upstream, flow, side, checker, canary)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """The app's one cleanup context: the running parts, then the background work, in order;
+    everything stops in reverse."""
+    proxy = app[PROXY_KEY]
+    async with contextlib.AsyncExitStack() as stack:
+        running = app[RUNNING_KEY] = await start(proxy, stack)
+        checker, discovery = running.checker, proxy.discovery
+        if discovery is not None:
+            stack.callback(discovery.close)
+            # Discovered backends join unhealthy; the first round below checks them.
+            await discovery.refresh()
+        _background(stack, checker.run(), "pd-proxy-health")
+        await _first_round(checker, proxy.config.health_timeout)
+        if discovery is not None:
+            _background(stack, discovery.run(checker.check_some), "pd-proxy-discovery")
+        if proxy.metrics.multiprocess_dir is not None:  # --workers: others read our gauges
+            _background(stack, _sync_metrics(proxy.metrics), "pd-proxy-metrics")
+        if running.canary is not None:
+            running.canary.start()
+            stack.push_async_callback(running.canary.stop)
+        yield
+
+
+def _background(
+    stack: contextlib.AsyncExitStack, work: Coroutine[Any, Any, None], name: str
+) -> None:
+    """Run ``work`` as a task until ``stack`` closes."""
+    task = asyncio.create_task(work, name=name)
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(stop)
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    running = app.get(RUNNING_KEY)
+    if running is None:  # it never started
+        return
+    running.side.draining = True  # /health turns 503 so load balancers stop sending
+    if running.canary is not None:
+        await running.canary.stop()  # no new canary legs while in-flight requests drain
 
 
 def build_metrics_app(app: web.Application) -> web.Application | None:
@@ -177,7 +236,7 @@ def build_metrics_app(app: web.Application) -> web.Application | None:
     if proxy.config.metrics_port is None:
         return None
     metrics_app = web.Application()
-    metrics_app.router.add_get("/metrics", proxy.side.metrics_page)
+    metrics_app.router.add_get("/metrics", metrics_page(proxy.metrics))
 
     async def not_found(request: web.Request) -> web.Response:
         return error_response(404, f"no route for {request.method} {request.path}")

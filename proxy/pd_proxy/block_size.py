@@ -13,7 +13,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from pd_proxy.auth import BackendKey
 from pd_proxy.pool import Backend
@@ -39,13 +39,12 @@ class BlockSizes:
     A backend's first lookup fetches its size (one fetch per backend at a time); a known size is
     served while it is refreshed every ``ttl`` seconds, and an unreadable one is retried after
     ``retry`` seconds (its requests meanwhile take the normal flow, and one warning says why).
-    ``upstream`` gives the running app's client (None before it starts); ``timeout`` bounds a
-    fetch.
+    ``upstream`` is the running app's client; ``timeout`` bounds a fetch.
     """
 
     def __init__(
         self,
-        upstream: Callable[[], Upstream | None],
+        upstream: Upstream,
         backend_key: BackendKey | None,
         timeout: float,
         ttl: float = 300.0,
@@ -109,9 +108,7 @@ class BlockSizes:
                 )
 
     async def _read(self, backend: Backend) -> int | None:
-        upstream = self._upstream()
-        if upstream is None:
-            return None
+        upstream = self._upstream
         headers = {}
         if self.backend_key is not None:
             headers["Authorization"] = self.backend_key.header()

@@ -152,13 +152,11 @@ class Discovery:
         watches: list[Watch],
         interval: float,
         metrics: ProxyMetrics,
-        check: Callable[[list[Backend]], Awaitable[None]] | None = None,
     ) -> None:
         self.pools = pools
         self.watches = watches
         self.interval = interval
         self.metrics = metrics
-        self.check = check  # health-checks joined backends; set by the app once it has a session
         self.polls = 0  # completed refresh rounds, for tests and debugging
         self._last: dict[tuple[str, str], list[str]] = {}  # (role, source) -> last good URLs
         # (watch label, role or None) -> the reason of the outage it is in
@@ -277,17 +275,17 @@ class Discovery:
         for watch in self.watches:
             watch.close()
 
-    async def run(self) -> None:
+    async def run(self, check: Callable[[list[Backend]], Awaitable[None]]) -> None:
         """After the start-up ``refresh``: poll every interval, or at once when a watch reports a
-        change, and health-check the joiners."""
+        change, and health-check the joiners with ``check``."""
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)
             self._wake.clear()
             try:
                 added = await self.refresh()
-                if added and self.check is not None:
-                    await self.check(added)
+                if added:
+                    await check(added)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug here must not stop discovery for good

@@ -137,8 +137,8 @@ def backend_refused_key(
 
 
 class Legs:
-    """The legs of one app's requests; ``upstream`` is set when the app starts (it needs a
-    running loop)."""
+    """The legs of one app's requests, through its ``upstream`` client (built when the app
+    starts: it needs a running loop, see pd_proxy.app)."""
 
     def __init__(
         self,
@@ -146,6 +146,7 @@ class Legs:
         metrics: ProxyMetrics,
         prefill: BackendPool,
         decode: BackendPool,
+        upstream: Upstream,
         backend_key: BackendKey | None = None,
     ) -> None:
         self.config = config
@@ -153,7 +154,7 @@ class Legs:
         self.metrics = metrics
         self.prefill_pool = prefill
         self.decode_pool = decode
-        self.upstream: Upstream | None = None
+        self.upstream = upstream
         self._background: set[asyncio.Task[None]] = set()  # KV releases nobody waits for
 
     def backend_headers(self, rid: str) -> Fields:
@@ -194,7 +195,6 @@ class Legs:
         included), ``silence`` each wait for the backend.
         """
         upstream = self.upstream
-        assert upstream is not None
         stage = pool.role
         backend = pick(pool)
         task = asyncio.current_task() if movable else None

@@ -23,7 +23,8 @@ from pd_proxy.legs import CLIENT_GONE, Legs, Trace
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import BackendPool
 from pd_proxy.request_fields import read_fields
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, BadRequest, parse_request
+from pd_proxy.rewrite import BadRequest, parse_request
+from pd_proxy.upstream import Upstream
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -33,7 +34,8 @@ def _ms(seconds: float) -> str:
 
 
 class PdFlow:
-    """The two completions endpoints of one app; ``legs.upstream`` is set when the app starts."""
+    """The two completions endpoints of one app, on its ``upstream`` client (pd_proxy.app builds
+    it when the app starts)."""
 
     def __init__(
         self,
@@ -41,23 +43,19 @@ class PdFlow:
         metrics: ProxyMetrics,
         prefill: BackendPool,
         decode: BackendPool,
+        upstream: Upstream,
         backend_key: BackendKey | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
-        self.legs = Legs(config, metrics, prefill, decode, backend_key)
+        self.legs = Legs(config, metrics, prefill, decode, upstream, backend_key)
         self.mode = modes.select(self.legs)
         # The first-token mode when it is the P/D one (its block sizes and counters), else None.
         pd = self.mode.pd if isinstance(self.mode, modes.ByShapeMode) else self.mode
         self.first_token = pd if isinstance(pd, modes.FirstTokenMode) else None
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, COMPLETIONS)
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, CHAT_COMPLETIONS)
-
-    async def _proxy(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+    async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        """Serve one request to ``endpoint`` (``COMPLETIONS`` or ``CHAT_COMPLETIONS``)."""
         start = time.perf_counter()
         metrics = self.metrics
         metrics.in_flight_count += 1

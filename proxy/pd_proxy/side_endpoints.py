@@ -8,6 +8,7 @@ own state.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -26,8 +27,8 @@ CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 class SideEndpoints:
-    """Bound to one app; ``session`` is set when the app starts (it needs a running loop), and
-    ``draining`` when it begins to shut down."""
+    """Bound to one app and its aiohttp ``session`` (shared with the health checks; pd_proxy.app
+    builds both when the app starts); ``draining`` is set when the app begins to shut down."""
 
     def __init__(
         self,
@@ -35,13 +36,14 @@ class SideEndpoints:
         metrics: ProxyMetrics,
         prefill: BackendPool,
         decode: BackendPool,
+        session: aiohttp.ClientSession,
         backend_key: BackendKey | None = None,
     ) -> None:
         self.backend_key = backend_key
         self.metrics = metrics
         self.prefill_pool = prefill
         self.decode_pool = decode
-        self.session: aiohttp.ClientSession | None = None  # the app's, shared with checks
+        self.session = session
         self.draining = False
         # /v1/models (aiohttp); the legs' limits are passed to the upstream client as numbers.
         self.prefill_timeout = aiohttp.ClientTimeout(
@@ -50,7 +52,6 @@ class SideEndpoints:
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         """``GET /v1/models`` answered by a decode backend (it serves the same model)."""
-        assert self.session is not None
         status = 500
         backend: Backend | None = None
         try:
@@ -116,12 +117,19 @@ class SideEndpoints:
         body["status"] = "ok"
         return web.json_response(body)
 
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def not_found(self, request: web.Request) -> web.Response:
-        if request.path in (COMPLETIONS, CHAT_COMPLETIONS):
-            return error_response(
-                405, f"{request.method} is not allowed on {request.path}; use POST"
-            )
-        return error_response(404, f"no route for {request.method} {request.path}")
+def metrics_page(metrics: ProxyMetrics) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /metrics`` of ``metrics``: it needs nothing built at start, so the metrics listener
+    serves it too."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    return page
+
+
+async def not_found(request: web.Request) -> web.Response:
+    """404 for an unknown route, 405 for a completions endpoint asked with another method."""
+    if request.path in (COMPLETIONS, CHAT_COMPLETIONS):
+        return error_response(405, f"{request.method} is not allowed on {request.path}; use POST")
+    return error_response(404, f"no route for {request.method} {request.path}")

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from pd_proxy.app import PROXY_KEY, build_app, build_metrics_app, make_runner
+from pd_proxy.app import PROXY_KEY, RUNNING_KEY, build_app, build_metrics_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
 from tests.support.net import closed_port_url
@@ -56,6 +56,11 @@ class Stack:
     @property
     def proxy(self):
         return self.app[PROXY_KEY]
+
+    @property
+    def running(self):
+        """The parts built when the proxy started (pd_proxy.app.Running)."""
+        return self.app[RUNNING_KEY]
 
     @property
     def metrics(self):
@@ -123,7 +128,7 @@ async def pd_stack(
             m_host, m_port = metrics_runner.addresses[0][:2]
             metrics_url = f"http://{m_host}:{m_port}"
         # Start from a settled state: the first health round has run.
-        await app[PROXY_KEY].checker.first_round.wait()
+        await app[RUNNING_KEY].checker.first_round.wait()
         session = aiohttp.ClientSession()
         yield Stack(
             f"http://{host}:{port}", fakes_p, fakes_d, app, session, dead_p + dead_d, metrics_url

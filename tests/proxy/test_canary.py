@@ -99,7 +99,7 @@ def test_the_prompt_spans_several_kv_blocks() -> None:
 def canary_for(stack: Stack, timeout: float = 10.0) -> Canary:
     for fake in stack.prefills:
         fake.knobs.plain_requests = True
-    return Canary(stack.proxy.flow, CollectorRegistry(), 3600.0, timeout)
+    return Canary(stack.running.flow, CollectorRegistry(), 3600.0, timeout)
 
 
 def counts(canary: Canary) -> tuple[float, float, float]:
@@ -198,7 +198,7 @@ async def test_requests_are_served_while_a_canary_run_waits() -> None:
 # ----------------------------------------------------------------------------- wiring
 async def test_configured_canary_runs_at_start_exports_metrics_and_stops() -> None:
     async with pd_stack(canary_minutes=0.001, metrics_port=0) as stack:  # every 60 ms
-        canary = stack.proxy.canary
+        canary = stack.running.canary
         assert canary is not None
         for fake in stack.prefills:
             fake.knobs.plain_requests = True
@@ -221,11 +221,11 @@ async def test_configured_canary_runs_at_start_exports_metrics_and_stops() -> No
 
 
 def test_canary_is_off_by_default_and_off_in_workers_after_the_first() -> None:
-    assert build_app(ProxyConfig(**URLS))[PROXY_KEY].canary is None
+    assert build_app(ProxyConfig(**URLS))[PROXY_KEY].canary_interval_s is None
     config = ProxyConfig(**URLS, canary_minutes=10)
-    assert build_app(config)[PROXY_KEY].canary is not None
-    assert build_app(config, canary=False)[PROXY_KEY].canary is None
-    assert build_app(ProxyConfig(**URLS, canary_minutes=0))[PROXY_KEY].canary is None
+    assert build_app(config)[PROXY_KEY].canary_interval_s == 600
+    assert build_app(config, canary=False)[PROXY_KEY].canary_interval_s is None
+    assert build_app(ProxyConfig(**URLS, canary_minutes=0))[PROXY_KEY].canary_interval_s is None
 
 
 def test_canary_options() -> None:

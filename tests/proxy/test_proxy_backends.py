@@ -8,7 +8,7 @@ import socket
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.app import PROXY_KEY, build_app, make_runner
+from pd_proxy.app import RUNNING_KEY, build_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.pool import BackendPool
 from pd_proxy.testing.fake_vllm import DECODE, FakeVLLM
@@ -73,7 +73,7 @@ async def test_refused_decode_before_any_byte_is_retried_on_another():
 async def test_health_checks_take_backends_out_and_back():
     async with pd_stack(prefills=2, decodes=1, health_interval=0.05) as s:
         sick, well = s.prefills
-        checker = s.proxy.checker
+        checker = s.running.checker
         sick.knobs.healthy = False
         await _rounds(checker, 2)
         status, raw = await s.get("/health")
@@ -125,7 +125,7 @@ async def test_health_is_truthful_from_the_first_request():
         runner = make_runner(build_app(config), config)
         try:
             await runner.setup()
-            assert runner.app[PROXY_KEY].checker.rounds == 1
+            assert runner.app[RUNNING_KEY].checker.rounds == 1
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             host, port = runner.addresses[0][:2]

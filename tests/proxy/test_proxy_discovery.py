@@ -245,7 +245,7 @@ async def test_scale_up_new_address_gets_traffic_once_healthy():
             server.records[D_NAME] = [HOSTS[0], HOSTS[1]]
             await until(lambda: find(pool, new) is not None, "the new address to join")
             await polls(s, 3)
-            await s.proxy.checker.check_all()  # a full round has certainly seen it
+            await s.running.checker.check_all()  # a full round has certainly seen it
             assert find(pool, new).healthy is False
             for i in range(6):
                 assert await complete(s, i) is None

@@ -47,9 +47,7 @@ class FirstTokenMode:
     def __init__(self, legs: Legs) -> None:
         self.legs = legs
         self.normal = NormalMode(legs)  # for the requests this mode cannot serve exactly
-        self.block_sizes = BlockSizes(
-            lambda: legs.upstream, legs.backend_key, legs.config.health_timeout
-        )
+        self.block_sizes = BlockSizes(legs.upstream, legs.backend_key, legs.config.health_timeout)
         self._counters: dict[tuple[str, str], Any] = {}
         for outcome in (CONTINUED, FINISHED):  # shown at 0 from the start
             self._counters[outcome, ""] = legs.metrics.first_token.labels(outcome, "")
