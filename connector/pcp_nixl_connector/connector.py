@@ -127,13 +127,7 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         )
         self.pcp_rank = 0
         # Handover events the scheduler side stamps (the worker's go on its xfer_stats).
-        self._sched_stats = PcpNixlKVConnectorStats()
-        # Scheduler side, each entry removed when vLLM finishes (or aborts) the request, so
-        # neither can outgrow the requests the scheduler holds: decode requests admitted for
-        # remote KV until their first token, prefill requests held for decode until freed.
-        self._awaiting_first_step: dict[str, _Handover] = {}
-        self._held: set[str] = set()
-        self._pending_shipped = 0
+        self._init_handover_tracking()
         self._loads_posted = False  # this step's reads already posted (cpu_early_kv_load)
         self._early_kv_load = False
         if role == KVConnectorRole.SCHEDULER:
@@ -183,6 +177,15 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
                 self.pcp_rank,
                 self.pcp_layout.reporting_ranks(),
             )
+
+    def _init_handover_tracking(self) -> None:
+        self._sched_stats = PcpNixlKVConnectorStats()
+        # Scheduler side, each entry removed when vLLM finishes (or aborts) the request, so
+        # neither can outgrow the requests the scheduler holds: decode requests admitted for
+        # remote KV until their first token, prefill requests held for decode until freed.
+        self._awaiting_first_step: dict[str, _Handover] = {}
+        self._held: set[str] = set()
+        self._pending_shipped = 0
 
     def _bind_rank(self, pcp_rank: int) -> None:
         """Fix this instance's per-rank decisions (computed once, used every step)."""
