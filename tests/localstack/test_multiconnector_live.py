@@ -67,8 +67,7 @@ def multi_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {**example_env(), **os.environ, "KV_EXTRA_CONNECTORS": json.dumps(extra)}
     settings = dataclasses.replace(settings_from_env(env), **PORTS)  # type: ignore[arg-type]
     stack = Stack(settings, work_dir=run_dir() / "e2e-multiconnector")
-    with stack:  # stops every process on the way out, failure or not
-        stack.start()
+    with stack:  # starts (and warms) it; stops every process on the way out, failure or not
         yield stack
 
 
