@@ -67,7 +67,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-logger = init_logger(__name__)
+# Under vLLM's logger tree, so the lines reach vLLM's handler (a bare module name has none).
+logger = init_logger(f"vllm.{__name__}")
 
 
 def resolve_pcp_rank(layout: PcpLayout) -> int:

@@ -153,6 +153,9 @@ def test_pd_requests_across_stats_intervals_with_clients_that_leave(multi_stack:
     assert pending == 0, f"decode still follows {pending} requests whose clients left"
     stack.check_alive()
     assert _logs_without_dead_handler(stack) == []
+    # Each PCP worker read the wrapper from vLLM's own config (no call stack): one line per rank.
+    prefill_log = Path(stack.processes["prefill"].log_path).read_text(errors="replace")
+    assert prefill_log.count("mode=world_size (inside MultiConnector)") == 2
 
     lease = stack.settings.kv_lease_s
     assert settle_prefill(stack.urls["prefill"], timeout_s=lease + 60) is not None
