@@ -58,3 +58,9 @@ HANDOVER_METRIC_NAMES: tuple[str, ...] = (
 )
 # Stats payload key of the handover events (scheduler and worker -> API server).
 HANDOVER_EVENTS_KEY = "kit_handover_events"
+
+# Gauge, per engine: requests the scheduler-side connector follows for that breakdown (decode:
+# admitted for remote KV, first token not yet out; prefill: KV held for decode, not yet freed).
+# Each leaves when vLLM finishes or aborts it, so the gauge drains to 0 on an idle server.
+HANDOVER_PENDING = "vllm:nixl_handover_pending_requests"
+HANDOVER_PENDING_KEY = "kit_handover_pending"

@@ -16,7 +16,7 @@ accountings are consistent:
   Inside a ``MultiConnector``, which discards a child's TP x PP count as soon as
   another child counts world_size, this is the only consistent one:
   ``resolve_completion_mode`` picks it when the mode is unset and refuses an
-  explicit ``canonical`` there.
+  explicit ``canonical`` there (where the connector sits: placement.py).
 """
 
 from __future__ import annotations
@@ -59,26 +59,29 @@ def parse_completion_mode(extra_config: Mapping[str, Any] | None) -> CompletionM
 
 
 def resolve_completion_mode(
-    requested: CompletionMode | None, *, in_multiconnector: bool, replicated_pcp_producer: bool
+    requested: CompletionMode | None, *, wrapper: str | None, replicated_pcp_producer: bool
 ) -> CompletionMode:
     """The mode to run: the setting, or the default that cannot leak where the connector is.
 
-    Inside vLLM's ``MultiConnector`` the scheduler waits for world_size reports as soon as any
-    other child's ``get_finished_count()`` is None (the base class's answer), so ``canonical``
-    (ranks > 0 suppressed) would never free a replicated-PCP producer's blocks. Unset there, the
-    mode is ``world_size``; set to ``canonical`` by hand, it is refused rather than overridden,
+    ``wrapper``: the outermost connector's name when this connector is not the outermost one
+    (placement.py; None when it is, or where the process cannot tell). Inside vLLM's
+    ``MultiConnector`` the scheduler waits for world_size reports as soon as any other child's
+    ``get_finished_count()`` is None (the base class's answer), so ``canonical`` (ranks > 0
+    suppressed) would never free a replicated-PCP producer's blocks. Unset there, the mode is
+    ``world_size``; set to ``canonical`` by hand, it is refused rather than overridden,
     because an explicit choice that cannot work is a configuration error to fix, not to hide.
     """
     if requested is None:
-        return CompletionMode.WORLD_SIZE if in_multiconnector else CompletionMode.CANONICAL
-    if requested is CompletionMode.CANONICAL and in_multiconnector and replicated_pcp_producer:
+        return CompletionMode.WORLD_SIZE if wrapper is not None else CompletionMode.CANONICAL
+    if requested is CompletionMode.CANONICAL and wrapper is not None and replicated_pcp_producer:
         raise ValueError(
-            f"kv_connector_extra_config[{COMPLETION_MODE_KEY!r}] = 'canonical' inside vLLM's "
-            "MultiConnector: MultiConnector counts world_size reports per request as soon as "
-            "any other child's get_finished_count() is None, while canonical mode suppresses "
-            "PCP rank > 0's reports, so the producer's KV blocks would never be freed. Set "
+            f"kv_connector_extra_config[{COMPLETION_MODE_KEY!r}] = 'canonical' inside {wrapper} "
+            "(this connector is not vLLM's outermost KV connector): the wrapper's scheduler "
+            "counts world_size reports per request as soon as another child's "
+            "get_finished_count() is None, while canonical mode suppresses PCP rank > 0's "
+            "reports, so the producer's KV blocks would never be freed. Set "
             f"{COMPLETION_MODE_KEY!r} to 'world_size' in this connector's own "
-            "kv_connector_extra_config, or leave it unset (then world_size is chosen here)"
+            "kv_connector_extra_config"
         )
     return requested
 
@@ -166,10 +169,10 @@ class PcpLayout:
         return self.tp * self.pp
 
 
-def layout_from_config(vllm_config: Any, *, in_multiconnector: bool = False) -> PcpLayout:
+def layout_from_config(vllm_config: Any, *, wrapper: str | None = None) -> PcpLayout:
     """The engine's parallel layout, role and completion mode from a ``VllmConfig``.
 
-    ``in_multiconnector``: this connector is a child of vLLM's ``MultiConnector`` (see
+    ``wrapper``: the outermost connector when it is not this one (see
     ``resolve_completion_mode``). Duck-typed (attribute access only) so this module stays free
     of vLLM imports.
     """
@@ -186,7 +189,7 @@ def layout_from_config(vllm_config: Any, *, in_multiconnector: bool = False) -> 
     )
     mode = resolve_completion_mode(
         requested_completion_mode(ktc.kv_connector_extra_config),
-        in_multiconnector=in_multiconnector,
+        wrapper=wrapper,
         replicated_pcp_producer=layout.replicated_pcp_producer,
     )
     return replace(layout, mode=mode)

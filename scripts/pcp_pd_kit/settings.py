@@ -20,6 +20,7 @@ from pathlib import Path
 from dotenv.parser import parse_stream
 
 from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
+from pcp_nixl_connector.extra_connectors import parse_extra_connectors
 from pcp_pd_kit import repo_root
 from pd_proxy.timeouts import KIT_NAMES, ProxyLimits, timeout_problems
 
@@ -116,6 +117,7 @@ class StackSettings:
     eval_request_timeout_s: float
     kv_connector: str
     kv_connector_module_path: str
+    kv_extra_connectors: str
     startup_timeout_s: float
     prometheus_scrape_interval_s: float
     demo_limit: int
@@ -168,14 +170,16 @@ ENV_KEYS: dict[str, str] = {
     "EVAL_REQUEST_TIMEOUT_S": "eval_request_timeout_s",
     "KV_CONNECTOR": "kv_connector",
     "KV_CONNECTOR_MODULE_PATH": "kv_connector_module_path",
+    "KV_EXTRA_CONNECTORS": "kv_extra_connectors",
     "LOCAL_STARTUP_TIMEOUT_S": "startup_timeout_s",
     "LOCAL_PROMETHEUS_SCRAPE_INTERVAL_S": "prometheus_scrape_interval_s",
     "DEMO_LIMIT": "demo_limit",
     "DEMO_EXPECTED_SCORE": "demo_expected_score",
 }
-# Keys whose empty value means something (the tiny model; the served name derived from the model).
+# Keys whose empty value means something (the tiny model; the served name derived from the model;
+# no extra KV connectors).
 # Any other knob set empty most likely means a broken .env, and guessing would hide that.
-MAY_BE_EMPTY = frozenset({"MODEL", "LOCAL_SERVED_MODEL_NAME"})
+MAY_BE_EMPTY = frozenset({"MODEL", "LOCAL_SERVED_MODEL_NAME", "KV_EXTRA_CONNECTORS"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -291,5 +295,9 @@ def validate(s: StackSettings) -> None:
     )
     if problems:
         raise SettingsError(" ".join(problems))
+    try:
+        parse_extra_connectors(s.kv_extra_connectors, kit_connector=s.kv_connector)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     if s.demo_limit < 1:
         raise SettingsError("DEMO_LIMIT must be >= 1")

@@ -46,3 +46,11 @@ class CountlessConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         return False, None
+
+
+class CountedConnector(CountlessConnector):
+    """The same, but with a count of its own: one report per request (TP x PP of a TP1 PP1
+    engine), so a MultiConnector around it keeps the other children's count if they agree."""
+
+    def get_finished_count(self) -> int | None:
+        return 1

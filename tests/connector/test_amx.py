@@ -176,12 +176,35 @@ def test_the_connector_worker_asks_before_building_the_nixl_worker() -> None:
         obj = connector.PcpCanonicalNixlConnector.__new__(connector.PcpCanonicalNixlConnector)
         connector.NixlBaseConnector.__init__ = lambda self, *a: setattr(
             self, "kv_transfer_config", type("C", (), {"kv_connector_extra_config": {}})())
+        connector.placement_from_configs = lambda own, engine: connector.Placement(known=False)
         connector.layout_from_config = lambda cfg, **kw: None
+        from types import SimpleNamespace
+        cfg = SimpleNamespace(kv_transfer_config=None, model_config=SimpleNamespace(dtype="f32"))
         try:
-            connector.PcpCanonicalNixlConnector.__init__(obj, None, KVConnectorRole.WORKER, None)
+            connector.PcpCanonicalNixlConnector.__init__(obj, cfg, KVConnectorRole.WORKER, None)
         except Stop:
             pass
         print(json.dumps({"calls": len(calls), "after": amx.tile_data_permitted()}))
         """
     )
     assert result == {"calls": 1, "after": cpu_has_amx()}
+
+
+@pytest.mark.parametrize(
+    ("status", "dtype", "stops"),
+    [
+        (AmxStatus(supported=True, permitted=False), "torch.bfloat16", True),
+        (AmxStatus(supported=True, permitted=False), "torch.float32", False),
+        (AmxStatus(supported=True, permitted=True), "torch.bfloat16", False),
+        (AmxStatus(supported=False, permitted=False), "torch.bfloat16", False),
+    ],
+)
+def test_a_refusal_stops_a_bf16_worker_at_start_with_the_reason(
+    status: AmxStatus, dtype: str, stops: bool
+) -> None:
+    """The result is acted on: a bf16 worker without tile permission would SIGILL at decode's
+    first step, so it stops at start naming the way out; float32 never runs AMX code."""
+    problem = amx.amx_problem(status, dtype)
+    assert (problem is not None) is stops
+    if problem:
+        assert "SIGILL" in problem and "--dtype float32" in problem

@@ -112,13 +112,25 @@ COUNTLESS = {
 }
 
 
-def _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch, mode=None):
+COUNTED = {
+    "kv_connector": "CountedConnector",
+    "kv_connector_module_path": "tests.connector.countless_connector",
+    "kv_role": "kv_producer",
+}
+
+
+def _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch, mode=None, sibling=None):
     """vLLM's real MultiConnector around the kit's connector and a child whose
     get_finished_count() is None, on the scheduler and on each PCP rank's worker.
 
-    The workers' MultiConnectors are built for real too (so the kit's worker-side constructor
-    decides its mode itself), over stand-in NIXL workers: the NIXL worker and the PCP group are
-    the two things this harness has no process for."""
+    The workers' MultiConnectors are built for real too, as vLLM's worker builds them: inside
+    ``set_current_vllm_config`` of the engine's config, then registered as the KV transfer
+    group and handed the caches (where the kit's connector checks the scheduler's count), over
+    stand-in NIXL workers: the NIXL worker and the PCP group are the two things this harness
+    has no process for. The scheduler's connector is built as vLLM's engine core builds it,
+    with no current config."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer import kv_transfer_state
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 
@@ -139,14 +151,24 @@ def _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch, mode=N
     if mode is not None:
         child["kv_connector_extra_config"] = {"pcp_completion_mode": mode}
     cfg = make_config(
-        tiny_model_dir, "MultiConnector", None, pcp=2, extra={"connectors": [child, COUNTLESS]}
+        tiny_model_dir,
+        "MultiConnector",
+        None,
+        pcp=2,
+        extra={"connectors": [child, sibling or COUNTLESS]},
     )
     workers = [StubPcpWorker(pcp_rank=rank, xfer_stats=None) for rank in range(2)]
     facades = []
+    monkeypatch.setattr(kit.NixlPullConnector, "register_kv_caches", lambda self, caches: None)
     for rank, worker in enumerate(workers):
         monkeypatch.setattr(kit, "NixlPullConnectorWorker", lambda *_a, w=worker: w)
         monkeypatch.setattr(kit, "resolve_pcp_rank", lambda _layout, r=rank: r)
-        facades.append(MultiConnector(cfg, KVConnectorRole.WORKER, make_kv_cache_config()))
+        with set_current_vllm_config(cfg):
+            multi = MultiConnector(cfg, KVConnectorRole.WORKER, make_kv_cache_config())
+        monkeypatch.setattr(kv_transfer_state, "_KV_CONNECTOR_AGENT", multi)
+        multi.register_kv_caches({})
+        facades.append(multi)
+    monkeypatch.setattr(kv_transfer_state, "_KV_CONNECTOR_AGENT", None)
     return PdProducerSim(cfg, facades, workers, multi=True)
 
 
@@ -160,15 +182,21 @@ def _kit_children(multi: Any) -> list[Any]:
 def test_multiconnector_replicated_pcp2_producer_frees_every_block(
     tiny_model_dir, env_connector_names, monkeypatch, mode
 ):
-    """Inside MultiConnector (beside a child whose count is None) the kit's connector runs in
-    world_size mode - chosen by itself when unset - and every block is freed once rank 0's
-    report arrives, not before."""
+    """Inside MultiConnector (beside a child whose count is None) the kit's workers run
+    world_size mode - chosen from vLLM's own config when unset - the scheduler waits for
+    world_size reports, and every block is freed once rank 0's report arrives, not before."""
     sim = _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch, mode)
     assert sim.scheduler.connector.get_finished_count() is None
     assert sim.aggregator._expected_finished_count == 2
-    for multi in (sim.scheduler.connector, *sim.facades):
+    for multi in sim.facades:
         (kit,) = _kit_children(multi)
-        assert kit.in_multiconnector and kit.pcp_layout.mode.value == "world_size"
+        assert kit.placement.wrapper == "MultiConnector"
+        assert kit.pcp_layout.mode.value == "world_size"
+    # The scheduler's process sees no wrapper: it runs the setting (canonical when unset),
+    # whose count MultiConnector replaces with world_size - what the workers checked at start.
+    (sched_kit,) = _kit_children(sim.scheduler.connector)
+    assert not sched_kit.placement.known
+    assert sched_kit.pcp_layout.mode.value == (mode or "canonical")
     assert [_kit_children(f)[0].pcp_rank for f in sim.facades] == [0, 1]
 
     _run_until_sent(sim)
@@ -181,16 +209,18 @@ def test_multiconnector_replicated_pcp2_producer_frees_every_block(
     assert totals["num_pcp_finished_sending_suppressed"] == 0
 
 
-def test_multiconnector_canonical_would_leak_without_the_detection(
+def test_multiconnector_canonical_would_leak_without_the_placement(
     tiny_model_dir, env_connector_names, monkeypatch
 ):
-    """The counterfactual: the same stack with the MultiConnector detection switched off runs
-    the default canonical mode and leaks the request's blocks - what the detection prevents."""
+    """The counterfactual: the same stack with vLLM's current config hidden from the workers
+    runs the default canonical mode and leaks the request's blocks - what reading the outermost
+    connector from vLLM prevents. (The start-up check, which would also catch this, is off.)"""
     import pcp_nixl_connector.connector as kit
 
-    monkeypatch.setattr(kit, "inside_multiconnector", lambda: False)
+    monkeypatch.setattr(kit, "engine_kv_transfer_config", lambda: None)
+    monkeypatch.setattr(kit.PcpCanonicalNixlConnector, "check_outermost", lambda self, g: None)
     sim = _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch)
-    assert _kit_children(sim.scheduler.connector)[0].pcp_layout.mode.value == "canonical"
+    assert _kit_children(sim.facades[0])[0].pcp_layout.mode.value == "canonical"
     assert sim.aggregator._expected_finished_count == 2  # MultiConnector drops the TP x PP count
     _run_until_sent(sim)
     sim.workers[0].decode_read(REQ)
@@ -200,8 +230,34 @@ def test_multiconnector_canonical_would_leak_without_the_detection(
     assert sim.usable_blocks - sim.free_blocks == 3
 
 
+def test_workers_that_cannot_see_the_wrapper_fail_at_start(
+    tiny_model_dir, env_connector_names, monkeypatch
+):
+    """Hidden current config, but get_kv_transfer_group() is the MultiConnector: the check at
+    register_kv_caches finds the canonical count dropped and stops the worker at start."""
+    import pcp_nixl_connector.connector as kit
+
+    monkeypatch.setattr(kit, "engine_kv_transfer_config", lambda: None)
+    with pytest.raises(RuntimeError, match="scheduler would wait for world_size reports"):
+        _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch)
+
+
 def test_multiconnector_refuses_an_explicit_canonical_mode_by_name(
     tiny_model_dir, env_connector_names, monkeypatch
 ):
-    with pytest.raises(ValueError, match=r"'pcp_completion_mode'\] = 'canonical' inside vLLM's"):
+    with pytest.raises(ValueError, match=r"'pcp_completion_mode'\] = 'canonical' inside Multi"):
         _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch, mode="canonical")
+
+
+def test_siblings_that_all_count_make_an_unset_mode_fail_at_start(
+    tiny_model_dir, env_connector_names, monkeypatch
+):
+    """A sibling with a TP x PP count of its own: MultiConnector's scheduler would keep the
+    kit's unset (canonical) count while the workers report world_size: refused at start, naming
+    the setting that fixes it; with the setting, the scheduler counts world_size too."""
+    with pytest.raises(RuntimeError, match="scheduler would wait for 1 reports.*'world_size'"):
+        _multiconnector_sim(tiny_model_dir, env_connector_names, monkeypatch, sibling=COUNTED)
+    sim = _multiconnector_sim(
+        tiny_model_dir, env_connector_names, monkeypatch, mode="world_size", sibling=COUNTED
+    )
+    assert sim.aggregator._expected_finished_count == 2

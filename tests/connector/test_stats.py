@@ -112,8 +112,10 @@ def test_expected_suppressed_gauge_from_config(tiny_model_dir, role, pcp, mode, 
         assert f"vllm:nixl_pcp_canonical_completions_total{labels} 0.0" in text
 
 
-def test_multiconnector_gauge_follows_the_mode_chosen_inside_it(tiny_model_dir):
-    """MultiConnector builds its children's metrics itself: the gauge says world_size (0)."""
+@pytest.mark.parametrize("mode,want", [("world_size", 0), (None, 1)])
+def test_multiconnector_gauge_follows_the_mode_in_the_childs_section(tiny_model_dir, mode, want):
+    """MultiConnector builds its children's metrics from their own sections, so the API server
+    reads the mode written there (the kit's stacks write world_size when they wrap)."""
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 
@@ -123,13 +125,18 @@ def test_multiconnector_gauge_follows_the_mode_chosen_inside_it(tiny_model_dir):
     cfg = _config(tiny_model_dir, "kv_producer", 2)
     kit = {**_config(tiny_model_dir).kv_transfer_config.__dict__}
     child = {k: kit[k] for k in ("kv_connector", "kv_connector_module_path")}
+    if mode:
+        child["kv_connector_extra_config"] = {"pcp_completion_mode": mode}
     cfg.kv_transfer_config = KVTransferConfig(
         kv_connector="MultiConnector",
         kv_role="kv_producer",
         kv_connector_extra_config={"connectors": [{**child, "kv_role": "kv_producer"}, COUNTLESS]},
     )
     _prom, text_of = _build_prom(cfg, MultiConnector)
-    assert f'{EXPECTED_SUPPRESSED_PER_COMPLETION}{{engine="0",model_name="m"}} 0.0' in text_of()
+    text = text_of()
+    assert (
+        f'{EXPECTED_SUPPRESSED_PER_COMPLETION}{{engine="0",model_name="m"}} {float(want)}' in text
+    )
 
 
 def test_push_is_refused_clearly():

@@ -126,27 +126,25 @@ def test_rank_out_of_range_is_an_error(rank):
 
 
 @pytest.mark.parametrize(
-    "requested,in_multi,replicated,want",
+    "requested,wrapper,replicated,want",
     [
-        (None, False, True, C),  # on its own: canonical by default
-        (None, True, True, W),  # inside MultiConnector: world_size by itself
-        (None, True, False, W),
-        (W, True, True, W),
-        (W, False, True, W),
-        (C, False, True, C),
-        (C, True, False, C),  # canonical only matters for a replicated-PCP producer
+        (None, None, True, C),  # on its own: canonical by default
+        (None, "MultiConnector", True, W),  # inside a wrapper: world_size by itself
+        (None, "MultiConnector", False, W),
+        (W, "MultiConnector", True, W),
+        (W, None, True, W),
+        (C, None, True, C),
+        (C, "MultiConnector", False, C),  # canonical only matters for a replicated-PCP producer
     ],
 )
-def test_resolve_completion_mode(requested, in_multi, replicated, want):
-    got = resolve_completion_mode(
-        requested, in_multiconnector=in_multi, replicated_pcp_producer=replicated
-    )
+def test_resolve_completion_mode(requested, wrapper, replicated, want):
+    got = resolve_completion_mode(requested, wrapper=wrapper, replicated_pcp_producer=replicated)
     assert got is want
 
 
-def test_explicit_canonical_inside_multiconnector_is_refused_by_the_setting_name():
-    with pytest.raises(ValueError, match=r"\['pcp_completion_mode'\] = 'canonical' inside vLLM's"):
-        resolve_completion_mode(C, in_multiconnector=True, replicated_pcp_producer=True)
+def test_explicit_canonical_inside_a_wrapper_is_refused_naming_setting_and_wrapper():
+    with pytest.raises(ValueError, match=r"\['pcp_completion_mode'\] = 'canonical' inside Multi"):
+        resolve_completion_mode(C, wrapper="MultiConnector", replicated_pcp_producer=True)
 
 
 @pytest.mark.parametrize(
@@ -168,5 +166,5 @@ def test_layout_from_config_resolves_the_mode_for_its_place():
     ktc = SimpleNamespace(kv_role="kv_producer", kv_connector_extra_config={})
     cfg = SimpleNamespace(kv_transfer_config=ktc, parallel_config=parallel)
     assert layout_from_config(cfg).mode is C
-    assert layout_from_config(cfg, in_multiconnector=True).mode is W
-    assert layout_from_config(cfg, in_multiconnector=True).finished_count() is None
+    assert layout_from_config(cfg, wrapper="MultiConnector").mode is W
+    assert layout_from_config(cfg, wrapper="MultiConnector").finished_count() is None

@@ -175,6 +175,30 @@ def test_bad_or_missing_settings_are_refused(change, needle) -> None:
     assert "\n" not in str(info.value)
 
 
+def test_extra_connectors_make_a_multiconnector_with_the_kits_first() -> None:
+    extra = '[{"kv_connector":"ExampleConnector","kv_role":"kv_both"}]'
+    alone = serve.kv_transfer_config(DECODE_CPU)
+    config = serve.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": extra})
+    assert config["kv_connector"] == "MultiConnector" and config["kv_role"] == "kv_consumer"
+    kit, example = config["kv_connector_extra_config"]["connectors"]
+    assert kit == {
+        **alone,
+        "kv_connector_extra_config": {
+            **alone["kv_connector_extra_config"],
+            "pcp_completion_mode": "world_size",
+        },
+    }
+    assert example == {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
+    assert serve.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": " "}) == alone
+
+
+def test_bad_extra_connectors_are_refused_naming_both_variables() -> None:
+    with pytest.raises(ValueError) as info:
+        serve.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": "[{oops"})
+    assert "KIT_KV_EXTRA_CONNECTORS (KV_EXTRA_CONNECTORS) is not JSON" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_command_appends_the_built_config() -> None:
     argv = ["--model", "m", "--port", "8100"]
     cmd = serve.vllm_command(argv, PREFILL, "/usr/bin/python3")

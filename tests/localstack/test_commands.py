@@ -40,6 +40,27 @@ def test_pd_servers_get_connector_role_and_cpu_knobs(role: str, kv_role: str) ->
     assert spec.argv[1:3] == ["-m", "vllm.entrypoints.launchers.api_server.entry"]
 
 
+def test_extra_connectors_wrap_both_servers_kit_connector_first() -> None:
+    import dataclasses
+
+    extra = [{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}]
+    wrapped = dataclasses.replace(SETTINGS, kv_extra_connectors=json.dumps(extra))
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        alone = json.loads(
+            _flag(vllm_server_spec(SETTINGS, role, "/m", "t", REPO).argv, "--kv-transfer-config")
+        )
+        spec = vllm_server_spec(wrapped, role, "/m", "t", REPO)  # type: ignore[arg-type]
+        config = json.loads(_flag(spec.argv, "--kv-transfer-config"))
+        assert config["kv_connector"] == "MultiConnector" and config["kv_role"] == kv_role
+        kit, example = config["kv_connector_extra_config"]["connectors"]
+        assert kit["kv_connector"] == alone["kv_connector"]
+        assert kit["kv_connector_extra_config"] == {
+            **alone["kv_connector_extra_config"],
+            "pcp_completion_mode": "world_size",
+        }
+        assert example == extra[0]
+
+
 def test_prefill_and_decode_differ_in_port_binding_and_side_channel() -> None:
     p = vllm_server_spec(SETTINGS, "prefill", "/m", "tiny", REPO)
     d = vllm_server_spec(SETTINGS, "decode", "/m", "tiny", REPO)

@@ -63,6 +63,8 @@ def test_empty_model_means_the_tiny_model() -> None:
         ({"KVCACHE_SPACE_GIB": "0"}, "KVCACHE_SPACE_GIB"),
         ({"LOCAL_PROXY_PORT": "70000"}, "outside 1-65535"),
         ({"LOCAL_STARTUP_TIMEOUT_S": "-1"}, "LOCAL_STARTUP_TIMEOUT_S must be > 0"),
+        ({"KV_EXTRA_CONNECTORS": "[{"}, "KV_EXTRA_CONNECTORS is not JSON"),
+        ({"KV_EXTRA_CONNECTORS": '[{"kv_connector":"X"}]'}, "KV_EXTRA_CONNECTORS[0] (X) needs"),
     ],
 )
 def test_bad_values_are_named(env: dict[str, str], message: str) -> None:

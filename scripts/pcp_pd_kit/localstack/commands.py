@@ -14,6 +14,7 @@ from typing import Literal
 
 from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
 from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch
+from pcp_nixl_connector.extra_connectors import parse_extra_connectors, with_extra_connectors
 from pcp_pd_kit.settings import StackSettings
 
 Role = Literal["prefill", "decode", "reference"]
@@ -35,6 +36,7 @@ def kv_transfer_config(settings: StackSettings, role: Role) -> dict[str, object]
 
     The knobs (a slower NIXL progress thread, no re-pinning onto the last core) are what turns
     22-112 s per request into well under a second on CPU; stock NixlConnector ignores them.
+    With KV_EXTRA_CONNECTORS set, a MultiConnector of the kit's connector and those.
     """
     config: dict[str, object] = {
         "kv_connector": settings.kv_connector,
@@ -51,7 +53,10 @@ def kv_transfer_config(settings: StackSettings, role: Role) -> dict[str, object]
     }
     if settings.kv_connector_module_path:
         config["kv_connector_module_path"] = settings.kv_connector_module_path
-    return config
+    extras = parse_extra_connectors(
+        settings.kv_extra_connectors, kit_connector=settings.kv_connector
+    )
+    return with_extra_connectors(config, extras)
 
 
 def vllm_server_spec(

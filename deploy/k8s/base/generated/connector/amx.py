@@ -129,9 +129,9 @@ def tile_data_permitted() -> bool:
 def ensure_amx_permission(*, has_amx: bool | None = None) -> AmxStatus:
     """Request XTILEDATA permission if the CPU has AMX; log and return the outcome.
 
-    A refused call is logged at ERROR with the kernel's reason and reported as not permitted
-    (the worker then goes on: vLLM picks its AMX kernel only for bf16, and the log says why a
-    later SIGILL would happen).
+    A refused call is logged at ERROR with the kernel's reason and reported as not permitted;
+    ``amx_problem`` says whether the worker can still run (vLLM picks its AMX kernel only for
+    bf16).
     """
     supported = cpu_has_amx() if has_amx is None else has_amx
     if not supported:
@@ -148,3 +148,20 @@ def ensure_amx_permission(*, has_amx: bool | None = None) -> AmxStatus:
     status = AmxStatus(supported=True, permitted=permitted)
     (logger.info if status.permitted else logger.error)("%s", status.describe())
     return status
+
+
+def amx_problem(status: AmxStatus, dtype: object) -> str | None:
+    """Why this worker must not start, or None: an AMX CPU without tile permission runs vLLM's
+    AMX attention kernel for bf16 and dies with SIGILL at decode's first step, so stop at start
+    with the reason; other dtypes never reach AMX code and only get the log line."""
+    if not status.supported or status.permitted:
+        return None
+    if "bfloat16" not in str(dtype):
+        logger.warning(
+            "%s; dtype %s does not use AMX kernels, so the worker goes on", status.describe(), dtype
+        )
+        return None
+    return (
+        f"{status.describe()} (dtype {dtype}): the first decode step would die with SIGILL. "
+        "Run with --dtype float32, or on a kernel that grants ARCH_REQ_XCOMP_PERM (Linux 5.16+)"
+    )

@@ -5,18 +5,22 @@ reports its requests as sent, the facade clears those reports, and the
 scheduler still waits for world_size reports. Here the scheduler waits for
 TP x PP reports (the canonical ranks, PCP rank 0) and non-canonical reports
 are suppressed and counted - or, with ``pcp_completion_mode="world_size"``
-(chosen by itself inside vLLM's ``MultiConnector``, see topology.py), the
-scheduler waits for world_size reports and every rank reports. All other
-layouts and roles behave as stock vLLM.
+(chosen by itself when vLLM's config shows the connector inside a wrapper such as
+``MultiConnector``, see placement.py and topology.py), the scheduler waits for
+world_size reports and every rank reports. All other layouts and roles behave as
+stock vLLM. Importing this module registers the class with vLLM's connector factory
+(a ``MultiConnector`` rebuilds its children's stats by class name).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
@@ -42,14 +46,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
 from vllm.logger import init_logger
 
 from . import handover
-from .amx import ensure_amx_permission
+from .amx import amx_problem, ensure_amx_permission
 from .cpu_compat.plugin import verify_installed as verify_cpu_fixes
 from .cpu_tuning import CpuKnobs, is_cpu_platform, tuned_worker_init
-from .nesting import inside_multiconnector
+from .placement import (
+    Placement,
+    agreement_problem,
+    engine_kv_transfer_config,
+    placement_from_configs,
+)
 from .stats import PcpNixlKVConnectorStats, PcpNixlPromMetrics
 from .topology import PcpLayout, layout_from_config, pcp_rank_from_global_rank
 
 if TYPE_CHECKING:
+    import torch
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -57,7 +67,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-logger = init_logger(__name__)
+# Under vLLM's logger tree, so the lines reach vLLM's handler (a bare module name has none).
+logger = init_logger(f"vllm.{__name__}")
 
 
 def resolve_pcp_rank(layout: PcpLayout) -> int:
@@ -80,6 +91,21 @@ def resolve_pcp_rank(layout: PcpLayout) -> int:
     return pcp_rank_from_global_rank(dist.get_rank(), layout.tp, layout.pp, layout.pcp)
 
 
+@dataclass
+class _Handover:
+    """A decode request the handover breakdown follows from admission to its first token."""
+
+    request: Request
+    recv_done: bool = False
+    tokens_at_recv: int = 0
+
+    def first_token_out(self) -> bool:
+        """The KV arrived and a token has been appended since: the first step really ran
+        (under async scheduling a step is scheduled before the previous one's output is in,
+        so being scheduled says nothing yet)."""
+        return self.recv_done and self.request.num_output_tokens > self.tokens_at_recv
+
+
 class PcpCanonicalNixlConnector(NixlPullConnector):
     """Pull (READ) NIXL connector whose replicated-PCP producer frees every block."""
 
@@ -91,16 +117,18 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
     ) -> None:
         # NixlPullConnector.__init__ would build the stock worker; build ours.
         NixlBaseConnector.__init__(self, vllm_config, role, kv_cache_config)
-        self.in_multiconnector = inside_multiconnector()
-        self.pcp_layout = layout_from_config(vllm_config, in_multiconnector=self.in_multiconnector)
+        self.placement: Placement = placement_from_configs(
+            vllm_config.kv_transfer_config, engine_kv_transfer_config()
+        )
+        self.pcp_layout = layout_from_config(vllm_config, wrapper=self.placement.wrapper)
+        # What the scheduler, which cannot see a wrapper, runs: the setting (canonical unset).
+        self._scheduler_layout = layout_from_config(vllm_config)
         self.cpu_knobs = CpuKnobs.from_extra_config(
             self.kv_transfer_config.kv_connector_extra_config
         )
         self.pcp_rank = 0
         # Handover events the scheduler side stamps (the worker's go on its xfer_stats).
-        self._sched_stats = PcpNixlKVConnectorStats()
-        self._awaiting_first_step: set[str] = set()
-        self._in_first_step: set[str] = set()
+        self._init_handover_tracking()
         self._loads_posted = False  # this step's reads already posted (cpu_early_kv_load)
         self._early_kv_load = False
         if role == KVConnectorRole.SCHEDULER:
@@ -112,7 +140,9 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
             if is_cpu_platform():
                 # Before the first attention step: a decode worker's first step is a 1-token
                 # step that would run vLLM's AMX attention kernel without permission (SIGILL).
-                ensure_amx_permission()
+                problem = amx_problem(ensure_amx_permission(), vllm_config.model_config.dtype)
+                if problem:
+                    raise RuntimeError(f"PcpCanonicalNixlConnector: {problem}")
                 # The CPU knobs on but the plugins not run (allowlist, PYTHONPATH, a load error
                 # vLLM only logged) would silently bring the CPU defects back: stop instead.
                 verify_cpu_fixes(os.environ)
@@ -135,14 +165,28 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
             raise ValueError(f"Unsupported KVConnectorRole: {role}")
         self._bind_rank(self.pcp_rank)
         if self.pcp_layout.replicated_pcp_producer:
+            where = (
+                f" (inside {self.placement.wrapper})"
+                if self.placement.wrapped
+                else ("" if self.placement.known else " (as configured: no wrapper visible here)")
+            )
             logger.info(
                 "PcpCanonicalNixlConnector: replicated PCP producer, mode=%s%s, pcp_rank=%d, "
-                "scheduler waits for %d reports per request",
+                "ranks send %d reports per request",
                 self.pcp_layout.mode.value,
-                " (inside MultiConnector)" if self.in_multiconnector else "",
+                where,
                 self.pcp_rank,
-                self.pcp_layout.expected_reports(),
+                self.pcp_layout.reporting_ranks(),
             )
+
+    def _init_handover_tracking(self) -> None:
+        self._sched_stats = PcpNixlKVConnectorStats()
+        # Scheduler side, each entry removed when vLLM finishes (or aborts) the request, so
+        # neither can outgrow the requests the scheduler holds: decode requests admitted for
+        # remote KV until their first token, prefill requests held for decode until freed.
+        self._awaiting_first_step: dict[str, _Handover] = {}
+        self._held: set[str] = set()
+        self._pending_shipped = 0
 
     def _bind_rank(self, pcp_rank: int) -> None:
         """Fix this instance's per-rank decisions (computed once, used every step)."""
@@ -165,26 +209,43 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         params = request.kv_transfer_params or {}
         if num_external_tokens > 0 and params.get("do_remote_prefill"):
             self._stamp(request.request_id, handover.ADMITTED)
+            self._awaiting_first_step[request.request_id] = _Handover(request)
+            self._ship_pending()
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         super().update_connector_output(connector_output)
+        # Inside a MultiConnector the output holds every child's requests: follow only ours.
         for request_id in connector_output.finished_recving or ():
-            self._stamp(request_id, handover.SCHEDULER_SEEN)
-            self._awaiting_first_step.add(request_id)
+            entry = self._awaiting_first_step.get(request_id)
+            if entry is not None and not entry.recv_done:  # else aborted while KV was in flight
+                self._stamp(request_id, handover.SCHEDULER_SEEN)
+                entry.recv_done = True
+                entry.tokens_at_recv = entry.request.num_output_tokens
         for request_id in connector_output.finished_sending or ():
-            self._stamp(request_id, handover.BLOCKS_FREED)
+            if request_id in self._held:
+                self._held.discard(request_id)
+                self._stamp(request_id, handover.BLOCKS_FREED)
+        self._stamp_first_tokens()
+        self._ship_pending()
+
+    def _stamp_first_tokens(self) -> None:
+        for request_id, entry in list(self._awaiting_first_step.items()):
+            if entry.first_token_out():
+                del self._awaiting_first_step[request_id]
+                self._stamp(request_id, handover.FIRST_TOKEN)
+
+    def _ship_pending(self) -> None:
+        """Ship the number of requests followed when it changed (the gauge that shows the
+        tables drain back to 0)."""
+        pending = len(self._awaiting_first_step) + len(self._held)
+        if pending != self._pending_shipped:
+            self._sched_stats.record_handover_pending(pending)
+            self._pending_shipped = pending
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> Any:
-        # A request's first step ran between the previous call and this one (the scheduler
-        # builds the next step after processing the last one's output).
-        for request_id in self._in_first_step:
-            self._stamp(request_id, handover.FIRST_TOKEN)
-        self._in_first_step.clear()
-        scheduled = scheduler_output.num_scheduled_tokens
-        for request_id in [r for r in self._awaiting_first_step if scheduled.get(r)]:
-            self._awaiting_first_step.discard(request_id)
-            self._in_first_step.add(request_id)
+        self._stamp_first_tokens()
+        self._ship_pending()
         return super().build_connector_meta(scheduler_output)
 
     def _finished(self, request: Request, delay_free: bool) -> None:
@@ -192,10 +253,11 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         if delay_free and (request.kv_transfer_params or {}).get("do_remote_decode"):
             self._stamp(request_id, handover.PREFILL_DONE)
             self._sched_stats.record_held_request()
-        if request_id in self._in_first_step:  # ended by its first step (one token)
-            self._in_first_step.discard(request_id)
+            self._held.add(request_id)
+        entry = self._awaiting_first_step.pop(request_id, None)
+        if entry is not None and entry.first_token_out():  # ended by its first token
             self._stamp(request_id, handover.FIRST_TOKEN)
-        self._awaiting_first_step.discard(request_id)
+        self._ship_pending()
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -220,6 +282,45 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
         return stats
 
     # ---- worker side ------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        super().register_kv_caches(kv_caches)
+        # vLLM registers the caches through get_kv_transfer_group(), once the outermost
+        # connector exists: check the placement read at construction, and the scheduler's count.
+        from vllm.distributed.kv_transfer.kv_transfer_state import (
+            get_kv_transfer_group,
+            has_kv_transfer_group,
+        )
+
+        if has_kv_transfer_group():
+            self.check_outermost(get_kv_transfer_group())
+
+    def check_outermost(self, group: Any) -> None:
+        """RuntimeError unless ``group`` (vLLM's outermost connector) is where the constructor
+        saw this connector, and the scheduler inside it counts the reports the ranks send."""
+        wrapped = group is not self
+        if self.placement.known and wrapped != self.placement.wrapped:
+            raise RuntimeError(
+                "PcpCanonicalNixlConnector: vLLM's current config said the outermost KV "
+                f"connector is {self.placement.wrapper or 'this one'}, but "
+                f"get_kv_transfer_group() is {type(group).__name__}: the completion mode "
+                "cannot be chosen safely"
+            )
+        if not wrapped:
+            return
+        children = getattr(group, "sub_connectors", None)
+        if children is None:
+            siblings: list[int | None] = [group.get_finished_count()]
+        else:
+            siblings = [c.get_finished_count() for c in children if c is not self]
+        problem = agreement_problem(
+            type(group).__name__,
+            self.pcp_layout.finished_count(),
+            self._scheduler_layout.finished_count(),
+            siblings,
+        )
+        if problem:
+            raise RuntimeError(f"PcpCanonicalNixlConnector: {problem}")
+
     def _stats(self) -> PcpNixlKVConnectorStats:
         assert self.connector_worker is not None
         # Set to ours in __init__; vLLM never replaces it (clone_and_reset copies, keeps self).
@@ -309,3 +410,27 @@ class PcpCanonicalNixlPushConnector(NixlPushConnector):
             "kv_connector='PcpCanonicalNixlConnector'. Push mode (NixlPushConnector) "
             "with replicated PCP is not supported by this kit."
         )
+
+
+def register_with_vllm() -> None:
+    """Register the connector by name with vLLM's factory (idempotent).
+
+    A connector loaded by ``kv_connector_module_path`` is enough to run, but vLLM's
+    ``MultiConnector`` rebuilds each child's stats in the API server by class name
+    (``KVConnectorFactory.get_connector_class_by_name``): unregistered, the first stats
+    payload kills the API server's output handler. The entry loads this very module, so the
+    name resolves to the class the engine runs and its metrics are built once.
+    """
+    name = PcpCanonicalNixlConnector.__name__
+    try:
+        KVConnectorFactory.register_connector(name, __name__, name)
+    except ValueError:  # registered by an earlier import in this process: keep that entry
+        if KVConnectorFactory.get_connector_class_by_name(name) is not PcpCanonicalNixlConnector:
+            logger.warning(
+                "vLLM's connector registry already maps %s to another class; a "
+                "MultiConnector's stats for it are rebuilt with that one",
+                name,
+            )
+
+
+register_with_vllm()

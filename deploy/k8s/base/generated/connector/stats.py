@@ -26,6 +26,8 @@ from .metric_names import (
     EXPECTED_SUPPRESSED_PER_COMPLETION,
     FINISHED_SENDING_SUPPRESSED,
     HANDOVER_EVENTS_KEY,
+    HANDOVER_PENDING,
+    HANDOVER_PENDING_KEY,
     HANDOVER_SECONDS,
     HANDSHAKE_PUBLICATIONS_SKIPPED,
     HELD_REQUESTS,
@@ -33,7 +35,6 @@ from .metric_names import (
     KV_LEASE_SECONDS,
     STATS_KEYS,
 )
-from .nesting import inside_multiconnector
 from .topology import layout_from_config
 
 HANDOVER_BUCKETS = [
@@ -61,6 +62,9 @@ _DOCS = {
     "remote KV) -> read posted -> transfer done -> seen by the scheduler -> first token "
     "(and admitted_to_first_token overall); on prefill prefill_kv_hold, request finished -> "
     "its KV blocks freed.",
+    HANDOVER_PENDING: "Requests the connector follows for the handover breakdown: on decode "
+    "admitted for remote KV whose first token is not out yet, on prefill KV held for decode and "
+    "not yet freed. Every finished or aborted request leaves: 0 on an idle server.",
     KV_LEASE_SECONDS: "How long a prefill keeps a finished request's KV for decode to pull "
     "(kv_connector_extra_config.kv_lease_duration) before freeing it as expired.",
 }
@@ -72,7 +76,7 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
 
     def reset(self) -> None:
         super().reset()
-        for key in (*STATS_KEYS, HELD_REQUESTS_KEY, HANDOVER_EVENTS_KEY):
+        for key in (*STATS_KEYS, HELD_REQUESTS_KEY, HANDOVER_EVENTS_KEY, HANDOVER_PENDING_KEY):
             self.data[key] = []
 
     def _add(self, key: str, n: int) -> None:
@@ -95,6 +99,10 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
         if events:
             self.data.setdefault(HANDOVER_EVENTS_KEY, []).extend(events)
 
+    def record_handover_pending(self, n: int) -> None:
+        """The current count (a level, not an increment: the last one shipped wins)."""
+        self.data.setdefault(HANDOVER_PENDING_KEY, []).append(n)
+
     def dedup_totals(self) -> dict[str, int]:
         return {key: int(sum(self.data.get(key, ()))) for key in STATS_KEYS}
 
@@ -102,7 +110,8 @@ class PcpNixlKVConnectorStats(NixlKVConnectorStats):
         # The parent ignores unknown keys; an interval with only dedup events
         # must still be shipped.
         return super().is_empty() and not any(
-            self.data.get(key) for key in (*STATS_KEYS, HELD_REQUESTS_KEY, HANDOVER_EVENTS_KEY)
+            self.data.get(key)
+            for key in (*STATS_KEYS, HELD_REQUESTS_KEY, HANDOVER_EVENTS_KEY, HANDOVER_PENDING_KEY)
         )
 
     def aggregate(self, other: Any) -> PcpNixlKVConnectorStats:
@@ -146,9 +155,10 @@ class PcpNixlPromMetrics(NixlPromMetrics):
             name=HELD_REQUESTS, documentation=_DOCS[HELD_REQUESTS], labelnames=labelnames
         )
         self.held_requests = create_metric_per_engine(held, self.per_engine_labelvalues)
-        # Inside a MultiConnector (its build_prom_metrics builds us) the mode is the child's.
+        # The API server sees no wrapper (a MultiConnector hands us our own section only):
+        # the mode is the setting, which the kit's stacks write out when they wrap us.
         self.expected_suppressed_per_completion = layout_from_config(
-            vllm_config, in_multiconnector=inside_multiconnector()
+            vllm_config
         ).expected_suppressed_per_completion()
         gauge = gauge_cls(
             name=EXPECTED_SUPPRESSED_PER_COMPLETION,
@@ -187,6 +197,15 @@ class PcpNixlPromMetrics(NixlPromMetrics):
         )
         for child in create_metric_per_engine(lease, self.per_engine_labelvalues).values():
             child.set(lease_s)
+        pending = self._gauge_cls(
+            name=HANDOVER_PENDING,
+            documentation=_DOCS[HANDOVER_PENDING],
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
+        self.handover_pending: dict[int, Any] = dict(
+            create_metric_per_engine(pending, self.per_engine_labelvalues)
+        )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         base = transfer_stats_data
@@ -199,6 +218,9 @@ class PcpNixlPromMetrics(NixlPromMetrics):
             total = sum(transfer_stats_data.get(key, ()))
             if total:
                 per_engine[engine_idx].inc(total)
+        levels = transfer_stats_data.get(HANDOVER_PENDING_KEY)
+        if levels:
+            self.handover_pending[engine_idx].set(levels[-1])
         held = sum(transfer_stats_data.get(HELD_REQUESTS_KEY, ()))
         if held:
             self.held_requests[engine_idx].inc(held)

@@ -59,6 +59,9 @@ KV_ENV = {
     "progress_delay": "KIT_NIXL_PROGRESS_DELAY_US",  # cpu only: .env NIXL_PROGRESS_DELAY_US
     "early_load": "KIT_NIXL_EARLY_KV_LOAD",  # cpu only, 1 or 0: .env NIXL_EARLY_KV_LOAD
     "lease": "KIT_NIXL_KV_LEASE_S",  # optional: .env NIXL_KV_LEASE_S (vLLM's default: 30 s)
+    # optional: .env KV_EXTRA_CONNECTORS, a JSON list of further vLLM connectors: the config is
+    # then a MultiConnector with the kit's connector first (pcp_nixl_connector.extra_connectors).
+    "extra_connectors": "KIT_KV_EXTRA_CONNECTORS",
 }
 # A CPU server's topology (compose's cpu profile): PCP ranks, expert parallelism over them. The
 # cores are the container's cpuset, split evenly over the ranks.
@@ -493,7 +496,16 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
         extra["kv_lease_duration"] = int(lease)
     if extra:
         config["kv_connector_extra_config"] = extra
-    return config
+    if not values["extra_connectors"]:
+        return config
+    from pcp_nixl_connector.extra_connectors import parse_extra_connectors, with_extra_connectors
+
+    extras = parse_extra_connectors(
+        values["extra_connectors"],
+        knob=f"{KV_ENV['extra_connectors']} (KV_EXTRA_CONNECTORS)",
+        kit_connector=values["connector"],
+    )
+    return with_extra_connectors(config, extras)
 
 
 def cpu_topology(env: Mapping[str, str], cores: Sequence[int]) -> tuple[list[str], dict[str, str]]:
