@@ -64,10 +64,6 @@ def apply_fixes() -> list[str]:
     from . import expert_parallel, rope
 
     installed = []
-    if _install_prefix_caching():
-        installed.append(
-            "prefix caching for MLA on the reference CPU backend (chunked prefill stays off)"
-        )
     if rope.install(RotaryEmbedding):
         installed.append("rotary embedding for [tokens, heads, dim] inputs")
     if expert_parallel.install(CPUUnquantizedExperts, CpuCommunicator):
@@ -75,6 +71,10 @@ def apply_fixes() -> list[str]:
     refused = expert_parallel.refuse_under_expert_parallel(_quantized_cpu_experts())
     if refused:
         installed.append(f"expert parallelism refused for quantized CPU MoE ({', '.join(refused)})")
+    if _install_prefix_caching():
+        installed.append(
+            "prefix caching for MLA on the reference CPU backend (chunked prefill stays off)"
+        )
     return installed
 
 
@@ -87,8 +87,6 @@ def missing_fixes() -> list[str]:
     from . import expert_parallel, prefix_caching, rope
 
     missing = []
-    if _prefix_caching_checked() and not prefix_caching.installed(_cpu_platform()):
-        missing.append("CpuPlatform.check_and_update_config (prefix caching for MLA)")
     if not getattr(RotaryEmbedding.forward_cpu, rope.MARKER, False):
         missing.append("RotaryEmbedding.forward_cpu (rope)")
     if not getattr(CPUUnquantizedExperts.apply, expert_parallel.MARKER, False):
@@ -101,6 +99,8 @@ def missing_fixes() -> list[str]:
         for cls in _quantized_cpu_experts()
         if not getattr(cls.__dict__.get("__init__"), expert_parallel.REFUSAL_MARKER, False)
     )
+    if _prefix_caching_checked() and not prefix_caching.installed(_cpu_platform()):
+        missing.append("CpuPlatform.check_and_update_config (prefix caching for MLA)")
     return missing
 
 
