@@ -107,6 +107,7 @@ class StackSettings:
     prefill_pcp_size: int
     prefill_expert_parallel: bool
     attention_backend: str
+    prefix_caching: bool
     nixl_progress_delay_us: int
     nixl_early_kv_load: bool
     kv_lease_s: int
@@ -160,6 +161,7 @@ ENV_KEYS: dict[str, str] = {
     "CPU_PREFILL_PCP_SIZE": "prefill_pcp_size",
     "CPU_PREFILL_EXPERT_PARALLEL": "prefill_expert_parallel",
     "CPU_ATTENTION_BACKEND": "attention_backend",
+    "PREFIX_CACHING": "prefix_caching",
     "NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
     "NIXL_EARLY_KV_LOAD": "nixl_early_kv_load",
     "NIXL_KV_LEASE_S": "kv_lease_s",

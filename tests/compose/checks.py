@@ -377,6 +377,9 @@ PARITY_ENV_ALLOWED = frozenset(
         "KIT_NIXL_EARLY_KV_LOAD",
         "KIT_CPU_PCP_SIZE",
         "KIT_CPU_EXPERT_PARALLEL",
+        # CPU only: vLLM CPU needs the flag (the kit's plugin keeps it for MLA); GPU vLLM has it
+        # on by default.
+        "KIT_PREFIX_CACHING",
         "VLLM_CPU_KVCACHE_SPACE",
         "HF_HUB_OFFLINE",
         "VLLM_NO_USAGE_STATS",

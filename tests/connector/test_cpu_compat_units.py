@@ -130,3 +130,14 @@ def test_launch_of_a_pcp2_ep2_prefill_and_a_pcp1_server() -> None:
     assert cpu_server_launch(2, True, [0])[1]["VLLM_CPU_OMP_THREADS_BIND"] == "0|0"
     with pytest.raises(ValueError, match="cannot be split evenly over 2"):
         cpu_server_launch(2, True, [0, 1, 2])
+
+
+def test_prefix_caching_flag_and_its_detection() -> None:
+    from pcp_nixl_connector.cpu_compat.launch import gives_prefix_caching_flag, prefix_caching_flag
+
+    assert prefix_caching_flag(True) == "--enable-prefix-caching"
+    assert prefix_caching_flag(False) == "--no-enable-prefix-caching"
+    for argv in (["--enable-prefix-caching"], ["--no_enable_prefix_caching"], ["--seed", "0",
+                 "--enable-prefix-caching=true"]):  # fmt: skip
+        assert gives_prefix_caching_flag(argv)
+    assert not gives_prefix_caching_flag(["--prefix-caching-hash-algo", "sha256", "--seed", "0"])

@@ -30,8 +30,13 @@ def vllm_classes(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(RotaryEmbedding, "forward_cpu", RotaryEmbedding.forward_cpu)
     monkeypatch.setattr(CPUUnquantizedExperts, "apply", CPUUnquantizedExperts.apply)
+    from vllm.platforms.cpu import CpuPlatform
+
     for name in ("all_gatherv", "reduce_scatterv"):
         monkeypatch.setattr(CpuCommunicator, name, getattr(CpuCommunicator, name))
+    # The classmethod object itself, so it is restored as a classmethod.
+    platform_check = CpuPlatform.__dict__["check_and_update_config"]
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", platform_check)
     assert plugin.missing_fixes(), "another test left vLLM's classes patched"
 
 
@@ -40,8 +45,8 @@ def test_knob_on_without_the_fixes_names_what_is_missing_and_why(vllm_classes: N
         plugin.verify_installed({FIXES_ENV: "1"})
     message = str(caught.value)
     for needle in ("RotaryEmbedding.forward_cpu", "CPUUnquantizedExperts.apply",
-                   "CpuCommunicator.all_gatherv", "VLLM_PLUGINS", "PYTHONPATH",
-                   "pcp_nixl_cpu_fixes"):  # fmt: skip
+                   "CpuCommunicator.all_gatherv", "CpuPlatform.check_and_update_config",
+                   "VLLM_PLUGINS", "PYTHONPATH", "pcp_nixl_cpu_fixes"):  # fmt: skip
         assert needle in message
     plugin.verify_installed({})  # knob off: nothing is required
 
@@ -53,6 +58,7 @@ def test_the_fixes_installed_pass_and_one_missing_is_named(vllm_classes: None) -
     installed = plugin.apply_fixes()
     # The two fixes, then (once per process) the quantized experts' refusal under EP.
     assert [name.split(" ")[0] for name in installed[:2]] == ["rotary", "expert-parallel"]
+    assert installed[-1].startswith("prefix caching for MLA")
     assert plugin.missing_fixes() == []
     plugin.verify_installed({FIXES_ENV: "1"})
     RotaryEmbedding.forward_cpu = stock_rope  # restored by the fixture

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +23,13 @@ import pytest
 import torch
 
 from pcp_nixl_connector import releases
-from pcp_nixl_connector.cpu_compat import expert_parallel, rope, upstream_gate
+from pcp_nixl_connector.cpu_compat import (
+    FIXES_ENV,
+    expert_parallel,
+    prefix_caching,
+    rope,
+    upstream_gate,
+)
 from tests.connector import api_surface, static_canaries
 from tests.connector.upstream_canaries import (
     LATENT,
@@ -28,8 +37,10 @@ from tests.connector.upstream_canaries import (
     collectives_defect_present,
     expert_map_defect_present,
     mla_rope_inputs,
+    prefix_caching_defect_present,
     rope_defect_present,
 )
+from tests.support.paths import CONNECTOR_DIR, REPO
 
 FIXED_BY_UPSTREAM = "vLLM {} no longer has this defect: re-read it and drop or re-check the fix"
 
@@ -83,6 +94,53 @@ def test_canary_cpu_communicator_still_lacks_variable_size_collectives() -> None
 
     assert CpuCommunicator.all_gatherv is not expert_parallel.all_gatherv, "patched here"
     assert collectives_defect_present(CpuCommunicator), FIXED_BY_UPSTREAM.format(_vllm_version())
+
+
+# The canary in a fresh interpreter: building a VllmConfig makes the CPU platform set process
+# environment (LD_PRELOAD, LOCAL_WORLD_SIZE) that must not leak into this test session.
+PREFIX_CACHING_PROBE = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms.cpu import CpuPlatform
+from pcp_nixl_connector.cpu_compat import prefix_caching
+from tests.connector.upstream_canaries import prefix_caching_defect_present
+
+config = EngineArgs(
+    model=sys.argv[1], block_size=16, max_model_len=4096, dtype="float32",
+    attention_backend="CPU_MLA", enforce_eager=True, skip_tokenizer_init=True,
+).create_engine_config()
+stock = prefix_caching_defect_present(CpuPlatform.check_and_update_config, config)
+installed = prefix_caching.install(CpuPlatform)
+fixed = prefix_caching_defect_present(CpuPlatform.check_and_update_config, config)
+print(json.dumps({"stock": stock, "installed": installed, "fixed": fixed,
+                  "chunked": config.scheduler_config.enable_chunked_prefill,
+                  "caching": config.cache_config.enable_prefix_caching}))
+"""
+
+
+@pytest.mark.vllm
+def test_canary_cpu_platform_still_forces_prefix_caching_off_for_mla() -> None:
+    """The CPU platform, unpatched, turns prefix caching off for the kit's tiny MLA model on
+    CPU_MLA (chunked prefill off too); the kit's fix, installed on the same class, keeps it on
+    and chunked prefill off."""
+    from pcp_pd_kit.localstack import tiny_model
+
+    model = tiny_model.build(REPO / tiny_model.DEFAULT_DIR)
+    env = {k: v for k, v in os.environ.items() if k != FIXES_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(CONNECTOR_DIR), str(REPO)])
+    done = subprocess.run(
+        [sys.executable, "-c", PREFIX_CACHING_PROBE, str(model)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["stock"] is True, FIXED_BY_UPSTREAM.format(_vllm_version())
+    assert seen["installed"] is True and seen["fixed"] is False
+    assert seen["caching"] is True and seen["chunked"] is False
 
 
 @pytest.mark.vllm
@@ -190,6 +248,63 @@ def test_the_gate_lists_only_releases_the_runtime_canaries_run_on() -> None:
 def test_gate_lets_the_releases_read_through(version: str) -> None:
     for fix in upstream_gate.READ_AGAINST:
         upstream_gate.check(fix, version)
+
+
+# -- the prefix-caching probe and fix on fake platforms (no vLLM needed) ---------------------------
+def _mla_config(caching: bool = True, model_type: str = "deepseek_v2", mla: bool = True) -> Any:
+    return SimpleNamespace(
+        model_config=SimpleNamespace(use_mla=mla, hf_config=SimpleNamespace(model_type=model_type)),
+        cache_config=SimpleNamespace(enable_prefix_caching=caching),
+        scheduler_config=SimpleNamespace(enable_chunked_prefill=True),
+    )
+
+
+def _platform(forces_off: bool) -> type:
+    """A CPU platform stand-in: with ``forces_off`` it applies vLLM 0.32's MLA rule."""
+
+    class Platform:
+        calls = 0
+
+        @classmethod
+        def check_and_update_config(cls, config: Any) -> None:
+            cls.calls += 1
+            if forces_off and config.model_config.use_mla:
+                config.scheduler_config.enable_chunked_prefill = False
+                config.cache_config.enable_prefix_caching = False
+
+    return Platform
+
+
+def test_prefix_caching_probe_flags_a_platform_that_keeps_caching() -> None:
+    assert prefix_caching_defect_present(_platform(True).check_and_update_config, _mla_config())
+    kept = _platform(False).check_and_update_config
+    assert not prefix_caching_defect_present(kept, _mla_config())
+
+
+def test_prefix_caching_fix_gives_back_only_what_the_mla_rule_took() -> None:
+    platform = _platform(True)
+    assert prefix_caching.install(platform, vllm_version="0.32.0") is True
+    assert prefix_caching.install(platform, vllm_version="0.32.0") is False  # once
+    asked = _mla_config()
+    platform.check_and_update_config(asked)
+    assert asked.cache_config.enable_prefix_caching is True
+    assert asked.scheduler_config.enable_chunked_prefill is False  # stays off
+    refused = _mla_config(caching=False)  # --no-enable-prefix-caching is honoured
+    platform.check_and_update_config(refused)
+    assert refused.cache_config.enable_prefix_caching is False
+    v4 = _mla_config(model_type=prefix_caching.DEEPSEEK_V4)  # vLLM's own AMX-only path
+    platform.check_and_update_config(v4)
+    assert v4.cache_config.enable_prefix_caching is False
+    assert platform.calls == 3
+
+
+def test_prefix_caching_fix_patches_nothing_on_an_unchecked_vllm() -> None:
+    platform = _platform(True)
+    original = platform.__dict__["check_and_update_config"]
+    with pytest.raises(upstream_gate.UpstreamGateError, match="prefix caching"):
+        prefix_caching.install(platform, vllm_version="0.33.0")
+    assert platform.__dict__["check_and_update_config"] is original
+    assert not prefix_caching.installed(platform)
 
 
 @pytest.mark.parametrize("version", ["0.31.2", "0.32.1", "0.33.0", "0.34.0", "0.33.0rc1", "1.0.0"])

@@ -92,3 +92,21 @@ def collectives_defect_present(communicator_cls: Any) -> bool:
             return False
         return False
     return True
+
+
+def prefix_caching_defect_present(
+    check_and_update_config: Callable[[Any], None], config: Any
+) -> bool:
+    """True when a CPU platform's ``check_and_update_config`` turns off the prefix caching that
+    ``config`` (an MLA model's ``VllmConfig``) asks for, and leaves chunked prefill off: the rule
+    ``cpu_compat/prefix_caching.py`` undoes. The config is changed in place."""
+    config.cache_config.enable_prefix_caching = True
+    config.scheduler_config.enable_chunked_prefill = False
+    try:
+        check_and_update_config(config)
+    except Exception:
+        return False
+    return (
+        config.cache_config.enable_prefix_caching is False
+        and config.scheduler_config.enable_chunked_prefill is False
+    )

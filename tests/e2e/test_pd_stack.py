@@ -13,6 +13,7 @@ import logging
 import math
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -48,8 +49,14 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 
 
-def _pd(stack: Stack, name: str) -> Output:
-    return greedy(stack.urls["proxy"], stack.served_model_name, CASE_BY_NAME[name])
+def _pd(stack: Stack, name: str, fresh: bool = False) -> Output:
+    """A greedy P/D request; ``fresh``: with a unique ``cache_salt``, so neither server's prefix
+    cache serves any of it (a full prefill on prefill, a full pull on decode)."""
+    case = CASE_BY_NAME[name]
+    if fresh:
+        salted = {**case.body, "cache_salt": f"fresh-{uuid.uuid4().hex}"}
+        case = dataclasses.replace(case, body=salted)
+    return greedy(stack.urls["proxy"], stack.served_model_name, case)
 
 
 def _usage(stack: Stack, part: str) -> float | None:
@@ -141,7 +148,8 @@ def test_repeated_pd_requests_stay_equal_and_log_latency(
 def test_decode_metrics_prove_kv_came_over_nixl(
     references: dict[str, Output], pd_stack: Stack
 ) -> None:
-    """One P/D request's change on decode: prompt tokens from NIXL, none computed locally.
+    """One P/D request's change on decode: prompt tokens from NIXL, none computed locally, none
+    from decode's prefix cache (the request carries a unique cache_salt: a full transfer).
 
     Deltas, not totals: the same decode also serves decode-alone requests (conditional
     disaggregation, request shapes), which compute their prompts locally by design.
@@ -151,6 +159,7 @@ def test_decode_metrics_prove_kv_came_over_nixl(
         (by_source, {"source": "external_kv_transfer"}),
         (by_source, {"source": "local_compute"}),
         ("vllm:nixl_xfer_time_seconds_count", {}),
+        (by_source, {"source": "local_cache_hit"}),
     )
 
     def counts() -> list[float]:
@@ -158,14 +167,15 @@ def test_decode_metrics_prove_kv_came_over_nixl(
         return [total(decode, name, **labels) or 0.0 for name, labels in series]
 
     before = counts()
-    assert _pd(pd_stack, "short") == references["short"]
+    assert _pd(pd_stack, "short", fresh=True) == references["short"]
 
     def changed() -> list[float] | None:
         delta = [a - b for a, b in zip(counts(), before, strict=True)]
         return delta if delta[0] > 0 and delta[2] > 0 else None
 
-    external, local, _ = wait_until(changed, 10, "decode's NIXL counters to move", 0.2)
+    external, local, _, cached = wait_until(changed, 10, "decode's NIXL counters to move", 0.2)
     assert local == 0, f"a P/D request computed {local} prompt tokens on decode"
+    assert cached == 0, f"a salted P/D request took {cached} prompt tokens from decode's cache"
     assert external > 0
     assert total(scrape(pd_stack.urls["decode"]), "vllm:nixl_num_failed_transfers_total") == 0
 
@@ -175,7 +185,7 @@ def test_prefill_frees_every_block_at_once_not_at_lease_expiry(pd_stack: Stack) 
     within a few seconds - well inside the lease - and no request had to expire. Stock vLLM
     keeps the blocks (see the last test); swapping the kit's connector out fails this test."""
     lease = pd_stack.settings.kv_lease_s
-    _pd(pd_stack, "multi_block")
+    _pd(pd_stack, "multi_block", fresh=True)
     done = time.monotonic()
     wait_until(lambda: _usage(pd_stack, "prefill") == 0, lease / 2, "prefill KV usage 0")
     log.info("prefill freed the request's blocks %.1fs after the response", time.monotonic() - done)

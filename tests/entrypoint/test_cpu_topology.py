@@ -54,6 +54,33 @@ def test_bad_topology_is_one_clear_error(changes: dict, cores: list[int], needle
         serve.cpu_topology({**CPU_PREFILL, **changes}, cores)
 
 
+@pytest.mark.parametrize(
+    ("value", "flag"),
+    [("true", "--enable-prefix-caching"), ("False", "--no-enable-prefix-caching")],
+)
+def test_prefix_caching_switch_reaches_both_cpu_servers(value: str, flag: str) -> None:
+    env = {**CPU_PREFILL, "KIT_PREFIX_CACHING": value}
+    assert serve.cpu_topology(env, [0, 1])[0][-1] == flag
+    decode = {**env, "KIT_KV_ROLE": "kv_consumer", "KIT_CPU_PCP_SIZE": "1"}
+    assert serve.cpu_topology(decode, [1])[0] == [flag]
+    assert "prefix" not in " ".join(serve.cpu_topology(CPU_PREFILL, [0, 1])[0])  # unset: vLLM's
+
+
+@pytest.mark.parametrize(
+    ("value", "argv", "needle"),
+    [
+        ("maybe", [], "KIT_PREFIX_CACHING='maybe' \\(PREFIX_CACHING\\): want true or false"),
+        ("true", ["--no-enable-prefix-caching"], "set PREFIX_CACHING=true or false in .env"),
+        ("false", ["--enable_prefix_caching"], "VLLM_CPU_EXTRA_ARGS"),
+    ],
+)
+def test_prefix_caching_refuses_a_bad_value_or_a_second_switch(
+    value: str, argv: list[str], needle: str
+) -> None:
+    with pytest.raises(ValueError, match=needle):
+        serve.cpu_topology({**CPU_PREFILL, "KIT_PREFIX_CACHING": value}, [0, 1], argv)
+
+
 def test_lease_reaches_the_connector_config_on_cpu_and_gpu() -> None:
     cpu = serve.kv_transfer_config(CPU_PREFILL)
     assert cpu["kv_connector_extra_config"]["kv_lease_duration"] == 30

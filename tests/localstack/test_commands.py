@@ -129,6 +129,15 @@ def test_block_size_and_eager_follow_settings() -> None:
     assert "--enforce-eager" not in compiled.argv
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode", "reference"])
+def test_prefix_caching_follows_its_one_knob_on_every_server(role: str) -> None:
+    """On by default (.env.example); PREFIX_CACHING=false turns it off; one switch either way."""
+    on = vllm_server_spec(example_settings(), role, "/m", "t", REPO).argv  # type: ignore[arg-type]
+    off = vllm_server_spec(example_settings(prefix_caching=False), role, "/m", "t", REPO).argv  # type: ignore[arg-type]
+    assert "--enable-prefix-caching" in on and "--no-enable-prefix-caching" not in on
+    assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
+
+
 def test_proxy_points_at_the_pair() -> None:
     argv = proxy_spec(example_settings(proxy_port=18001)).argv
     assert argv[1:3] == ["-m", "pd_proxy"]

@@ -37,9 +37,11 @@ def test_values_are_converted() -> None:
             CPU_PREFILL_PCP_SIZE="1",
             CPU_PREFILL_EXPERT_PARALLEL="0",
             LOCAL_STARTUP_TIMEOUT_S="12.5",
+            PREFIX_CACHING="false",
         )
     )
     assert (s.proxy_port, s.enforce_eager, s.startup_timeout_s) == (18555, False, 12.5)
+    assert s.prefix_caching is False and settings_from_env(_with()).prefix_caching is True
     assert (s.prefill_pcp_size, s.prefill_expert_parallel) == (1, False)
 
 
@@ -52,6 +54,7 @@ def test_empty_model_means_the_tiny_model() -> None:
     [
         ({"LOCAL_PREFILL_PORT": "eighty"}, "LOCAL_PREFILL_PORT='eighty': expected an integer"),
         ({"LOCAL_ENFORCE_EAGER": "maybe"}, "LOCAL_ENFORCE_EAGER"),
+        ({"PREFIX_CACHING": "sometimes"}, "PREFIX_CACHING='sometimes': expected one of"),
         ({"LOCAL_DECODE_PORT": "18100"}, "both use port 18100"),
         ({"CPU_BLOCK_SIZE": "24"}, "multiple of 16"),
         ({"CPU_PREFILL_PCP_SIZE": "0"}, "CPU_PREFILL_PCP_SIZE=0: must be >= 1"),

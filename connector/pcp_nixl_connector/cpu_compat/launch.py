@@ -12,6 +12,21 @@ from collections.abc import Sequence
 from . import FIXES_ENV, TRITON_INTERPRETER_ENV
 from .binding import omp_threads_bind
 
+#: vLLM's two spellings of the prefix-caching switch; a launcher passes exactly one.
+PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching")
+
+
+def prefix_caching_flag(on: bool) -> str:
+    """The vLLM flag for prefix caching on or off. On the CPU build, "on" takes effect for MLA
+    models only with the kit's CPU fixes (``prefix_caching``), which every CPU server gets."""
+    return PREFIX_CACHING_FLAGS[0] if on else PREFIX_CACHING_FLAGS[1]
+
+
+def gives_prefix_caching_flag(argv: Sequence[str]) -> bool:
+    """Whether argv already switches prefix caching (with ``=`` or underscores, as vLLM reads)."""
+    names = {flag.replace("-", "_") for flag in PREFIX_CACHING_FLAGS}
+    return any(arg.split("=", 1)[0].replace("-", "_") in names for arg in argv)
+
 
 def cpu_server_launch(
     pcp_size: int, expert_parallel: bool, cores: Sequence[int]

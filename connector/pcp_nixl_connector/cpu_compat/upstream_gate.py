@@ -20,18 +20,22 @@ from ..releases import CPU_CHECKED, and_list
 ROPE = "rope"
 EXPERT_MAP = "expert_map"
 COLLECTIVES = "collectives"
+PREFIX_CACHING = "prefix_caching"
 
 #: What each fix works around, for the messages.
 DEFECTS: dict[str, str] = {
     ROPE: "the CPU rotary-embedding kernel on [tokens, heads, dim] inputs",
     EXPERT_MAP: "CPUUnquantizedExperts.apply ignoring expert_map",
     COLLECTIVES: "CpuCommunicator without all_gatherv/reduce_scatterv",
+    PREFIX_CACHING: "CpuPlatform forcing prefix caching off for MLA models",
 }
 #: The vLLM releases each fix's canaries ran on (and showed the defect present).
 READ_AGAINST: dict[str, tuple[str, ...]] = {
     ROPE: CPU_CHECKED,
     EXPERT_MAP: CPU_CHECKED,
     COLLECTIVES: CPU_CHECKED,
+    # The platform rule and the CPU branch of MLA's context path the fix relies on.
+    PREFIX_CACHING: CPU_CHECKED,
 }
 CANARIES = "tests/connector/test_upstream_canaries.py"
 

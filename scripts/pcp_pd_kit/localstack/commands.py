@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
-from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch
+from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch, prefix_caching_flag
 from pcp_nixl_connector.extra_connectors import parse_extra_connectors, with_extra_connectors
 from pcp_pd_kit.settings import StackSettings
 
@@ -93,9 +93,9 @@ def vllm_server_spec(
         settings.dtype,
         "--seed",
         "0",
-        # Prefix caching would let a repeated prompt skip the transfer and hide whether KV
-        # really crossed NIXL; the tests compare fresh prefills.
-        "--no-enable-prefix-caching",
+        # PREFIX_CACHING (on by default, as on GPU). A check that needs a fresh prefill or a
+        # whole transfer says so per request (a unique "cache_salt"), not for the stack.
+        prefix_caching_flag(settings.prefix_caching),
     ]
     if settings.enforce_eager:
         argv.append("--enforce-eager")

@@ -67,6 +67,8 @@ KV_ENV = {
 # cores are the container's cpuset, split evenly over the ranks.
 CPU_PCP_ENV = "KIT_CPU_PCP_SIZE"
 CPU_EP_ENV = "KIT_CPU_EXPERT_PARALLEL"
+# A CPU server's prefix caching, true or false (.env PREFIX_CACHING); unset: vLLM's default.
+PREFIX_CACHING_ENV = "KIT_PREFIX_CACHING"
 KV_ROLES = ("kv_producer", "kv_consumer")
 # The NIXL handshake host vLLM publishes to decode (vllm.envs); see side_channel_host().
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
@@ -508,9 +510,13 @@ def kv_transfer_config(env: Mapping[str, str]) -> dict[str, object]:
     return with_extra_connectors(config, extras)
 
 
-def cpu_topology(env: Mapping[str, str], cores: Sequence[int]) -> tuple[list[str], dict[str, str]]:
+def cpu_topology(
+    env: Mapping[str, str], cores: Sequence[int], argv: Sequence[str] = ()
+) -> tuple[list[str], dict[str, str]]:
     """vLLM flags and environment for a CPU server with KIT_CPU_PCP_SIZE ranks on ``cores``
-    (none when the variable is unset: the GPU services), from the connector's one launch rule."""
+    (none when the variable is unset: the GPU services), from the connector's one launch rule,
+    with the prefix-caching switch from KIT_PREFIX_CACHING (``argv``: the server's own flags,
+    which must not switch it too)."""
     raw = env.get(CPU_PCP_ENV, "").strip()
     if not raw:
         return [], {}
@@ -521,9 +527,31 @@ def cpu_topology(env: Mapping[str, str], cores: Sequence[int]) -> tuple[list[str
     from pcp_nixl_connector.cpu_compat.launch import cpu_server_launch
 
     try:
-        return cpu_server_launch(int(raw), expert_parallel, cores)
+        flags, cpu_env = cpu_server_launch(int(raw), expert_parallel, cores)
     except ValueError as exc:
         raise ValueError(f"{CPU_PCP_ENV}={raw} on this container's CPUs: {exc}") from None
+    return [*flags, *prefix_caching_flags(env, argv)], cpu_env
+
+
+def prefix_caching_flags(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+    """``--enable-prefix-caching`` or ``--no-enable-prefix-caching`` from KIT_PREFIX_CACHING
+    (none when unset); ValueError for another value, or when ``argv`` switches it as well (two
+    switches would leave the last one winning, silently)."""
+    raw = env.get(PREFIX_CACHING_ENV, "").strip()
+    if not raw:
+        return []
+    from pcp_nixl_connector.cpu_compat.launch import gives_prefix_caching_flag, prefix_caching_flag
+
+    word = raw.lower()
+    if word not in SWITCH_ON and word not in SWITCH_OFF:
+        raise ValueError(f"{PREFIX_CACHING_ENV}={raw!r} (PREFIX_CACHING): want true or false")
+    if gives_prefix_caching_flag(argv):
+        raise ValueError(
+            "--enable-prefix-caching/--no-enable-prefix-caching is in the arguments "
+            f"(VLLM_CPU_EXTRA_ARGS?): the entrypoint adds it from {PREFIX_CACHING_ENV}; set "
+            "PREFIX_CACHING=true or false in .env instead"
+        )
+    return [prefix_caching_flag(word in SWITCH_ON)]
 
 
 def gives_kv_flag(argv: Sequence[str]) -> bool:
@@ -707,7 +735,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         place = placement(os.environ, argv)
         env = serve_environment(os.environ, argv=argv, lookup=lambda: place.replica)
-        flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)))
+        flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)), argv)
         env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
         cmd = vllm_command([*argv, *flags], env, sys.executable)
     except ValueError as exc:

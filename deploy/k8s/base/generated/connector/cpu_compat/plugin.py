@@ -2,7 +2,9 @@
 
 vLLM loads general plugins in the engine-core and worker processes before it builds the model and
 its process groups (``v1/engine/core.py``, ``v1/worker/worker_base.py``), so class-level patches
-made here are in place for every layer and communicator the process creates.
+made here are in place for every layer and communicator the process creates. The API server
+loads them too (``EngineArgs.__post_init__``, ``vllm/engine/arg_utils.py``) before it builds the
+``VllmConfig``, so the prefix-caching fix is in place when the CPU platform checks that config.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def apply_fixes() -> list[str]:
     refused = expert_parallel.refuse_under_expert_parallel(_quantized_cpu_experts())
     if refused:
         installed.append(f"expert parallelism refused for quantized CPU MoE ({', '.join(refused)})")
+    if _install_prefix_caching():
+        installed.append(
+            "prefix caching for MLA on the reference CPU backend (chunked prefill stays off)"
+        )
     return installed
 
 
@@ -79,7 +85,7 @@ def missing_fixes() -> list[str]:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    from . import expert_parallel, rope
+    from . import expert_parallel, prefix_caching, rope
 
     missing = []
     if not getattr(RotaryEmbedding.forward_cpu, rope.MARKER, False):
@@ -94,6 +100,8 @@ def missing_fixes() -> list[str]:
         for cls in _quantized_cpu_experts()
         if not getattr(cls.__dict__.get("__init__"), expert_parallel.REFUSAL_MARKER, False)
     )
+    if _prefix_caching_checked() and not prefix_caching.installed(_cpu_platform()):
+        missing.append("CpuPlatform.check_and_update_config (prefix caching for MLA)")
     return missing
 
 
@@ -120,6 +128,34 @@ def verify_installed(environ: Mapping[str, str]) -> None:
             "folder is on PYTHONPATH (its pcp_nixl_connector-*.dist-info declares the plugin), "
             "and vLLM's log for a plugin that failed to load"
         )
+
+
+def _cpu_platform() -> type:
+    from vllm.platforms.cpu import CpuPlatform
+
+    return CpuPlatform
+
+
+def _prefix_caching_checked() -> bool:
+    from . import upstream_gate
+
+    try:
+        upstream_gate.check(upstream_gate.PREFIX_CACHING)
+    except upstream_gate.UpstreamGateError:
+        return False
+    return True
+
+
+def _install_prefix_caching() -> bool:
+    """The prefix-caching fix, or on a vLLM it was not read against a warning and vLLM's own
+    rule (caching off for MLA): leaving it off is safe, so this never stops the server."""
+    from . import prefix_caching, upstream_gate
+
+    try:
+        return prefix_caching.install(_cpu_platform())
+    except upstream_gate.UpstreamGateError as exc:
+        logger.warning("pcp_nixl_connector: prefix caching stays off for MLA models: %s", exc)
+        return False
 
 
 def _quantized_cpu_experts() -> list[type]:

@@ -1,0 +1,120 @@
+"""Time to first token of a follow-up turn, with and without the prefix cache, at concurrency 1.
+
+Against one running server (decode of ``make up`` by default): each round sends a new first turn
+of ``--context`` token ids (it fills the cache), then its follow-up turn - the first turn plus
+``--new`` token ids - twice, streamed: once as is (the first turn's blocks come from the cache)
+and once with a unique ``cache_salt`` (nothing matches: a full prefill). The two orders
+alternate between rounds. Medians and their ratio, side by side from the same run::
+
+    python -m pcp_pd_kit.bench.prefix_ttft --url http://127.0.0.1:18200 --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FIRST_ID, LAST_ID = 10, 2000  # past the tiny tokenizer's special tokens
+
+
+def token_ids(seed: int, count: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(FIRST_ID, LAST_ID) for _ in range(count)]
+
+
+def request_body(model: str, prompt: Sequence[int], salt: str | None) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": model,
+        "prompt": list(prompt),
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    if salt is not None:
+        body["cache_salt"] = salt
+    return body
+
+
+def ttft_s(url: str, body: dict[str, object], timeout_s: float = 120.0) -> float:
+    """Seconds from sending the request to the first streamed choice."""
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data:") and '"choices"' in line:
+                return time.perf_counter() - start
+    raise RuntimeError(f"{url}: the stream ended without a choice")
+
+
+@dataclass(frozen=True)
+class Summary:
+    cached_ms: float
+    uncached_ms: float
+    rounds: int
+
+    @property
+    def ratio(self) -> float:
+        return self.uncached_ms / self.cached_ms
+
+    def line(self, context: int, new: int) -> str:
+        return (
+            f"follow-up turn ({context} cached + {new} new tokens), c=1, median of "
+            f"{self.rounds}: cached {self.cached_ms:.1f} ms, uncached {self.uncached_ms:.1f} ms, "
+            f"uncached/cached {self.ratio:.1f}x"
+        )
+
+
+def summarize(cached_s: Sequence[float], uncached_s: Sequence[float]) -> Summary:
+    if not cached_s or len(cached_s) != len(uncached_s):
+        raise ValueError("want the same number (> 0) of cached and uncached timings")
+    return Summary(
+        statistics.median(cached_s) * 1000, statistics.median(uncached_s) * 1000, len(cached_s)
+    )
+
+
+def run(url: str, model: str, context: int, new: int, rounds: int, seed: int) -> Summary:
+    cached, uncached = [], []
+    for i in range(rounds):
+        first = token_ids(seed + 2 * i, context)
+        follow_up = first + token_ids(seed + 2 * i + 1, new)
+        ttft_s(url, request_body(model, first, None))  # fills the cache
+        salted = request_body(model, follow_up, f"bench-{uuid.uuid4().hex}")
+        plain = request_body(model, follow_up, None)
+        if i % 2:
+            uncached.append(ttft_s(url, salted))
+            cached.append(ttft_s(url, plain))
+        else:
+            cached.append(ttft_s(url, plain))
+            uncached.append(ttft_s(url, salted))
+    return summarize(cached, uncached)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:18200", help="one vLLM server")
+    parser.add_argument("--model", default="tiny-mla-moe", help="its served model name")
+    parser.add_argument("--context", type=int, default=1440, help="first turn, token ids")
+    parser.add_argument("--new", type=int, default=40, help="new token ids in the follow-up")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=7000)
+    args = parser.parse_args(argv)
+    summary = run(args.url, args.model, args.context, args.new, args.rounds, args.seed)
+    print(summary.line(args.context, args.new))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
