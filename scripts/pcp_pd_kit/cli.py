@@ -49,7 +49,7 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run_stack_command(args: argparse.Namespace) -> int:
+def run_stack_command(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     """up, demo, bench: settings from the layered env, one `finally` that stops what started."""
     from pcp_pd_kit.bench.kinds import MODULE_KINDS, BenchUsageError, run_module_kind
     from pcp_pd_kit.bench.runner import BenchError, cmd_bench
@@ -78,7 +78,7 @@ def run_stack_command(args: argparse.Namespace) -> int:
     }
     try:
         if args.command == "bench" and args.kind in MODULE_KINDS:
-            return run_module_kind(args)
+            return run_module_kind(args, [sys.executable, "-m", "pcp_pd_kit", *argv])
         settings = settings_from_env(kit_env(os.environ))
         if args.command == "up":
             return cmd_up(settings)
@@ -107,4 +107,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pcp_pd_kit.preflight.cli import main as preflight_main
 
         return preflight_main(rest)
-    return run_stack_command(build_parser().parse_args(argv))
+    return run_stack_command(build_parser().parse_args(argv), argv)

@@ -99,7 +99,7 @@ def _prom(cls: Any, cfg: Any) -> Any:
     registry = prometheus_client.CollectorRegistry()
 
     def bound(metric: type) -> type:
-        class Bound(metric):  # type: ignore[misc, valid-type]
+        class Bound(metric):
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, registry=registry, **kwargs)
 

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -75,7 +76,7 @@ def add_kind_parsers(bench: argparse.ArgumentParser) -> None:
         add_shared_arguments(p)
 
 
-def run_module_kind(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+def run_module_kind(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """check, make the run folder, run, write the layout, print the table: the exit status."""
     module = _module(args.kind)
     problem = module.check(args)

@@ -230,7 +230,7 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any
                     flush=True,
                 )
     errors = sum(r.errors for r in rounds)
-    summary = {}
+    summary: dict[str, Any] = {}
     for mode in args.modes:
         rs = [r for r in rounds if r.mode == mode]
         summary[mode] = {
