@@ -647,7 +647,7 @@ def render(
     errors: Sequence[str] = (),
     short: spec.ShortPlan | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The printed text (tables, breakdowns, goals) and summary.json's content."""
+    """The printed text (tables, breakdowns, goals) and result.json's content."""
     main = [r for r in records if r.workload == spec.MAIN]
     results = {(r.target, r.level): r.result for r in main}
     deltas = {(r.target, r.level): r.deltas for r in main}
