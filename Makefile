@@ -75,16 +75,16 @@ lint: install  ## ruff, ruff format --check, mypy, shellcheck (also run by make 
 format: install
 	$(PY) -m ruff format .
 
-bench: install  ## vllm bench serve: single vs P/D (results/bench-*), then token counting, proxy + connector microbenchmarks
+bench: install  ## every CPU bench: serve (single vs P/D), tokenize, proxy, connector (results/<kind>-*)
 	@status=0; \
-	$(KIT) bench $(BENCH_ARGS) || status=$$?; \
-	$(PY) scripts/bench_tokenize.py || status=$$?; \
-	$(PY) scripts/bench_proxy.py || status=$$?; \
-	$(PY) scripts/bench_connector.py || status=$$?; \
+	$(KIT) bench serve $(BENCH_ARGS) || status=$$?; \
+	$(KIT) bench tokenize || status=$$?; \
+	$(KIT) bench proxy || status=$$?; \
+	$(KIT) bench connector || status=$$?; \
 	exit $$status
 
 bench-xpyd: images  ## compose cpu profile: 1P1D vs 2P1D (PREFILL_REPLICAS) at a prefill-bound load (results/xpyd-*)
-	$(PY) scripts/bench_xpyd.py $(BENCH_XPYD_ARGS)
+	$(KIT) bench xpyd $(BENCH_XPYD_ARGS)
 
 compose-up:  ## GPU host: preflight, then docker compose up -d
 	bash scripts/preflight.sh

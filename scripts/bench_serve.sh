@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's serving benchmark (vllm bench serve): a single vLLM instance vs P/D through pd-proxy.
-# A thin wrapper over `pcp-pd-kit bench`; every option is documented in docs/bench.md.
+# A thin wrapper over `pcp-pd-kit bench serve`; every option is documented in docs/bench.md.
 #
 #   scripts/bench_serve.sh                      # local CPU stack: started, measured, stopped
 #   scripts/bench_serve.sh --concurrency 1,4 --prompts 16
@@ -18,4 +18,4 @@ if [[ ! -x "$py" ]]; then
 fi
 cd "$root"
 export PYTHONPATH="$root/scripts${PYTHONPATH:+:$PYTHONPATH}"
-exec "$py" -m pcp_pd_kit bench "$@"
+exec "$py" -m pcp_pd_kit bench serve "$@"

@@ -1,9 +1,10 @@
 """`pcp-pd-kit`: every user-facing job of the kit behind one command line.
 
-`up` and `demo` run the local CPU stack, `bench` measures single vs P/D with `vllm bench serve`,
-`eval` scores GSM8K through any P/D proxy, `preflight` checks a GPU host before `docker compose
-up`. eval and preflight keep their own flags (they are also called by path, as
-scripts/eval_gsm8k.sh and scripts/preflight.sh), so their arguments pass through untouched.
+`up` and `demo` run the local CPU stack, `bench KIND` runs one of the kit's benchmarks (serve:
+single vs P/D with `vllm bench serve`; proxy, connector, prefill, tokenize, xpyd, ...), `eval`
+scores GSM8K through any P/D proxy, `preflight` checks a GPU host before `docker compose up`.
+eval and preflight keep their own flags (they are also called by path, as scripts/eval_gsm8k.sh
+and scripts/preflight.sh), so their arguments pass through untouched.
 Heavy imports happen inside the chosen command: `pcp-pd-kit preflight` needs no vLLM.
 """
 
@@ -30,15 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("up", help="local CPU stack: prefill, decode, proxy, Prometheus until Ctrl-C")
     demo = sub.add_parser("demo", help="local CPU stack: start, GSM8K slice, report, stop")
     demo.add_argument("--limit", type=int, default=None, help="GSM8K questions (DEMO_LIMIT)")
+    from pcp_pd_kit.bench.kinds import KINDS, add_kind_parsers
+
     bench = sub.add_parser(
         "bench",
-        help="vllm bench serve: single vLLM vs P/D via pd-proxy (local stack, or --base-url)",
-        description="vLLM's serving benchmark against a single instance and the P/D stack "
-        "(see docs/bench.md)",
+        help=f"benchmarks, one results layout: {', '.join(KINDS)} (docs/bench.md)",
+        description="The kit's benchmarks; each writes result.json, table.md and manifest.json "
+        "under results/<kind>-<UTC time>/ (see docs/bench.md)",
     )
-    from pcp_pd_kit.bench.runner import add_arguments
-
-    add_arguments(bench)
+    add_kind_parsers(bench)
     for name, text in PASS_THROUGH.items():
         sub.add_parser(name, help=text, add_help=False)
     return parser
@@ -48,8 +49,9 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run_stack_command(args: argparse.Namespace) -> int:
+def run_stack_command(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     """up, demo, bench: settings from the layered env, one `finally` that stops what started."""
+    from pcp_pd_kit.bench.kinds import MODULE_KINDS, BenchUsageError, run_module_kind
     from pcp_pd_kit.bench.runner import BenchError, cmd_bench
     from pcp_pd_kit.localstack.host import PortInUseError
     from pcp_pd_kit.localstack.model_source import ModelNotAvailableError
@@ -64,6 +66,7 @@ def run_stack_command(args: argparse.Namespace) -> int:
         PortInUseError,
         StackProcessError,
         BenchError,
+        BenchUsageError,
     )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s pcp-pd-kit %(message)s", datefmt="%H:%M:%S"
@@ -74,6 +77,8 @@ def run_stack_command(args: argparse.Namespace) -> int:
         sig: signal.signal(sig, _term_as_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
+        if args.command == "bench" and args.kind in MODULE_KINDS:
+            return run_module_kind(args, [sys.executable, "-m", "pcp_pd_kit", *argv])
         settings = settings_from_env(kit_env(os.environ))
         if args.command == "up":
             return cmd_up(settings)
@@ -102,4 +107,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pcp_pd_kit.preflight.cli import main as preflight_main
 
         return preflight_main(rest)
-    return run_stack_command(build_parser().parse_args(argv))
+    return run_stack_command(build_parser().parse_args(argv), argv)

@@ -1,15 +1,8 @@
-"""scripts/bench_xpyd.py's pure part: the 1P1D / 2P1D table (the live run is `make bench-xpyd`)."""
+"""`pcp-pd-kit bench xpyd`'s pure part: the 1P1D / 2P1D table (live: `make bench-xpyd`)."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from tests.support.paths import SCRIPTS_DIR
-
-_spec = importlib.util.spec_from_file_location("bench_xpyd", SCRIPTS_DIR / "bench_xpyd.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from pcp_pd_kit.bench import xpyd as bench
 
 
 def run(ttft: float, rps: float) -> dict[str, float]:

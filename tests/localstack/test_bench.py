@@ -732,7 +732,7 @@ def test_cli_busy_extra_proxy_port_is_named(
 ) -> None:
     with busy_port() as busy:
         base = busy - offset
-        code = main(["bench", "--port-base", str(base), "--results-dir", str(tmp_path)])
+        code = main(["bench", "serve", "--port-base", str(base), "--results-dir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
     assert f"{part} port {busy}" in err and "already in use" in err
@@ -822,7 +822,7 @@ def test_api_key_precedence(tmp_path: Path) -> None:
 def test_cli_bad_concurrency_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "--concurrency", "0", "--results-dir", str(tmp_path)]) == 2
+    assert main(["bench", "serve", "--concurrency", "0", "--results-dir", str(tmp_path)]) == 2
     assert "--concurrency" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -831,7 +831,7 @@ def test_cli_unreachable_deployment_starts_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = closed_port_url()
-    assert main(["bench", "--base-url", url, "--results-dir", str(tmp_path)]) == 2
+    assert main(["bench", "serve", "--base-url", url, "--results-dir", str(tmp_path)]) == 2
     assert "no answer" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -841,7 +841,7 @@ def test_cli_busy_bench_port_is_named(tmp_path: Path, capsys: pytest.CaptureFixt
         base = busy - spec.PORT_OFFSETS["reference_port"]
         if base < 1:
             pytest.skip("ephemeral port too low for a base")
-        code = main(["bench", "--port-base", str(base), "--results-dir", str(tmp_path)])
+        code = main(["bench", "serve", "--port-base", str(base), "--results-dir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
     assert f"reference port {busy}" in err and "already in use" in err
@@ -974,6 +974,7 @@ def _remote_bench_args(url: str, key_file: Path, results: Path, concurrency: str
     """`bench` against a running proxy: 3 prompts of 16 tokens in, 4 out, at each level."""
     return [
         "bench",
+        "serve",
         "--base-url",
         url,
         "--api-key-file",
@@ -1028,7 +1029,7 @@ def _run_cli(args: list[str], timeout_s: float, capsys: pytest.CaptureFixture[st
 
 def _only_run_dir(results: Path) -> Path:
     dirs = [p for p in results.iterdir() if p.is_dir()]
-    assert len(dirs) == 1 and re.fullmatch(r"bench-\d{8}T\d{6}Z", dirs[0].name), dirs
+    assert len(dirs) == 1 and re.fullmatch(r"serve-\d{8}T\d{6}Z", dirs[0].name), dirs
     return dirs[0]
 
 
@@ -1055,7 +1056,7 @@ def test_remote_mode_sends_the_key_and_starts_nothing(
         assert result["completed"] == 3 and result["failed"] == 0
         assert result["total_output_tokens"] == 3 * 4
         assert not (run / f"single-c{level}.json").exists()
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / "result.json").read_text())
     focus = next(b for b in summary["breakdown"] if b["concurrency"] == 2)
     whole = next(r for r in focus["rows"] if r["label"] == "proxy: whole request")
     assert whole["count"] == 3
@@ -1100,7 +1101,7 @@ def test_remote_mode_measures_the_first_token_proxy_and_the_handover(
     run = _only_run_dir(results)
     for target in ("pd", "pd-ft"):
         assert json.loads((run / f"{target}-c1.json").read_text())["completed"] == 3
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / "result.json").read_text())
     assert summary["first_token"]["1"]["continued"] == 3  # the warm-up's 2 came before
     assert summary["first_token"]["1"]["measured"] is True
     focus = summary["handover"][0]
@@ -1164,6 +1165,7 @@ def test_bench_end_to_end_on_the_cpu_stack(
     code, out = _run_cli(
         [
             "bench",
+            "serve",
             "--concurrency",
             "1,2",
             "--prompts",
@@ -1215,14 +1217,14 @@ def test_bench_end_to_end_on_the_cpu_stack(
             "pd/logs/proxy-local-prefill",
         ):
             assert (run / "servers" / f"{part}.log").is_file(), part
-        table = (run / "table.txt").read_text()
+        table = (run / "table.md").read_text()
         assert table in out
         for needle in ("TTFT median", "TTFT p99", "TPOT", "ITL", "E2E", "requests/s", "tokens/s"):
             assert needle in table
         assert "P/D/single" in table and "where the P/D time to first token goes" in table
         for needle in ("1st-tok/single", "P/D handover per request", "goals (reported"):
             assert needle in table, needle
-        summary = json.loads((run / "summary.json").read_text())
+        summary = json.loads((run / "result.json").read_text())
         ratios = [row["pd_over_single"] for row in summary["table"]]
         assert all(r is not None and r > 0 for r in ratios)
         focus = {r["label"].strip(): r for r in summary["breakdown"][1]["rows"]}

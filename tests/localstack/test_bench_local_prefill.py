@@ -301,7 +301,7 @@ def test_local_prefill_proxy_is_a_third_pd_proxy_with_n(tmp_path: Path) -> None:
 
 
 def test_cli_bad_short_plan_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--local-prefill-max-tokens", "0"]) == 2
+    assert main(["bench", "serve", "--local-prefill-max-tokens", "0"]) == 2
     assert "--local-prefill-max-tokens must be >= 1" in capsys.readouterr().err
 
 

@@ -1,19 +1,10 @@
-"""scripts/bench_prefill_ep.py's pure parts: prompts, the version check, the table."""
+"""`pcp-pd-kit bench prefill`'s pure parts: prompts, the version check, the table."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.support.paths import SCRIPTS_DIR
-
-_spec = importlib.util.spec_from_file_location(
-    "bench_prefill_ep", SCRIPTS_DIR / "bench_prefill_ep.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from pcp_pd_kit.bench import prefill_ep as bench
 
 
 def test_prompts_have_the_exact_length_and_differ_by_seed() -> None:

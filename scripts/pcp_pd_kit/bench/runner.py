@@ -30,6 +30,7 @@ from typing import Any
 from pcp_pd_kit import repo_root
 from pcp_pd_kit.bench import local_prefill, spec, tables
 from pcp_pd_kit.bench import manifest as manifest_mod
+from pcp_pd_kit.bench import results as layout
 from pcp_pd_kit.bench.histograms import (
     Histogram,
     counter_delta,
@@ -646,7 +647,7 @@ def render(
     errors: Sequence[str] = (),
     short: spec.ShortPlan | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The printed text (tables, breakdowns, goals) and summary.json's content."""
+    """The printed text (tables, breakdowns, goals) and result.json's content."""
     main = [r for r in records if r.workload == spec.MAIN]
     results = {(r.target, r.level): r.result for r in main}
     deltas = {(r.target, r.level): r.deltas for r in main}
@@ -813,12 +814,7 @@ def format_header(text: str) -> str:
     return f"== {text} =="
 
 
-def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
-# --- CLI ----------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None = None) -> None:
     g = parser.add_argument_group("what to run")
     g.add_argument(
         "--concurrency",
@@ -836,7 +832,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=spec.DEFAULT_SEED, help="dataset seed (%(default)s)")
     g.add_argument(
         "--targets",
-        default=",".join(spec.TARGETS),
+        default=default_targets or ",".join(spec.TARGETS),
         help="which of single,pd,pd-local,pd-ft to run (pd-local: P/D through a pd-proxy with "
         "--local-prefill-max-tokens, and the short-prompt workload on single, pd and pd-local; "
         "pd-ft: P/D through a pd-proxy with --first-token-from-prefill; default: all; remote "
@@ -878,11 +874,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=900.0,
         help="seconds one vllm bench serve may run before it is killed (%(default)s)",
-    )
-    g.add_argument(
-        "--results-dir",
-        default=None,
-        help="where bench-<UTC time>/ is created (default: <repo>/results)",
     )
     g.add_argument(
         "--port-base",
@@ -999,9 +990,8 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
     else:
         settings = prepare_local(settings, args.port_base, wanted)
     started = manifest_mod.utc_stamp()
-    root = Path(args.results_dir) if args.results_dir else repo_root() / "results"
-    out_dir = root / f"bench-{started}"
-    (out_dir / "logs").mkdir(parents=True, exist_ok=False)
+    out_dir = layout.run_dir(getattr(args, "kind", "serve"), args.results_dir, started)
+    (out_dir / "logs").mkdir()
     log.info("results go to %s", out_dir)
     load_start = manifest_mod.load_average()
     wall_start = time.monotonic()
@@ -1035,9 +1025,7 @@ def cmd_bench(settings: StackSettings, args: argparse.Namespace) -> int:
         versions=manifest_mod.package_versions(),
         extra=extra,
     )
-    write_json(out_dir / "manifest.json", manifest)
-    write_json(out_dir / "summary.json", summary)
-    (out_dir / "table.txt").write_text(text + "\n")
+    layout.write_run(out_dir, summary, text, manifest)
     print(text)
     print(f"\nresults: {out_dir} (wall time {extra['wall_s']:.0f}s)")
     incomplete = [r for r in outcome.records if not r.complete]

@@ -129,7 +129,7 @@ def completed_text(result: Result | None, prompts: int) -> str:
 def comparison_rows(
     results: Mapping[tuple[str, int], Result | None], levels: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """One dict per (level, metric): single, pd and their ratio, for the table and summary.json."""
+    """One dict per (level, metric): single, pd and their ratio, for the table and result.json."""
     rows = []
     for level in levels:
         single, pd = results.get(("single", level)), results.get(("pd", level))

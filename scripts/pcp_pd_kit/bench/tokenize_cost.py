@@ -1,7 +1,7 @@
 """What counting a prompt's tokens costs per request: decode's ``/tokenize`` over HTTP (what
 pd-proxy's --local-prefill-max-tokens does) against a local Hugging Face tokenizer of the same
-model. Pure: the prompts to count, the statistics and the table; scripts/bench_tokenize.py does
-the timing.
+model. Pure: the prompts to count, the statistics and the table; bench.tokenize_http does the
+timing.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from pcp_pd_kit.bench.results import markdown_table
 
 # Words for the prompts: any text will do, the model's tokenizer decides the count.
 WORDS = (
@@ -77,20 +79,20 @@ class Row:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """Median (p90) ms per request for each way, side by side, and whether the counts agree."""
-    head = f"{'prompt':<22} {'tokens':>7}"
-    for _key, title in WAYS:
-        head += f" {title:>28}"
-    lines = [head, "-" * len(head)]
+    """Markdown: median (p90) ms per request for each way, side by side, and whether the counts
+    agree."""
+    body = []
     for row in rows:
         counts = "/".join(str(c) for c in dict.fromkeys(row.counts.values()))
-        line = f"{row.size + ', ' + row.endpoint:<22} {counts:>7}"
+        cells = [f"{row.size}, {row.endpoint}", counts]
         for key, _title in WAYS:
             s = row.stats.get(key)
-            cell = "n/a" if s is None else f"{s.median_ms:.3f} ({s.p90_ms:.3f})"
-            line += f" {cell:>28}"
-        lines.append(line)
-    lines.append("ms per request: median (p90). tokens: the count (two values: the ways disagree).")
+            cells.append("n/a" if s is None else f"{s.median_ms:.3f} ({s.p90_ms:.3f})")
+        body.append(cells)
+    lines = [markdown_table(["prompt", "tokens", *(title for _key, title in WAYS)], body)]
+    lines.append(
+        "\nms per request: median (p90). tokens: the count (two values: the ways disagree)."
+    )
     disagree = [f"{r.size}, {r.endpoint}: {dict(r.counts)}" for r in rows if not r.counts_agree]
     if disagree:
         lines += ["WARNING: the counts differ:", *(f"  {d}" for d in disagree)]

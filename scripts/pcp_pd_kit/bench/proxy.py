@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark pd-proxy against its floor: a client that does both P/D legs itself.
 
 A fake vLLM prefill and a fake vLLM decode run as their own processes on loopback, the proxy runs
@@ -10,12 +9,12 @@ tokens, ``[DONE]``); errors must be 0. Each round also reads every process's CPU
 (a proxy's worker processes included): the proxy's CPU microseconds per request is the figure to
 compare changes by, since it barely moves when the machine is busy.
 
-    python scripts/bench_proxy.py                     # 32 streams x 16 tokens, 5 rounds, both
-    python scripts/bench_proxy.py --endpoint chat     # /v1/chat/completions only
-    python scripts/bench_proxy.py --workers 1 2       # one proxy and a 2-worker proxy, side by side
-    python scripts/bench_proxy.py --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
-    python scripts/bench_proxy.py --port-base 16000   # fixed ports from 16000, not ephemeral
-    python scripts/bench_proxy.py --first-token       # also a proxy with --first-token-from-prefill
+    pcp-pd-kit bench proxy                     # 32 streams x 16 tokens, 5 rounds, both
+    pcp-pd-kit bench proxy --endpoint chat     # /v1/chat/completions only
+    pcp-pd-kit bench proxy --workers 1 2       # one proxy and a 2-worker proxy, side by side
+    pcp-pd-kit bench proxy --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
+    pcp-pd-kit bench proxy --port-base 16000   # fixed ports from 16000, not ephemeral
+    pcp-pd-kit bench proxy --first-token       # also a proxy with --first-token-from-prefill
 
 ``--proxy-cmd`` is a template with ``{port}``, ``{prefill}``, ``{decode}`` (base URLs) and
 ``{workers}``; ``--also NAME=CMD`` adds another proxy (same placeholders but ``{workers}``) to the
@@ -33,16 +32,21 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
+from pcp_pd_kit.bench.results import Outcome, markdown_table
 from pcp_pd_kit.localstack.host import free_port
 from pd_proxy.rewrite import decode_body, dumps, prefill_body
+
+HELP = "pd-proxy against its floor (a client doing both legs) on fake vLLMs: latency, CPU"
+GOALS = "goals: p50 <= 1.15x, throughput >= 0.9x the floor of the same endpoint"
 
 DEFAULT_PROXY_CMD = (
     f"{shlex.quote(sys.executable)} -m pd_proxy --host 127.0.0.1 --port {{port}} "
@@ -208,7 +212,7 @@ def round_order(modes: list[str], i: int) -> list[str]:
     return modes if i % 2 == 0 else modes[::-1]
 
 
-async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
+async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         for mode in args.modes:  # warm-up: connections, caches
@@ -226,7 +230,7 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
                     flush=True,
                 )
     errors = sum(r.errors for r in rounds)
-    summary = {}
+    summary: dict[str, Any] = {}
     for mode in args.modes:
         rs = [r for r in rounds if r.mode == mode]
         summary[mode] = {
@@ -252,39 +256,38 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> int:
             "throughput": s["req_s"] / floor["req_s"],
         }
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    print(
-        f"\n{args.concurrency} concurrent streams x {args.tokens} tokens, {args.requests} requests"
+    return {"summary": summary, "ratios": ratios, "load": list(load), "errors": errors}
+
+
+def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
+    """Markdown: per mode the medians over rounds, the ratios to the floor of the same endpoint
+    and CPU microseconds per request by process."""
+    summary, ratios, load = data["summary"], data["ratios"], data["load"]
+    title = (
+        f"{args.concurrency} concurrent streams x {args.tokens} tokens, {args.requests} requests"
         f" per round, medians of {args.rounds} rounds; load average at the end"
         f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs"
     )
-    print(
-        f"{'':24s} {'p50 ms':>8s} {'p99 ms':>8s} {'req/s':>8s} {'errors':>6s}"
-        f"  {'p50 x':>6s} {'p99 x':>6s} {'thru x':>6s}  cpu us/req: proxy prefill decode generator"
-    )
+    head = ["mode", "p50 ms", "p99 ms", "req/s", "errors", "p50 x", "p99 x", "thru x"]
+    head += ["cpu us/req: proxy", "prefill", "decode", "generator"]
+    rows = []
     for mode, s in summary.items():
         side = mode.split(":")[0]
         cpu = s["cpu_us_per_req"]
         proxy_cpu = cpu.get(side, 0.0) if side != "floor" else 0.0
         r = ratios.get(mode)
-        rtext = (
-            f"{r['p50']:6.2f} {r['p99']:6.2f} {r['throughput']:6.2f}" if r else f"{'':6s} " * 3
-        ).rstrip()
-        print(
-            f"{mode:24s} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {s['req_s']:8.1f} {s['errors']:6d}"
-            f"  {rtext:20s}  {proxy_cpu:16.0f} {cpu.get('prefill', 0):7.0f}"
-            f" {cpu.get('decode', 0):6.0f} {cpu.get('generator', 0):9.0f}"
+        rcells = [f"{r[k]:.2f}" for k in ("p50", "p99", "throughput")] if r else ["", "", ""]
+        rows.append(
+            [mode, f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['req_s']:.1f}", s["errors"]]
+            + rcells
+            + [f"{proxy_cpu:.0f}"]
+            + [f"{cpu.get(p, 0):.0f}" for p in ("prefill", "decode", "generator")]
         )
-    if ratios:
-        print("goals: p50 <= 1.15x, throughput >= 0.9x the floor of the same endpoint")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"summary": summary, "ratios": ratios, "load": load}, indent=2)
-        )
-    return 1 if errors else 0
+    text = title + "\n\n" + markdown_table(head, rows)
+    return text + (f"\n\n{GOALS}" if ratios else "")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--requests", type=int, default=2000, help="requests per round")
@@ -314,16 +317,25 @@ def main() -> int:
         "--first-token", action="store_true",
         help="also run the default proxy with --first-token-from-prefill (named first-token)",
     )  # fmt: skip
-    parser.add_argument("--json", help="also write the summary here")
-    parser.add_argument("--keep-log", action="store_true", help="keep the proxy's log file")
     parser.add_argument(
         "--only", choices=("floor", "proxy"), help="run one side only (for profiling; no ratios)"
     )
-    args = parser.parse_args()
+
+
+def check(args: argparse.Namespace) -> str | None:
     if len(set(args.workers)) != len(args.workers) or min(args.workers) < 1:
-        parser.error("--workers takes distinct counts >= 1")
+        return "--workers takes distinct counts >= 1"
     if len(args.workers) > 1 and "{workers}" not in args.proxy_cmd:
-        parser.error("several --workers counts need {workers} in --proxy-cmd")
+        return "several --workers counts need {workers} in --proxy-cmd"
+    reserved = {"floor", "prefill", "decode", "proxy", "first-token"}
+    for item in args.also:
+        name, sep, _cmd = item.partition("=")
+        if not sep or not name or ":" in name or name in reserved or name.startswith("proxy-w"):
+            return f"--also {item!r}: expected a new NAME=CMD (NAME without ':')"
+    return None
+
+
+def run(args: argparse.Namespace, out: Path) -> Outcome:
     # name -> command template
     proxies = {
         (f"proxy-w{n}" if len(args.workers) > 1 else "proxy"): args.proxy_cmd.replace(
@@ -336,10 +348,7 @@ def main() -> int:
             DEFAULT_PROXY_CMD.replace("{workers}", "1") + " --first-token-from-prefill"
         )
     for item in args.also:
-        name, sep, cmd = item.partition("=")
-        reserved = ("floor", "prefill", "decode", *proxies)
-        if not sep or not name or ":" in name or name in reserved:
-            parser.error(f"--also {item!r}: expected a new NAME=CMD (NAME without ':')")
+        name, _sep, cmd = item.partition("=")
         proxies[name] = cmd
     sides = ["floor", *proxies]
     if args.only == "floor":
@@ -349,56 +358,54 @@ def main() -> int:
     endpoints = ["completions", "chat"] if args.endpoint == "both" else [args.endpoint]
     args.modes = [f"{side}:{endpoint}" for endpoint in endpoints for side in sides]
 
-    procs: list[subprocess.Popen] = []
-    keep_log = True  # unless the run succeeds
-    log = tempfile.NamedTemporaryFile(prefix="bench-proxy-", suffix=".log", delete=False)
-    try:
-        base = args.port_base
-        prefill_proc, prefill = start_fake("prefill", 0.0, base)
-        procs.append(prefill_proc)
-        decode_proc, decode = start_fake("decode", args.token_delay, base + 1 if base else 0)
-        procs.append(decode_proc)
-        args.pids = {"prefill": prefill_proc.pid, "decode": decode_proc.pid}
-        urls = {"prefill": prefill, "decode": decode}
-        for i, (name, template) in enumerate(proxies.items()):
-            port = base + 2 + i if base else free_port()
-            cmd = template.format(port=port, prefill=prefill, decode=decode)
-            proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=None)
-            procs.append(proc)
-            args.pids[name] = proc.pid
-            urls[name] = f"http://127.0.0.1:{port}"
-            print(f"{name}: {cmd}", flush=True)
-        print(f"proxy log: {log.name}", flush=True)
+    procs: list[subprocess.Popen[Any]] = []
+    with (out / "proxy.log").open("wb") as log:
         try:
-            import uvloop
-        except ImportError:
-            uvloop = None
-        runner = uvloop.run if uvloop else asyncio.run
+            base = args.port_base
+            prefill_proc, prefill = start_fake("prefill", 0.0, base)
+            procs.append(prefill_proc)
+            decode_proc, decode = start_fake("decode", args.token_delay, base + 1 if base else 0)
+            procs.append(decode_proc)
+            args.pids = {"prefill": prefill_proc.pid, "decode": decode_proc.pid}
+            urls = {"prefill": prefill, "decode": decode}
+            for i, (name, template) in enumerate(proxies.items()):
+                port = base + 2 + i if base else free_port()
+                cmd = template.format(port=port, prefill=prefill, decode=decode)
+                proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=None)
+                procs.append(proc)
+                args.pids[name] = proc.pid
+                urls[name] = f"http://127.0.0.1:{port}"
+                print(f"{name}: {cmd}", flush=True)
+            print(f"proxy log: {log.name}", flush=True)
 
-        async def go() -> int:
-            for name in proxies:
-                await wait_ready(urls[name])
-            return await bench(args, urls)
+            async def go() -> dict[str, Any]:
+                for name in proxies:
+                    await wait_ready(urls[name])
+                return await bench(args, urls)
 
-        rc = runner(go())
-        keep_log = rc != 0 or args.keep_log
-        return rc
-    finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
-        if keep_log:
-            print(f"proxy log kept: {log.name}")
-        else:
-            os.unlink(log.name)
+            data = _event_loop_runner()(go())
+        finally:
+            for proc in reversed(procs):
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    knobs = {
+        k: getattr(args, k)
+        for k in ("concurrency", "tokens", "requests", "rounds", "warmup", "token_delay")
+    }
+    knobs.update(endpoint=args.endpoint, workers=args.workers, proxies=proxies)
+    return Outcome(data, format_table(data, args), {"bench": knobs}, rc=1 if data["errors"] else 0)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, dict[str, Any]]], dict[str, Any]]:
+    """uvloop's runner when installed (as pd-proxy uses it), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run

@@ -1,17 +1,16 @@
-#!/usr/bin/env python3
 """xPyD on the compose cpu profile: 1P1D against 2P1D at a prefill-bound load, side by side.
 
 Starts the cpu profile under its own project name (free loopback ports, its own subnet and key),
 first with PREFILL_REPLICAS=1, then raises it to 2 with the same `docker compose up` (compose adds
-the second replica, pd-proxy and Prometheus find it by DNS), and runs `pcp-pd-kit bench` in remote
-mode (vLLM's `vllm bench serve` through the proxy) with long prompts and few output tokens at
-each concurrency level. It prints TTFT, E2E and request throughput per topology with the 2P/1P
+the second replica, pd-proxy and Prometheus find it by DNS), and runs `pcp-pd-kit bench serve` in
+remote mode (vLLM's `vllm bench serve` through the proxy) with long prompts and few output tokens
+at each concurrency level. It prints TTFT, E2E and request throughput per topology with the 2P/1P
 ratio, and how many prefills each replica served (Prometheus, per replica). The stack is taken
 down with `down -v` at the end, also on a failure or Ctrl-C.
 
 Usage (heavy: two or three vLLM servers; the images from `make images`):
-    .venv/bin/python scripts/bench_xpyd.py
-    .venv/bin/python scripts/bench_xpyd.py --concurrency 4,8 --input-len 1000 --output-len 4
+    pcp-pd-kit bench xpyd
+    pcp-pd-kit bench xpyd --concurrency 4,8 --input-len 1000 --output-len 4
 Not a timed test: the figures depend on the machine. On a CPU host both prefill replicas share
 the prefill's cores (PREFILL_CPUS), so the comparison shows what a second replica costs or gains
 there, not what a GPU host with a GPU set per replica gets (docs/gpu.md).
@@ -33,10 +32,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench.results import Outcome, markdown_table
+from pcp_pd_kit.localstack.host import free_port
 
-from pcp_pd_kit.localstack.host import free_port  # noqa: E402
+HELP = "compose cpu profile: 1P1D vs 2P1D at a prefill-bound load (needs Docker, make images)"
+REPO = repo_root()
 
 PROJECT = "pcp-pd-kit-bench-xpyd"
 SUBNET = "172.29.252.0/24"
@@ -128,10 +129,10 @@ class Stack:
 
 
 def run_bench(stack: Stack, args: argparse.Namespace, out: Path) -> dict[int, dict[str, Any]]:
-    """`pcp-pd-kit bench` against the proxy; the per-level `vllm bench serve` results."""
+    """`pcp-pd-kit bench serve` against the proxy; the per-level `vllm bench serve` results."""
     out.mkdir(parents=True, exist_ok=True)
     argv = [
-        str(REPO / ".venv" / "bin" / "pcp-pd-kit"), "bench",
+        sys.executable, "-m", "pcp_pd_kit", "bench", "serve",
         "--base-url", stack.proxy_url, "--api-key-file", str(stack.key_file),
         "--targets", "pd", "--concurrency", args.concurrency, "--prompts", str(args.prompts),
         "--input-len", str(args.input_len), "--output-len", str(args.output_len),
@@ -141,7 +142,7 @@ def run_bench(stack: Stack, args: argparse.Namespace, out: Path) -> dict[int, di
     (out / "bench.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"bench failed ({proc.returncode}), see {out / 'bench.log'}")
-    [run_dir] = sorted(out.glob("bench-*"))[-1:]
+    [run_dir] = sorted(out.glob("serve-*"))[-1:]
     levels = [int(c) for c in args.concurrency.split(",")]
     return {c: json.loads((run_dir / f"pd-c{c}.json").read_text()) for c in levels}
 
@@ -151,54 +152,63 @@ def ratio(new: float | None, old: float | None) -> str:
 
 
 def table(results: dict[int, dict[int, dict[str, Any]]], served: dict[int, list[float]]) -> str:
-    """Pure: the side-by-side table of 1P1D and 2P1D per concurrency level."""
+    """Pure: the side-by-side Markdown table of 1P1D and 2P1D per concurrency level."""
     keys = (("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
             ("median_e2el_ms", "E2E p50 ms"), ("request_throughput", "req/s"))  # fmt: skip
-    lines = ["| concurrency | metric | 1P1D | 2P1D | 2P/1P |", "|---|---|---|---|---|"]
+    rows = []
     for level in sorted(results.get(1, {})):
         for key, label in keys:
             one = results[1][level].get(key)
             two = results.get(2, {}).get(level, {}).get(key)
             cells = [f"{v:.1f}" if isinstance(v, float | int) else "n/a" for v in (one, two)]
-            lines.append(f"| {level} | {label} | {cells[0]} | {cells[1]} | {ratio(two, one)} |")
+            rows.append([level, label, cells[0], cells[1], ratio(two, one)])
+    lines = [markdown_table(["concurrency", "metric", "1P1D", "2P1D", "2P/1P"], rows)]
     for replicas, counts in sorted(served.items()):
         lines.append(f"\nprefills per replica, {replicas}P1D: {sorted(int(c) for c in counts)}")
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="8", help="levels, comma-separated (8)")
     parser.add_argument("--prompts", type=int, default=48, help="prompts per level (48)")
     parser.add_argument("--input-len", type=int, default=1000, help="(1000: prefill-bound)")
     parser.add_argument("--output-len", type=int, default=4, help="(4)")
-    parser.add_argument("--results-dir", type=Path, default=REPO / "results")
-    args = parser.parse_args()
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = args.results_dir / f"xpyd-{stamp}"
+
+
+def check(args: argparse.Namespace) -> str | None:
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        return f"--concurrency {args.concurrency!r}: comma-separated integers"
+    if min(levels) < 1 or args.prompts < 1 or args.input_len < 1 or args.output_len < 1:
+        return "--concurrency, --prompts, --input-len and --output-len must be >= 1"
+    return None
+
+
+def run(args: argparse.Namespace, out: Path) -> Outcome:
     results: dict[int, dict[int, dict[str, Any]]] = {}
     served: dict[int, list[float]] = {}
+    up_s: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="kit-xpyd-") as tmp:
         stack = Stack(Path(tmp))
         stack.down()  # leftovers of an interrupted run
         try:
             for replicas in (1, 2):
-                up_s = stack.up(replicas)
-                print(f"{replicas}P1D up and in pd-proxy's pool after {up_s:.0f}s", flush=True)
+                up_s[replicas] = stack.up(replicas)
+                print(f"{replicas}P1D up and in pd-proxy's pool after {up_s[replicas]:.0f}s")
                 before = stack.served()
                 results[replicas] = run_bench(stack, args, out / f"{replicas}p1d")
                 after = stack.served()
                 served[replicas] = [after[i] - before.get(i, 0.0) for i in after]
         finally:
             stack.down()
-    text = table(results, served)
-    print(text)
-    (out / "table.md").write_text(text + "\n")
     medians = {r: statistics.median(v["median_ttft_ms"] for v in res.values())
                for r, res in results.items()}  # fmt: skip
-    print(f"\nresults: {out} (TTFT medians over levels: {medians})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    data = {
+        "results": {f"{r}p1d": {str(c): v for c, v in res.items()} for r, res in results.items()},
+        "prefills_per_replica": {f"{r}p1d": counts for r, counts in served.items()},
+        "ttft_median_over_levels_ms": {f"{r}p1d": m for r, m in medians.items()},
+        "up_s": {f"{r}p1d": round(s, 1) for r, s in up_s.items()},
+    }
+    knobs = {k: getattr(args, k) for k in ("concurrency", "prompts", "input_len", "output_len")}
+    return Outcome(data, table(results, served), {"bench": knobs, "project": PROJECT})

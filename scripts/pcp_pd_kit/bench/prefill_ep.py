@@ -12,8 +12,8 @@ server runs this checkout's. Each server's log must show which EP fix it loaded 
 one logs its refusal of quantized experts; older ones do not), so the columns cannot be mixed up.
 
 Usage (heavy: starts vLLM servers; on shared machines run it under the kit's lock):
-    .venv/bin/python scripts/bench_prefill_ep.py --before d68f419
-    .venv/bin/python scripts/bench_prefill_ep.py --placements 0 0,1 --lengths 250 1000 --repeats 8
+    pcp-pd-kit bench prefill --before d68f419
+    pcp-pd-kit bench prefill --placements 0 0,1 --lengths 250 1000 --repeats 8
 Not a timed test: numbers depend on the machine and its load.
 """
 
@@ -34,12 +34,14 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench.results import Outcome, markdown_table
+from pcp_pd_kit.localstack.commands import ProcessSpec
+from pcp_pd_kit.localstack.stack import Stack
+from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 
-from pcp_pd_kit.localstack.commands import ProcessSpec  # noqa: E402
-from pcp_pd_kit.localstack.stack import Stack  # noqa: E402
-from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env  # noqa: E402
+HELP = "prefill latency of the CPU PCP2 + EP2 prefill server, connector/ before vs after"
+REPO = repo_root()
 
 # A line only the current EP fix logs (cpu_compat/plugin.py), to tell the two servers apart.
 CURRENT_FIX_LINE = "expert parallelism refused for quantized CPU MoE"
@@ -136,23 +138,28 @@ def format_table(
 ) -> str:
     """Markdown: one row per placement, a before/after column pair per prompt length."""
     head = ["placement"] + [f"{n} tokens, {v}" for n in lengths for v in variants]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for cpus in placements:
-        cells = [f"{results[(cpus, v)][n]:.1f} ms" for n in lengths for v in variants]
-        lines.append(f"| {placement_label(cpus, ranks)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [
+        [placement_label(cpus, ranks)]
+        + [f"{results[(cpus, v)][n]:.1f} ms" for n in lengths for v in variants]
+        for cpus in placements
+    ]
+    return markdown_table(head, rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--before", help="git revision whose connector/ is the 'before' column")
     ap.add_argument("--placements", nargs="+", default=["0", "0,1"], help="PREFILL_CPUS values")
     ap.add_argument("--lengths", nargs="+", type=int, default=[250, 1000])
     ap.add_argument("--repeats", type=int, default=8, help="timed requests; the median is shown")
-    args = ap.parse_args(argv)
-    if args.repeats < 1 or min(args.lengths) < 1:
-        ap.error("--repeats and --lengths must be >= 1")
 
+
+def check(args: argparse.Namespace) -> str | None:
+    if args.repeats < 1 or min(args.lengths) < 1:
+        return "--repeats and --lengths must be >= 1"
+    return None
+
+
+def run(args: argparse.Namespace, out: Path) -> Outcome:
     env = kit_env(os.environ, REPO)
     env.update({"CPU_PREFILL_PCP_SIZE": "2", "CPU_PREFILL_EXPERT_PARALLEL": "1"})
     variants = (["before"] if args.before else []) + ["after"]
@@ -166,20 +173,27 @@ def main(argv: list[str] | None = None) -> int:
             for variant in variants:
                 label = f"PREFILL_CPUS={cpus} {variant}"
                 print(f"measuring {label} ...", file=sys.stderr, flush=True)
-                work_dir = Path(tmp) / f"run-{cpus.replace(',', '_')}-{variant}"
+                work_dir = out / "servers" / f"{cpus.replace(',', '_')}-{variant}"
                 medians, log = measure(
                     settings, dirs[variant], work_dir, args.lengths, args.repeats
                 )
                 check_version(log, variant == "after", label)
                 results[(cpus, variant)] = medians
     ranks = int(env["CPU_PREFILL_PCP_SIZE"])
-    print(
+    title = (
         f"prefill, PCP{ranks} + EP{ranks}, median of {args.repeats} requests one at a time, "
         f"max_tokens 1 (before: connector/ at {args.before or '-'}; after: this checkout)"
     )
-    print(format_table(results, args.placements, variants, args.lengths, ranks))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    table = title + "\n\n" + format_table(results, args.placements, variants, args.lengths, ranks)
+    result = [
+        {"placement": cpus, "variant": v, "median_ms": {str(n): ms for n, ms in medians.items()}}
+        for (cpus, v), medians in results.items()
+    ]
+    knobs = {
+        "before": args.before,
+        "placements": args.placements,
+        "lengths": args.lengths,
+        "repeats": args.repeats,
+        "ranks": ranks,
+    }
+    return Outcome(result, table, {"bench": knobs})

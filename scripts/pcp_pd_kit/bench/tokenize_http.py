@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What pd-proxy's --local-prefill-max-tokens pays to count a prompt, measured per request.
 
 The proxy asks a decode's ``POST /tokenize`` (aiohttp, as the proxy does). The alternative is a
@@ -8,8 +7,8 @@ chat template applied), run inline (blocking the event loop) or through ``asynci
 completions and chat; medians over ``--requests`` after a warm-up; the counts of both ways must
 agree.
 
-    .venv/bin/python scripts/bench_tokenize.py                       # starts a vLLM, stops it
-    .venv/bin/python scripts/bench_tokenize.py --url http://127.0.0.1:18020   # a running decode
+    pcp-pd-kit bench tokenize                                  # starts a vLLM, stops it
+    pcp-pd-kit bench tokenize --url http://127.0.0.1:18020     # a running decode
 
 Without ``--url`` it starts one plain vLLM of the kit's model (the local stack's single-instance
 part, on --port-base + 30; the same /tokenize code as a decode's) and stops it afterwards. Run it
@@ -22,19 +21,17 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import logging
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from pcp_pd_kit.bench import tokenize_cost as tc
+from pcp_pd_kit.bench.results import Outcome
 
-from pcp_pd_kit.bench import tokenize_cost as tc  # noqa: E402
+HELP = "what counting a prompt costs: decode's /tokenize over HTTP vs a local tokenizer"
 
 
 async def _timed(
@@ -107,18 +104,21 @@ def served(url: str) -> tuple[str, str]:
     return str(first["id"]), str(first.get("root") or first["id"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help="a running vLLM (a decode); default: start one")
     parser.add_argument("--tokenizer", default=None, help="default: the served model's root")
     parser.add_argument("--requests", type=int, default=200, help="timed per cell (%(default)s)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed first (%(default)s)")
     parser.add_argument("--port-base", type=int, default=18400, help="when starting (%(default)s)")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
-    args = parser.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> str | None:
     if args.requests < 1 or args.warmup < 0:
-        parser.error("--requests must be >= 1 and --warmup >= 0")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        return "--requests must be >= 1 and --warmup >= 0"
+    return None
+
+
+def run(args: argparse.Namespace, out: Path) -> Outcome:
     stack = None
     url = args.url.rstrip("/") if args.url else None
     if url is None:
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
         ports = spec.bench_ports(args.port_base)
         settings = dataclasses.replace(settings_from_env(kit_env(os.environ)), **ports)  # type: ignore[arg-type]
-        stack = Stack(settings, parts=REFERENCE_PARTS, work_dir=ROOT / "run" / "bench-tokenize")
+        stack = Stack(settings, parts=REFERENCE_PARTS, work_dir=out / "servers")
         stack.start()
         url = stack.urls["reference"]
     try:
@@ -137,11 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if stack is not None:
             stack.stop()
-    print(tc.format_table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(tc.rows_json(rows), indent=2) + "\n")
-    return 0 if all(r.counts_agree for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    knobs = {"url": args.url, "requests": args.requests, "warmup": args.warmup, "model": model}
+    return Outcome(
+        tc.rows_json(rows),
+        tc.format_table(rows),
+        {"bench": knobs},
+        rc=0 if all(r.counts_agree for r in rows) else 1,
+    )

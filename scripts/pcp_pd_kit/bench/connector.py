@@ -10,7 +10,7 @@ PCP2 producer (TP1, PP1) and prints median nanoseconds per step for:
 * the stats path: per-rank ``get_kv_connector_stats``, aggregation across
   ranks, ``build_kv_connector_stats`` and Prometheus ``observe``.
 
-Usage: PYTHONPATH=connector python scripts/bench_connector.py [--steps N] [--repeats R]
+Usage: pcp-pd-kit bench connector [--steps N] [--repeats R]
 Not a timed test: numbers depend on the machine and its load.
 """
 
@@ -20,7 +20,12 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from pcp_pd_kit.bench.results import Outcome, markdown_table
+
+HELP = "per-step overhead of the kit's NIXL connector vs vLLM's stock one (no servers)"
 
 
 class _Worker:
@@ -94,7 +99,7 @@ def _prom(cls: Any, cfg: Any) -> Any:
     registry = prometheus_client.CollectorRegistry()
 
     def bound(metric: type) -> type:
-        class Bound(metric):  # type: ignore[misc, valid-type]
+        class Bound(metric):
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, registry=registry, **kwargs)
 
@@ -114,14 +119,28 @@ def _median_ns(fn: Callable[[], None], steps: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=5000, help="simulated steps per repeat")
     ap.add_argument("--repeats", type=int, default=7, help="repeats; the median is reported")
-    args = ap.parse_args(argv)
-    if args.steps < 1 or args.repeats < 1:
-        ap.error("--steps and --repeats must be >= 1")
 
+
+def check(args: argparse.Namespace) -> str | None:
+    if args.steps < 1 or args.repeats < 1:
+        return "--steps and --repeats must be >= 1"
+    return None
+
+
+def format_table(rows: dict[str, dict[str, float]], steps: int, repeats: int) -> str:
+    """Markdown: median ns per simulated step, stock and ours side by side with the ratio."""
+    body = [
+        [name, f"{s:.0f}", f"{rows['ours'][name]:.0f}", f"{rows['ours'][name] / s:.2f}"]
+        for name, s in rows["stock"].items()
+    ]
+    title = f"median ns per simulated step ({steps} steps x {repeats} repeats)"
+    return title + "\n\n" + markdown_table(["path", "stock", "ours", "ours/stock"], body)
+
+
+def run(args: argparse.Namespace, out: Path) -> Outcome:
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
 
     from pcp_nixl_connector import PcpCanonicalNixlConnector
@@ -157,14 +176,6 @@ def main(argv: list[str] | None = None) -> int:
             "get_finished x2 ranks": _median_ns(finished, args.steps, args.repeats),
             "results + stats + prometheus": _median_ns(stats_path, args.steps, args.repeats),
         }
-
-    print(f"median ns per simulated step ({args.steps} steps x {args.repeats} repeats)")
-    print(f"{'path':34} {'stock':>10} {'ours':>10} {'ours/stock':>11}")
-    for name in rows["stock"]:
-        s, o = rows["stock"][name], rows["ours"][name]
-        print(f"{name:34} {s:10.0f} {o:10.0f} {o / s:11.2f}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    table = format_table(rows, args.steps, args.repeats)
+    knobs = {"steps": args.steps, "repeats": args.repeats}
+    return Outcome({"median_ns_per_step": rows, **knobs}, table, {"bench": knobs})
