@@ -251,7 +251,7 @@ def render_problems(
         problems.append(f"{pod.owner} image {container['image']} differs from the vLLM pods'")
     target = port["targetPort"]
     ports = container_ports(pod)
-    listen = int(flags["--port"][-1] or 0)
+    listen = int(flags.get("--port", ["8000"])[-1] or 8000)  # vLLM's default port
     if (ports.get(target) if isinstance(target, str) else target) != listen:
         problems.append(f"Service {url.hostname} targets {target}, the server listens on {listen}")
     if "VLLM_API_KEY" in env or any(k.endswith("api-key") for k in flags):

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s import checks as ck
 from tests.k8s import router_cache as rc
-from tests.k8s.manifests import find, params_file, role_templates
+from tests.k8s.manifests import find, params_file
 from tests.k8s.renders import needs_kubectl, rendered
 from tests.k8s.test_k8s_router_upstream import ROUTER_RENDERS, upstream, values
 from tests.support.paths import REPO
@@ -95,17 +94,6 @@ def test_vllm_pods_publish_where_the_epp_listens(name: str) -> None:
 @pytest.mark.parametrize("name", ROUTER_RENDERS)
 def test_the_token_producer_reaches_a_render_server_of_the_model(name: str) -> None:
     assert rc.render_problems(rendered(name), epp_config(), upstream()) == []
-
-
-@needs_kubectl
-def test_without_the_router_no_pod_publishes_or_renders() -> None:
-    """The base (pd-proxy) keeps its pods as they were: events and the render server come with
-    the router component only."""
-    objs = rendered("tcp")
-    assert not find(objs, "Deployment", rc.RENDER)
-    for role in ("prefill", "decode"):
-        for t in role_templates(objs, role):
-            assert ck.flag(ck.vllm_argv(t, objs), "--kv-events-config") is None
 
 
 # ------------------------------------------------------------------ the checks can fail
