@@ -22,6 +22,7 @@ from tests.k8s.manifests import (
     PodTemplate,
     container_env,
     find,
+    pod_templates,
     role_templates,
     walk_containers,
 )
@@ -195,6 +196,7 @@ def ucx_range(objs: list[Obj]) -> dict[str, str]:
 
 
 STRANGER = netpol.Pod({"app": "intruder"})
+COMPONENT_LABEL = "app.kubernetes.io/component"
 ELSEWHERE = netpol.Pod({"app.kubernetes.io/part-of": "pcp-pd-kit"}, namespace="other")
 
 
@@ -225,7 +227,7 @@ def check_network_policies(objs: list[Obj], router_release: str = "pcp-pd-router
         for src in peers:
             for port in ("nixl-side", low, high):
                 expect(_pod(src), dst, port, True, src.owner)
-        for port in ("nixl-side", "http", low, high, 29500):
+        for port in ("nixl-side", "http", "kv-events", low, high, 29500):
             expect(STRANGER, dst, port, False, "a stranger pod")
             expect(ELSEWHERE, dst, port, False, "a pod of another namespace")
     proxy = proxy_template(objs)
@@ -257,6 +259,14 @@ def _component_peers(objs, prefills, decodes, expect, router_release) -> None:
         epp = netpol.Pod({"llm-d-router-gateway": f"{router_release}-epp"})
         for dst in serving:
             expect(epp, dst, "sidecar" if dst in decodes else "http", True, "the EPP")
+            # Its precise prefix-cache index subscribes to each pod's KV events.
+            expect(epp, dst, "kv-events", True, "the EPP")
+        # Its token-producer asks the render server (no API key: nobody else may).
+        renders = [t for t in pod_templates(objs) if t.labels.get(COMPONENT_LABEL) == "render"]
+        for dst in renders:
+            expect(epp, dst, "http", True, "the EPP")
+            for src in [STRANGER, ELSEWHERE, *(_pod(t) for t in serving)]:
+                expect(src, dst, "http", False, "a pod other than the EPP")
         for src in decodes:
             for dst in [t for t in prefills if t.role != "worker"]:
                 expect(_pod(src), dst, "http", True, f"{src.owner}'s sidecar")

@@ -208,7 +208,8 @@ def test_checks_refuse_what_the_pinned_release_refuses() -> None:
     problems = config_problems(broken, facts)
     assert len(problems) == 1 and problems[0].startswith("apiVersion llm-d.ai/v1 not in")
     broken = copy.deepcopy(config)
-    broken["plugins"][1]["parameters"]["deciders"]["decode"] = "x"
+    (handler,) = [p for p in broken["plugins"] if p["type"] == "disagg-profile-handler"]
+    handler["parameters"]["deciders"]["decode"] = "x"
     broken["schedulingProfiles"][0]["plugins"].append({"pluginRef": "nope"})
     assert config_problems(broken, facts) == [
         "deciders.decode",

@@ -152,7 +152,7 @@ def test_router_plugins_config_parses() -> None:
         router_values()["router"]["epp"]["pluginsCustomConfig"]["pcp-pd-kit.yaml"]
     )
     refs = {p["pluginRef"] for prof in config["schedulingProfiles"] for p in prof["plugins"]}
-    assert refs <= {p["type"] for p in config["plugins"]}
+    assert refs <= {p.get("name") or p["type"] for p in config["plugins"]}
     assert {prof["name"] for prof in config["schedulingProfiles"]} == {"prefill", "decode"}
 
 
