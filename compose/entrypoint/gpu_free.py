@@ -13,6 +13,7 @@ Standard library only at import.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -102,6 +103,7 @@ def load_nvml() -> ModuleType:
     if nvml_spec is None or nvml_spec.loader is None:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(nvml_spec)
+    sys.modules[nvml_spec.name] = module  # pynvml looks itself up there while it loads
     nvml_spec.loader.exec_module(module)
     return module
 
