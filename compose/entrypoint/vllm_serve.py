@@ -32,6 +32,7 @@ Standard library only at import: it runs with the image's own Python, before vLL
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -40,11 +41,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 HF_TOKEN_FILE = Path("/run/secrets/kit_secrets/hf_token")
 VLLM_KEY_FILE = Path("/run/kit-keys/vllm_api_key")
@@ -632,14 +634,16 @@ def supervise(
     poll_s: float = NETWORK_POLL_S,
     crash_file: Path | None = None,
     pass_fds: Sequence[int] = (),
+    watch: Callable[[str], None] | None = None,
 ) -> int:
     """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C, the
     engine's own shutdown), stop it when the network interfaces change under it, and return the
     container's exit status (``exit_status``; 1 after a network change). With ``crash_file``
     every exit is recorded there for the crash-loop bound (an unasked one counts). vLLM inherits
-    ``pass_fds`` (the slot lease: held while any of its processes lives)."""
+    ``pass_fds`` (the slot lease: held while any of its processes lives). With ``watch``, vLLM's
+    stdout passes through here line by line (UCX prints its protocol tables there)."""
     started = time.monotonic()
-    status, crashed, reason = _supervise(cmd, env, interfaces, poll_s, pass_fds)
+    status, crashed, reason = _supervise(cmd, env, interfaces, poll_s, pass_fds, watch)
     if crash_file is not None:
         record_exit(crash_file, crashed, time.monotonic() - started, reason)
     return status
@@ -651,10 +655,14 @@ def _supervise(
     interfaces: Callable[[], Interfaces],
     poll_s: float,
     pass_fds: Sequence[int] = (),
+    watch: Callable[[str], None] | None = None,
 ) -> tuple[int, bool, str]:
     """supervise()'s loop: (exit status, whether the exit was unasked, why)."""
     at_start = interfaces()
-    child = subprocess.Popen(list(cmd), env=dict(env), pass_fds=tuple(pass_fds))
+    out = subprocess.PIPE if watch else None
+    child = subprocess.Popen(list(cmd), env=dict(env), pass_fds=tuple(pass_fds), stdout=out)
+    if watch and child.stdout is not None:
+        threading.Thread(target=relay, args=(child.stdout, watch), daemon=True).start()
     stop_requested = False
 
     def forward(signum: int, _frame: object) -> None:
@@ -791,6 +799,56 @@ def wait_for_gpus(env: Mapping[str, str], argv: Sequence[str], stop: StopFlag) -
         raise SystemExit(0)
 
 
+def relay(stream: IO[bytes], watch: Callable[[str], None]) -> None:
+    """Copy vLLM's stdout to ours, handing each line to ``watch`` (which must not raise)."""
+    for raw in iter(stream.readline, b""):
+        sys.stdout.buffer.write(raw)
+        sys.stdout.flush()
+        try:
+            watch(raw.decode(errors="replace"))
+        except Exception as exc:  # a watcher bug must never stop the relay (vLLM would block)
+            log(f"UCX output watcher failed ({exc.__class__.__name__}: {exc})")
+            watch = _ignore
+
+
+def _ignore(_line: str) -> None:
+    return None
+
+
+def install_paths() -> tuple[Path, Path]:
+    """(site-packages holding nixl's builds, torch's package folder), found without importing."""
+    nixl, torch = importlib.util.find_spec("nixl"), importlib.util.find_spec("torch")
+    if nixl is None or nixl.origin is None or torch is None or not torch.origin:
+        raise ValueError("nixl or torch is not installed in this image: no KV transfer over NIXL")
+    return Path(nixl.origin).resolve().parent.parent, Path(torch.origin).resolve().parent
+
+
+def kv_transport_setup(env: Mapping[str, str]) -> tuple[dict[str, str], Callable[[str], None]]:
+    """A GPU server's UCX settings (kv_transport.gpu_ucx_env, warnings logged loudly) and the
+    watcher of UCX's protocol tables for its output."""
+    kv = _sibling("kv_transport")
+    site, torch_dir = install_paths()
+    extra, warnings = kv.gpu_ucx_env(env, site, torch_dir)
+    for warning in warnings:
+        log(f"KV TRANSPORT WARNING: {warning}")
+    scanner = kv.ProtoScanner()
+
+    def watch(line: str) -> None:
+        for table in scanner.feed(line):
+            if not table.is_remote_read():
+                continue
+            problem = table.problem_on_gpu()
+            if problem:
+                log(
+                    f"KV TRANSPORT WARNING: {problem}. UCX chose {table.summary()}. P/D works "
+                    "but KV moves ~100x slower than CUDA IPC (docs/gpu.md, 'KV transport')"
+                )
+            else:
+                log(f"KV pull transport: {table.summary()}")
+
+    return extra, watch
+
+
 def main(argv: Sequence[str]) -> None:
     crash_file = Path(os.environ.get(CRASH_FILE_ENV) or CRASH_FILE)
     count, last = read_crashes(crash_file)
@@ -811,6 +869,10 @@ def main(argv: Sequence[str]) -> None:
         flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)))
         env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
         cmd = vllm_command([*argv, *flags], env, sys.executable)
+        watch: Callable[[str], None] | None = None
+        if place.gpus and env.get("KIT_SLOT_DIR", "").strip():  # compose's GPU servers
+            ucx, watch = kv_transport_setup(env)
+            env.update(ucx)
     except ValueError as exc:
         # A refused setting is a crash too: the restart policy would otherwise retry it forever.
         record_exit(crash_file, True, 0.0, str(exc))
@@ -827,6 +889,8 @@ def main(argv: Sequence[str]) -> None:
         f"API key {key}"
     )
     print(f"vllm_serve: NIXL side channel {env[SIDE_CHANNEL_HOST_ENV]}")
+    if "UCX_MODULE_DIR" in env:
+        print(f"vllm_serve: UCX_MODULE_DIR {env['UCX_MODULE_DIR']}")
     if flags:
         print(f"vllm_serve: CPU topology {' '.join(flags)}")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
@@ -844,7 +908,7 @@ def main(argv: Sequence[str]) -> None:
         write_crashes(crash_file, 0, "")
         sys.exit(0)
     keep = (lease.fd,) if lease is not None else ()
-    sys.exit(supervise(cmd, env, crash_file=crash_file, pass_fds=keep))
+    sys.exit(supervise(cmd, env, crash_file=crash_file, pass_fds=keep, watch=watch))
 
 
 if __name__ == "__main__":

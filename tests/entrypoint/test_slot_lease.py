@@ -132,6 +132,7 @@ def run_main(monkeypatch, tmp_path, env, lookup=None) -> list[dict[str, str]]:
     seen: list[dict[str, str]] = []
     monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
     monkeypatch.setattr(serve, "wait_for_gpus", lambda env, argv, stop: None)
+    monkeypatch.setattr(serve, "kv_transport_setup", lambda env: ({}, None))
     with pytest.raises(SystemExit) as done:
         serve.main(PREFILL_ARGV)
     assert done.value.code == 0
