@@ -29,9 +29,9 @@ ROLE_NAMES = {"kv_producer": "prefill", "kv_consumer": "decode"}
 
 
 class Lease(NamedTuple):
-    """Slot ``index`` (1-based) held through the open descriptor ``fd`` on ``path``."""
+    """Slot ``slot`` (1-based) held through the open descriptor ``fd`` on ``path``."""
 
-    index: int
+    slot: int
     fd: int
     path: Path
 
@@ -48,7 +48,7 @@ def slot_order(replicas: int, preferred: int | None, pinned: int | None = None) 
     order = list(range(1, replicas + 1))
     if preferred in order:
         order.remove(preferred)
-        order.insert(0, preferred)  # type: ignore[arg-type]
+        order.insert(0, preferred)
     return order
 
 

@@ -27,6 +27,9 @@ GPU_IPC = GPU_EMULATED.replace(
 )
 
 
+PRINT_FILE = "import sys; sys.stdout.write(open(sys.argv[1]).read())"
+
+
 def tables(text: str) -> list:
     scanner = kv.ProtoScanner()
     found = [t for line in text.splitlines(keepends=True) for t in scanner.feed(line)]
@@ -118,8 +121,7 @@ def test_supervise_relays_vllms_stdout_and_the_watch_sees_ucx_tables(tmp_path) -
         "def watch(line):\n"
         "    for t in scanner.feed(line):\n"
         "        if t.is_remote_read(): seen.append(t.problem_on_gpu())\n"
-        f"cmd = [sys.executable, '-c', {'import sys; sys.stdout.write(open(sys.argv[1]).read())'!r},"
-        f" {str(capture)!r}]\n"
+        f"cmd = [sys.executable, '-c', {PRINT_FILE!r}, {str(capture)!r}]\n"
         "code = s.supervise(cmd, {}, interfaces=frozenset, poll_s=0.1, watch=watch)\n"
         "import time; time.sleep(0.3)\n"
         "print('SEEN', seen, file=sys.stderr)\n"

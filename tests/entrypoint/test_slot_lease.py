@@ -63,7 +63,7 @@ def test_the_container_number_is_tried_first(tmp_path) -> None:
     lease = slots.lease_slot(
         tmp_path, "kv_producer", order, 3, "PREFILL_REPLICAS", never_stop, print
     )
-    assert (lease.index, lease.path.name) == (2, "prefill-slot-2")
+    assert (lease.slot, lease.path.name) == (2, "prefill-slot-2")
 
 
 def test_a_number_past_the_count_takes_a_free_slot(tmp_path, holders) -> None:
@@ -73,7 +73,7 @@ def test_a_number_past_the_count_takes_a_free_slot(tmp_path, holders) -> None:
     lease = slots.lease_slot(
         tmp_path, "kv_producer", order, 2, "PREFILL_REPLICAS", never_stop, print
     )
-    assert lease.index == 2
+    assert lease.slot == 2
 
 
 def test_a_slot_held_in_this_process_is_not_leased_twice(tmp_path) -> None:
@@ -83,7 +83,7 @@ def test_a_slot_held_in_this_process_is_not_leased_twice(tmp_path) -> None:
     second = slots.lease_slot(
         tmp_path, "kv_consumer", [1, 2], 2, "DECODE_REPLICAS", never_stop, print
     )
-    assert (first.index, second.index) == (1, 2)
+    assert (first.slot, second.slot) == (1, 2)
 
 
 def test_every_slot_held_waits_saying_why_and_a_stop_ends_the_wait(tmp_path, holders) -> None:
@@ -111,7 +111,7 @@ def test_a_killed_holder_frees_its_slot(tmp_path, holders) -> None:
     proc.kill()
     proc.wait()
     lease = slots.try_lease(tmp_path, "kv_consumer", [1], "me")
-    assert lease is not None and lease.index == 1
+    assert lease is not None and lease.slot == 1
     assert (tmp_path / "decode-slot-1").read_text() == "me"
 
 
