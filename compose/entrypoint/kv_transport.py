@@ -57,20 +57,26 @@ def check_module_dir(folder: Path) -> None:
         )
 
 
+def transport_warnings(env: Mapping[str, str]) -> list[str]:
+    """A GPU server's UCX settings that leave the KV pull to TCP (preflight reads the same)."""
+    warnings = []
+    if (env.get(GET_ZCOPY_ENV) or "").strip().lower() not in ("y", "yes", "on", "1"):
+        warnings.append(
+            f"{GET_ZCOPY_ENV}={env.get(GET_ZCOPY_ENV) or '(unset: auto)'}: without NVLink UCX "
+            "turns cuda_ipc GET zero-copy off and the KV pull runs as software emulation over TCP"
+        )
+    tls = env.get("UCX_TLS") or ""
+    if tls and "cuda_ipc" not in tls and "rc" not in tls and "^" not in tls:
+        warnings.append(f"UCX_TLS={tls} has no cuda_ipc (nor RDMA): the KV pull can only be TCP")
+    return warnings
+
+
 def gpu_ucx_env(
     env: Mapping[str, str], site_packages: Path, torch_dir: Path
 ) -> tuple[dict[str, str], list[str]]:
     """The UCX settings a GPU server starts with (UCX_MODULE_DIR unless set), and warnings for
     settings that leave the KV pull to TCP. ValueError when no CUDA transport can load."""
-    warnings = []
-    if env.get(GET_ZCOPY_ENV, "").strip().lower() not in ("y", "yes", "on", "1"):
-        warnings.append(
-            f"{GET_ZCOPY_ENV}={env.get(GET_ZCOPY_ENV, '(unset: auto)')}: without NVLink UCX turns "
-            "cuda_ipc GET zero-copy off and the KV pull runs as software emulation over TCP"
-        )
-    tls = env.get("UCX_TLS", "")
-    if tls and "cuda_ipc" not in tls and "rc" not in tls and "^" not in tls:
-        warnings.append(f"UCX_TLS={tls} has no cuda_ipc (nor RDMA): the KV pull can only be TCP")
+    warnings = transport_warnings(env)
     given = env.get(MODULE_DIR_ENV, "").strip()
     if given:
         check_module_dir(Path(given))
