@@ -863,7 +863,7 @@ def main(argv: Sequence[str]) -> None:
         except SystemExit:
             write_crashes(crash_file, 0, "")  # a stop asked for clears the series
             raise
-        index = getattr(lease, "index", None)
+        index = getattr(lease, "slot", None)
         place = placement(os.environ, argv, (lambda: index) if index else looked_up_index)
         env = serve_environment(os.environ, argv=argv, lookup=lambda: place.replica)
         flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)))
