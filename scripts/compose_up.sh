@@ -31,7 +31,12 @@ while read -r service; do
   read -r state health < <(docker compose "$@" ps -a --format '{{.State}} {{.Health}}' "$service" </dev/null 2>/dev/null | head -n 1) || true
   state="${state:-no container}"
   [ "$state" = running ] && { [ -z "${health:-}" ] || [ "$health" = healthy ]; } && continue
-  [ "$service" = keygen ] && [ "$state" = exited ] && continue
+  # keygen is a one-shot: exited is its success, unless it refused (exit 2: a proxy published
+  # beyond loopback without keys) or failed, and then its log says why.
+  if [ "$service" = keygen ] && [ "$state" = exited ]; then
+    code="$(docker compose "$@" ps -a --format '{{.ExitCode}}' keygen </dev/null 2>/dev/null | head -n 1)" || true
+    [ "${code:-0}" = 0 ] && continue
+  fi
   printf '\n--- %s (%s %s), last log lines:\n' "$service" "$state" "${health:-}" >&2
   docker compose "$@" logs --no-color --tail 30 "$service" </dev/null >&2 || true
 done < <(docker compose "$@" config --services 2>/dev/null)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
+
+from bind_policy import refusal
 
 KEYS = Path("/run/kit-keys")
 SECRETS = Path("/run/secrets/kit_secrets")
@@ -60,6 +63,22 @@ def main() -> None:
         ("grafana_admin_password", KEYS / "grafana_admin_password", GRAFANA_UID),
     ):
         print(f"keygen: secrets/{name}: {stage(SECRETS / name, target, uid)}")
+    check_binding()
+
+
+def check_binding() -> None:
+    """Refuse (exit 2, before the proxy starts) a proxy published beyond loopback without keys."""
+    try:
+        keys = (SECRETS / "api_keys").read_text()
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        keys = ""
+    try:
+        why = refusal(os.environ, keys)
+    except ValueError as exc:
+        why = str(exc)
+    if why:
+        print(f"keygen: refusing to start the proxy: {why}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

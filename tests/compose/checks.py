@@ -57,6 +57,22 @@ def environment(service: Service) -> dict[str, str]:
     return {k: "" if v is None else str(v) for k, v in env.items()}
 
 
+def seconds(duration: str) -> float:
+    """A Compose duration as `config` renders it (1m30s, 80s, 1h) in seconds."""
+    total, number = 0.0, ""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    for char in duration:
+        if char.isdigit() or char == ".":
+            number += char
+        elif char in units and number:
+            total, number = total + float(number) * units[char], ""
+        else:
+            raise ValueError(f"duration {duration!r}")
+    if number:
+        raise ValueError(f"duration {duration!r} has no unit")
+    return total
+
+
 def container_argv(service: Service) -> list[str]:
     """entrypoint + command, as the container starts."""
     return [*(str(a) for a in service.get("entrypoint") or []), *command_args(service)]
@@ -372,6 +388,7 @@ PARITY_ENV_ALLOWED = frozenset(
         "KIT_ROLE_GPUS",
         "KIT_ALL_GPUS",
         "UCX_TLS",
+        "UCX_CUDA_IPC_ENABLE_GET_ZCOPY",
         "KIT_KV_BUFFER_DEVICE",
         "KIT_NIXL_PROGRESS_DELAY_US",
         "KIT_NIXL_EARLY_KV_LOAD",
@@ -514,6 +531,19 @@ def check_pd_runtime(compose: Compose) -> list[str]:
                 problems.append(f"{name}: memlock ulimit must be unlimited")
         if not env.get("UCX_TLS"):
             problems.append(f"{name}: UCX_TLS missing")
+        # The KV pull is a UCX GET: on GPU cuda_ipc must do it zero-copy (auto turns that off
+        # without NVLink, and the pull falls back to emulation over TCP); on CPU TCP is the only
+        # path, so nothing may turn emulation off there.
+        zcopy = env.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+        if not is_cpu(service) and zcopy != "y":
+            problems.append(f"{name}: UCX_CUDA_IPC_ENABLE_GET_ZCOPY {zcopy!r}, want 'y'")
+        if is_cpu(service) and (zcopy or env.get("UCX_PROTO_EMULATION_ENABLE")):
+            problems.append(f"{name}: forces UCX GET settings on CPU, where TCP is the only path")
+        # Slot leases: every replica of the project locks its slot in one shared volume.
+        mounts = {v.get("target"): v for v in service.get("volumes") or []}
+        slots = mounts.get(env.get("KIT_SLOT_DIR", ""), {})
+        if slots.get("type") != "volume" or slots.get("read_only"):
+            problems.append(f"{name}: KIT_SLOT_DIR is not a writable named volume (slot leases)")
         # Left to the entrypoint, which sets the replica's own address: a service name (or any
         # fixed value) would be every replica's with PREFILL_REPLICAS / DECODE_REPLICAS > 1.
         host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
@@ -547,8 +577,10 @@ def check_pd_runtime(compose: Compose) -> list[str]:
     for name, service in proxy_services(compose).items():
         deps = service.get("depends_on") or {}
         servers = [d for d in deps if d.startswith(("prefill", "decode"))]
-        if len(servers) != 2 or any(deps[d].get("condition") != "service_healthy" for d in servers):
-            problems.append(f"{name}: must wait for prefill and decode to be healthy")
+        # Started, not healthy: one replica that waits (for a slot, for GPU memory) must not hold
+        # the proxy back; the proxy routes only to healthy backends and is the stack's readiness.
+        if len(servers) != 2 or any(deps[d].get("condition") != "service_started" for d in servers):
+            problems.append(f"{name}: must wait for prefill and decode to be started, not healthy")
         env = environment(service)
         # Every replica: a service name (or alias) and its port, resolved by pd-proxy's DNS watch.
         for var in ("PD_PROXY_PREFILL_DNS", "PD_PROXY_DECODE_DNS"):

@@ -143,7 +143,7 @@ def test_kit_settings_show_the_knobs(tmp_path, gpu, env_example) -> None:
     assert cc.check_kit_settings(gpu, env_example) == []
     overrides = {var: f"x{i}" for i, var in enumerate(cc.KIT_SETTINGS.values())}
     overrides |= {"PD_SUBNET": "10.9.0.0/24", "PROXY_PORT": "8001", "PROMETHEUS_PORT": "9091"}
-    overrides |= {"GRAFANA_PORT": "3001", "PROXY_BIND_ADDRESS": "127.0.0.1"}
+    overrides |= {"GRAFANA_PORT": "3001", "PROXY_BIND_ADDRESS": "127.0.0.3"}
     overrides |= {"BIND_ADDRESS": "127.0.0.2", "VLLM_IMAGE": "vllm/vllm-openai:v9"}
     overrides |= {"HF_CACHE_DIR": "/srv/hf-cache"}
     # Compose casts the replica counts itself (`scale:`): numbers, not markers.
@@ -308,7 +308,13 @@ def test_servers_share_namespaces_of_a_holder_with_init(request, model, servers)
     assert holder["init"] is True and holder["ipc"] == "shareable"
     assert holder["image"] == services["keygen"]["image"]  # the kit's own: nothing to pull
     assert holder["restart"] == "unless-stopped"
-    assert cc.container_argv(holder) == ["sleep", "infinity"]
+    assert cc.container_argv(holder) == ["python3", "/opt/pcp-pd-kit/entrypoint/holder.py"]
+    # It drains the servers on SIGTERM: its grace outlasts its drain, which outlasts vLLM's own.
+    drain = float(cc.environment(holder)["KIT_HOLDER_DRAIN_S"])
+    assert cc.seconds(holder["stop_grace_period"]) > drain
+    for name in servers:
+        shutdown = cc.flag_value(cc.command_args(services[name]), "--shutdown-timeout")
+        assert shutdown is not None and drain > float(shutdown), name
     for name in servers:
         assert services[name]["ipc"] == services[name]["pid"] == "service:holder", name
         assert services[name]["depends_on"]["holder"]["restart"] is True, name
@@ -569,10 +575,13 @@ def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
     broken = copy.deepcopy(everything)
     services = broken["services"]
     services["prefill"]["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "172.28.0.10"
-    services["proxy"]["depends_on"]["decode"]["condition"] = "service_started"
+    services["proxy"]["depends_on"]["decode"]["condition"] = "service_healthy"
     services["proxy-cpu"]["environment"]["PD_PROXY_DECODE_DNS"] = "decode:8300"
     services["decode"]["healthcheck"]["test"][-1] = "print('ok')"
     services["decode-cpu"]["depends_on"].pop("keygen")
+    services["decode"]["environment"].pop("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+    services["prefill-cpu"]["environment"]["UCX_PROTO_EMULATION_ENABLE"] = "n"
+    services["decode-cpu"]["environment"].pop("KIT_SLOT_DIR")
     volumes = services["prefill"]["volumes"]
     services["prefill"]["volumes"] = [v for v in volumes if "huggingface" not in v["target"]]
     problems = cc.check_pd_runtime(broken)
@@ -582,6 +591,9 @@ def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
         "proxy-cpu: PD_PROXY_DECODE_DNS",
         "decode: healthcheck",
         "decode-cpu: does not wait for keygen",
+        "decode: UCX_CUDA_IPC_ENABLE_GET_ZCOPY None",
+        "prefill-cpu: forces UCX GET settings",
+        "decode-cpu: KIT_SLOT_DIR",
         "prefill: HF cache",
     ):
         assert any(p.startswith(needle) for p in problems), (needle, problems)
@@ -591,16 +603,15 @@ def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
 
 # ------------------------------------------------------------------------------ security
 @pytest.mark.parametrize("model", ["gpu", "cpu", "everything", "bare"])
-def test_only_the_proxy_listens_beyond_loopback(request, model) -> None:
+def test_defaults_publish_everything_on_loopback_only(request, model) -> None:
+    """Closed by default (both profiles, with .env.example and with no .env at all): the proxy
+    too is published on 127.0.0.1 only."""
     compose = request.getfixturevalue(model)
     assert cc.check_exposure(compose) == []
-    public = {
-        name
-        for name, ports in cc.published(compose).items()
-        for host, _ in ports
-        if host != cc.LOOPBACK
-    }
-    assert public == {n for n in ("proxy", "proxy-cpu") if n in compose["services"]}
+    ports = cc.published(compose)
+    assert {host for rows in ports.values() for host, _ in rows} == {cc.LOOPBACK}
+    proxies = [n for n in ("proxy", "proxy-cpu") if n in compose["services"]]
+    assert proxies and all(ports[n] == [(cc.LOOPBACK, 8000)] for n in proxies)
 
 
 def test_monitoring_publishes_on_loopback(everything) -> None:
@@ -615,8 +626,11 @@ def test_bind_address_opens_monitoring(tmp_path) -> None:
     model, _ = render(tmp_path, {"BIND_ADDRESS": "0.0.0.0"}, profiles=ALL_PROFILES)
     problems = cc.check_exposure(model)
     assert {p.split(":", 1)[0] for p in problems} == {"prometheus", "grafana"}, problems
-    model, _ = render(tmp_path, {"PROXY_BIND_ADDRESS": "127.0.0.1"})
-    assert cc.published(model)["proxy"] == [(cc.LOOPBACK, 8000)]
+    model, _ = render(tmp_path, {"PROXY_BIND_ADDRESS": "0.0.0.0"})
+    assert cc.published(model)["proxy"] == [("0.0.0.0", 8000)]
+    assert cc.check_exposure(model) == []  # the proxy may; keygen then asks for keys
+    keygen = cc.environment(model["services"]["keygen"])
+    assert keygen["KIT_PROXY_BIND_ADDRESS"] == "0.0.0.0"
 
 
 @pytest.mark.parametrize("profiles", [(), ("cpu",)], ids=["gpu", "cpu"])

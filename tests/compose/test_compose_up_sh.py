@@ -31,6 +31,7 @@ case "$1" in
       *" version"*) echo "Docker Compose version v2.40.3" ;;
       *" up "*) exit 1 ;;
       *"config --services"*) printf '%s\n' __SERVICES__ ;;
+      *"{{.ExitCode}}"*) echo "${FAKE_KEYGEN_EXIT:-0}" ;;
       *" ps "*)
         case "$last" in
           *"{{"*) cut -d' ' -f1- "$d/states" ;;
@@ -45,7 +46,9 @@ esac
 """
 
 
-def run_script(tmp_path: Path, states: str) -> subprocess.CompletedProcess[str]:
+def run_script(
+    tmp_path: Path, states: str, keygen_exit: int = 0
+) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     docker = bin_dir / "docker"
@@ -54,6 +57,7 @@ def run_script(tmp_path: Path, states: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "states").write_text(states)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_DIR=str(tmp_path))
     env.pop("KEEP_ON_FAILURE", None)
+    env["FAKE_KEYGEN_EXIT"] = str(keygen_exit)
     return subprocess.run(
         ["bash", str(SCRIPT), "--profile", "cpu"],
         env=env,
@@ -95,3 +99,12 @@ def test_a_service_without_a_container_is_named_not_skipped(tmp_path: Path) -> N
     proc = run_script(tmp_path, states)
     assert "--- prefill-cpu (no container ), last log lines:" in named(proc.stderr), proc.stderr
     assert "log line of prefill-cpu" in proc.stderr
+
+
+def test_a_keygen_that_refused_is_named_with_its_reason(tmp_path: Path) -> None:
+    """keygen exited 2 (a proxy published beyond loopback without keys): its log is the reason
+    `up` stopped, so it is shown; an exit 0 keygen is its success and is skipped (above)."""
+    states = "keygen exited\nprometheus running healthy\n"
+    proc = run_script(tmp_path, states, keygen_exit=2)
+    assert "--- keygen (exited ), last log lines:" in named(proc.stderr), proc.stderr
+    assert "log line of keygen" in proc.stderr

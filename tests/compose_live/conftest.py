@@ -105,3 +105,26 @@ def _unhealthy(stack: ComposeStack) -> bool:
     wanted = {"prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus"}
     healthy = {line.split()[0] for line in status.splitlines() if line.endswith(" healthy")}
     return not wanted <= healthy
+
+
+@pytest.fixture(scope="module")
+def two_prefills(compose_stack: ComposeStack) -> Iterator[ComposeStack]:
+    """PREFILL_REPLICAS=2 through `up` (per test module), back to one replica at the end."""
+    one = dict(compose_stack.env)
+    compose_stack.env["PREFILL_REPLICAS"] = "2"
+    try:
+        start = time.monotonic()
+        out = compose_stack.compose(*UP, timeout=900, check=False)
+        names = _prefill_replicas(compose_stack)
+        assert len(names) == 2, (names, out[-2000:], compose_stack.logs("prefill-cpu", 60))
+        print(f"\nsecond prefill replica healthy {time.monotonic() - start:.0f}s after `up`")
+        yield compose_stack
+    finally:
+        compose_stack.env.clear()
+        compose_stack.env.update(one)
+        compose_stack.compose(*UP, timeout=900, check=False)
+
+
+def _prefill_replicas(stack: ComposeStack) -> list[str]:
+    out = stack.compose("--profile", "cpu", "ps", "--format", "{{.Name}}", "prefill-cpu")
+    return sorted(line.strip() for line in out.splitlines() if line.strip())

@@ -95,3 +95,25 @@ def test_a_server_that_never_gets_healthy_shows_its_last_log_lines(bad_env) -> N
     assert any(line.startswith("--- prefill-cpu ") for line in named), (named, proc.stderr[-3000:])
     assert "no-such-model" in proc.stderr, proc.stderr[-3000:]
     assert project_containers(bad_env["COMPOSE_PROJECT_NAME"]) == []
+
+
+def test_a_wide_proxy_address_without_keys_stops_up_at_keygen(bad_env) -> None:
+    """Closed by default: PROXY_BIND_ADDRESS=0.0.0.0 with an empty secrets folder stops `up`
+    before any server starts, with keygen's reason; the explicit opt-out lets keygen pass."""
+    bad_env["PROXY_BIND_ADDRESS"] = "0.0.0.0"
+    proc = run_up(bad_env, timeout=300)
+    assert proc.returncode != 0
+    assert "keygen: refusing to start the proxy: PROXY_BIND_ADDRESS=0.0.0.0" in proc.stderr, (
+        proc.stderr[-3000:]
+    )
+    assert project_containers(bad_env["COMPOSE_PROJECT_NAME"]) == []
+    opened = subprocess.run(
+        ["docker", "compose", "--env-file", str(REPO / ".env.example"), "--profile", "cpu"]
+        + ["run", "--rm", "keygen"],
+        cwd=REPO,
+        env={**bad_env, "PROXY_OPEN_WITHOUT_KEYS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert opened.returncode == 0, opened.stderr[-2000:]

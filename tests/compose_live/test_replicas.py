@@ -20,12 +20,11 @@ import ipaddress
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .stack import UP, ComposeStack
+from .stack import ComposeStack
 from .test_cpu_deployment import PROMPTS, greedy_body, http, prom_query, text_of
 
 pytestmark = pytest.mark.compose
@@ -72,23 +71,6 @@ def proxy_prefill_backends(stack: ComposeStack) -> dict[str, float]:
     """pd-proxy's view: prefill backend -> healthy (1) or not (0), from Prometheus."""
     rows = prom_query(stack, 'pd_proxy_backend_healthy{job="proxy", role="prefill"}')
     return {r["metric"]["backend"]: float(r["value"][1]) for r in rows}
-
-
-@pytest.fixture(scope="module")
-def two_prefills(compose_stack: ComposeStack) -> Iterator[ComposeStack]:
-    one = dict(compose_stack.env)
-    compose_stack.env["PREFILL_REPLICAS"] = "2"
-    try:
-        start = time.monotonic()
-        out = compose_stack.compose(*UP, timeout=900, check=False)
-        names = replica_containers(compose_stack)
-        assert len(names) == 2, (names, out[-2000:], compose_stack.logs("prefill-cpu", 60))
-        print(f"\nsecond prefill replica healthy {time.monotonic() - start:.0f}s after `up`")
-        yield compose_stack
-    finally:
-        compose_stack.env.clear()
-        compose_stack.env.update(one)
-        compose_stack.compose(*UP, timeout=900, check=False)
 
 
 def test_the_knob_runs_two_prefill_replicas_each_with_its_own_side_channel(two_prefills) -> None:

@@ -938,7 +938,16 @@ def check_router(objs: list[Obj], values: Mapping[str, Any]) -> list[str]:
 # on Kubernetes, where each pod is one replica).
 # (The side-channel host is the pod IP there; compose leaves it to the entrypoint, which uses the
 # replica's own address.)
-COMPOSE_ONLY_ENV = {"KIT_ROLE_GPUS", "KIT_ALL_GPUS", "KIT_ROLE_REPLICAS"}
+# Compose only: GPU slices of one host's GPUs and their slot leases (the pods get theirs from the
+# scheduler and the device plugin).
+COMPOSE_ONLY_ENV = {
+    "KIT_ROLE_GPUS",
+    "KIT_ALL_GPUS",
+    "KIT_ROLE_REPLICAS",
+    "KIT_SLOT_DIR",
+    "KIT_GPU_FREE_HEADROOM_GIB",
+}
+COMPOSE_ONLY_MOUNTS = {"/run/kit-slots"}
 # pd-proxy: compose resolves the service names (every replica), Kubernetes watches the
 # Services; compose sets the client key file only when secrets/api_keys is non-empty (its
 # entrypoint), Kubernetes always (docs/kubernetes.md).
@@ -1039,7 +1048,9 @@ def check_mount_parity(objs: list[Obj], compose: Mapping[str, Any]) -> list[str]
         pairs.append(("proxy", proxy, proxy.spec["containers"][0]))
     for service, t, container in pairs:
         paths = set(mounts(container))
-        for target in sorted(compose_mount_targets(compose["services"][service])):
+        for target in sorted(
+            compose_mount_targets(compose["services"][service]) - COMPOSE_ONLY_MOUNTS
+        ):
             if not any(p == target or p.startswith(target + "/") for p in paths):
                 problems.append(f"{t.owner}: compose mounts {target}, the pod does not")
     return problems

@@ -72,6 +72,9 @@ DSV2_LITE_CONFIG: dict[str, Any] = {
 }  # fmt: skip
 MODEL = "deepseek-ai/DeepSeek-V2-Lite-Chat"
 
+# The GPU servers' KV-pull settings as compose.yaml renders them.
+GPU_UCX_ENV = {"UCX_TLS": "cuda_ipc,cuda_copy,tcp,sm,self", "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+
 
 def gpu_rows(*models: tuple[str, int, str], driver: str = "580.95.05") -> list[str]:
     """nvidia-smi CSV rows, one GPU per model tuple, indices from 0."""
@@ -172,8 +175,18 @@ class FakeHost:
         gpu_device = {"driver": "nvidia", "capabilities": ["gpu"], "device_ids": ["0"]}
         reservation = {"resources": {"reservations": {"devices": [gpu_device]}}}
         self.services: dict[str, Any] = {
-            "prefill": {"image": "vllm", "profiles": ["gpu"], "deploy": reservation},
-            "decode": {"image": "vllm", "profiles": ["gpu"], "deploy": reservation},
+            "prefill": {
+                "image": "vllm",
+                "profiles": ["gpu"],
+                "deploy": reservation,
+                "environment": dict(GPU_UCX_ENV),
+            },
+            "decode": {
+                "image": "vllm",
+                "profiles": ["gpu"],
+                "deploy": reservation,
+                "environment": dict(GPU_UCX_ENV),
+            },
             "prometheus": {"image": "prom/prometheus"},
         }
         self.secrets: dict[str, Any] = {"hf_token": {"file": str(self.token_file)}}

@@ -16,7 +16,8 @@ def test_healthy_host_passes_every_check(host: FakeHost) -> None:
     assert out.returncode == 0, out.dump()
     assert {r["status"] for r in out.results} == {"ok"}, out.dump()
     expected = {"compose", "settings", "profile", "nvidia-runtime", "gpus", "gpu-ids",
-                "moe-backend", "memory", "driver-cuda", "nixl", "cdi", "subnet", "disk",
+                "moe-backend", "memory", "driver-cuda", "nixl", "kv-transport", "cdi", "subnet",
+                "disk",
                 "model", "secrets", "ports", "vllm-version"}  # fmt: skip
     assert {r["check"] for r in out.results} == expected
     assert "3 GPU(s) for 3 needed (prefill 1 x 2, decode 1)" in out.text("gpus")
@@ -175,3 +176,14 @@ def test_no_selected_service_is_a_warning(host: FakeHost) -> None:
     out = consistent(host.run())
     assert out.status("profile") == ["WARN"]
     assert "set COMPOSE_PROFILES=gpu" in out.text("profile")
+
+
+def test_a_kv_pull_left_to_tcp_fails_before_anything_starts(host: FakeHost) -> None:
+    """GET zero-copy at UCX's `auto` (off without NVLink) and UCX_TLS without cuda_ipc: the
+    entrypoint's own rule (compose/entrypoint/kv_transport.py) names both, per server."""
+    host.services["decode"]["environment"] = {"UCX_TLS": "tcp,self"}
+    out = host.run()
+    assert out.status("kv-transport") == ["FAIL"], out.dump()
+    text = out.text("kv-transport")
+    assert "decode: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=(unset: auto)" in text
+    assert "decode: UCX_TLS=tcp,self has no cuda_ipc" in text and "prefill:" not in text

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from pd_proxy.config import ProxyConfig
-from tests.preflight.fake_host import REAL_COMPOSE, REPO, FakeHost, consistent, python_for
+from tests.preflight.fake_host import (
+    GPU_UCX_ENV,
+    REAL_COMPOSE,
+    REPO,
+    FakeHost,
+    consistent,
+    python_for,
+)
 
 KIT_PROXY_ENV = {
     "PD_PROXY_PREFILL": "http://prefill:8100",
@@ -23,8 +30,8 @@ KIT_PROXY_ENV = {
 
 def stack(host: FakeHost, proxy: dict[str, str] | None = None, lease: str | None = None) -> None:
     """The fake host's services as the kit's compose.yaml has them: roles, a proxy."""
-    host.services["prefill"]["environment"] = {"KIT_KV_ROLE": "kv_producer"}
-    host.services["decode"]["environment"] = {"KIT_KV_ROLE": "kv_consumer"}
+    host.services["prefill"]["environment"] = {**GPU_UCX_ENV, "KIT_KV_ROLE": "kv_producer"}
+    host.services["decode"]["environment"] = {**GPU_UCX_ENV, "KIT_KV_ROLE": "kv_consumer"}
     if lease is not None:
         for name in ("prefill", "decode"):
             host.services[name]["environment"]["KIT_NIXL_KV_LEASE_S"] = lease

@@ -23,6 +23,7 @@ from pcp_pd_kit.preflight import (
     check_profile,
     check_subnet,
     check_timeouts,
+    check_transport,
     check_vllm,
     report,
 )
@@ -60,7 +61,8 @@ BEFORE_SETTINGS = (
 WITH_SETTINGS = (
     (check_moe.moe_backend, "gpu_mode"), (check_moe.enforce_eager, "gpu_mode"),
     (check_memory.gpu_memory, "gpu_mode"), (check_driver.driver_cuda, "gpu_mode"),
-    (check_docker.nixl, "gpu_mode"), (check_cdi.cdi, "gpu_mode"), (check_subnet.subnet, ""),
+    (check_docker.nixl, "gpu_mode"), (check_transport.kv_transport, "gpu_mode"),
+    (check_cdi.cdi, "gpu_mode"), (check_subnet.subnet, ""),
     (check_disk.disk, ""), (check_model.model, ""), (check_model.secret_files, ""),
     (check_ports.ports, ""), (check_timeouts.kv_timeouts, ""), (check_vllm.same_vllm, ""),
 )  # fmt: skip

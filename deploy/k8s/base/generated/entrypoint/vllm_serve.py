@@ -31,6 +31,8 @@ Standard library only at import: it runs with the image's own Python, before vLL
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -39,10 +41,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 HF_TOKEN_FILE = Path("/run/secrets/kit_secrets/hf_token")
 VLLM_KEY_FILE = Path("/run/kit-keys/vllm_api_key")
@@ -669,13 +673,17 @@ def supervise(
     interfaces: Callable[[], Interfaces] = network_interfaces,
     poll_s: float = NETWORK_POLL_S,
     crash_file: Path | None = None,
+    pass_fds: Sequence[int] = (),
+    watch: Callable[[str], None] | None = None,
 ) -> int:
     """Run vLLM as this process's child, pass on SIGTERM/SIGINT (compose stop, Ctrl-C, the
     engine's own shutdown), stop it when the network interfaces change under it, and return the
     container's exit status (``exit_status``; 1 after a network change). With ``crash_file``
-    every exit is recorded there for the crash-loop bound (an unasked one counts)."""
+    every exit is recorded there for the crash-loop bound (an unasked one counts). vLLM inherits
+    ``pass_fds`` (the slot lease: held while any of its processes lives). With ``watch``, vLLM's
+    stdout passes through here line by line (UCX prints its protocol tables there)."""
     started = time.monotonic()
-    status, crashed, reason = _supervise(cmd, env, interfaces, poll_s)
+    status, crashed, reason = _supervise(cmd, env, interfaces, poll_s, pass_fds, watch)
     if crash_file is not None:
         record_exit(crash_file, crashed, time.monotonic() - started, reason)
     return status
@@ -686,10 +694,15 @@ def _supervise(
     env: Mapping[str, str],
     interfaces: Callable[[], Interfaces],
     poll_s: float,
+    pass_fds: Sequence[int] = (),
+    watch: Callable[[str], None] | None = None,
 ) -> tuple[int, bool, str]:
     """supervise()'s loop: (exit status, whether the exit was unasked, why)."""
     at_start = interfaces()
-    child = subprocess.Popen(list(cmd), env=dict(env))
+    out = subprocess.PIPE if watch else None
+    child = subprocess.Popen(list(cmd), env=dict(env), pass_fds=tuple(pass_fds), stdout=out)
+    if watch and child.stdout is not None:
+        threading.Thread(target=relay, args=(child.stdout, watch), daemon=True).start()
     stop_requested = False
 
     def forward(signum: int, _frame: object) -> None:
@@ -727,17 +740,179 @@ def _supervise(
     return status, not stop_requested, f"vLLM exited with {returncode}"
 
 
+# ------------------------------------------------------------------ one GPU host, safely
+# Compose only (KIT_SLOT_DIR set): the slot lease and the wait for free GPU memory, in their own
+# modules next to this file (compose mounts the folder; the Kubernetes pods carry this file alone
+# and never reach them).
+GPU_UTILIZATION_FLAG = ("--gpu-memory-utilization",)
+
+
+def _sibling(name: str) -> ModuleType:
+    """A module of this file's folder (slot_lease, gpu_free), also when this file was loaded by
+    path (preflight, the tests)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
+
+
+def log(message: str) -> None:
+    print(f"vllm_serve: {message}", file=sys.stderr, flush=True)
+
+
+class StopFlag:
+    """SIGTERM/SIGINT while the entrypoint waits (for a slot, for GPU memory): a clean exit."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._set)
+
+    def _set(self, _signum: int, _frame: object) -> None:
+        self.asked = True
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True as soon as a stop was asked."""
+        deadline = time.monotonic() + seconds
+        while not self.asked and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        return self.asked
+
+
+def preferred_slot(env: Mapping[str, str], replicas: int, lookup: Callable[[], int]) -> int | None:
+    """The slot to try first: the container number (so names and slots usually match); None
+    when it cannot be looked up (then any free slot: a lookup never decides alone)."""
+    if replicas == 1:
+        return 1
+    try:
+        return lookup()
+    except ValueError as exc:
+        log(f"container number unknown ({exc}): taking the first free slot")
+        return None
+
+
+def pinned_slot(env: Mapping[str, str]) -> int | None:
+    """KIT_REPLICA_INDEX, the override: lease exactly that slot."""
+    raw = env.get(REPLICA_INDEX_ENV, "").strip()
+    return replica_index(env, 1) if raw else None
+
+
+def take_slot(
+    env: Mapping[str, str], replicas: int, stop: StopFlag, lookup: Callable[[], int]
+) -> Any:
+    """This replica's slot lease (slot_lease.Lease), waiting while every slot is held; None
+    without KIT_SLOT_DIR (Kubernetes: the scheduler places pods). SystemExit(0) when stopped
+    while waiting."""
+    folder = env.get("KIT_SLOT_DIR", "").strip()
+    if not folder:
+        return None
+    slots = _sibling("slot_lease")
+    pinned = pinned_slot(env)
+    preferred = None if pinned else preferred_slot(env, replicas, lookup)
+    order = slots.slot_order(replicas, preferred, pinned)
+    lease = slots.lease_slot(
+        Path(folder),
+        env.get(KV_ENV["role"], "").strip(),
+        order,
+        replicas,
+        role_knobs(env).replicas,
+        wait=stop.wait,
+        log=log,
+    )
+    if lease is None:
+        log("stopped while waiting for a slot")
+        raise SystemExit(0)
+    return lease
+
+
+def wait_for_gpus(env: Mapping[str, str], argv: Sequence[str], stop: StopFlag) -> None:
+    """Block until this replica's GPUs (its CUDA_VISIBLE_DEVICES) have the memory vLLM will
+    ask for plus GPU_FREE_HEADROOM_GIB; SystemExit(0) when stopped while waiting."""
+    gpus = split_ids(env.get("CUDA_VISIBLE_DEVICES", ""))
+    if not gpus or not env.get("KIT_SLOT_DIR", "").strip():
+        return
+    free = _sibling("gpu_free")
+    share = free.utilization(flag_value(argv, GPU_UTILIZATION_FLAG))
+    headroom = free.headroom_bytes(env.get(free.HEADROOM_ENV, "1"))
+    if not free.wait_with_nvml(gpus, share, headroom, stop.wait, log):
+        log("stopped while waiting for GPU memory")
+        raise SystemExit(0)
+
+
+def relay(stream: IO[bytes], watch: Callable[[str], None]) -> None:
+    """Copy vLLM's stdout to ours, handing each line to ``watch`` (which must not raise)."""
+    for raw in iter(stream.readline, b""):
+        sys.stdout.buffer.write(raw)
+        sys.stdout.flush()
+        try:
+            watch(raw.decode(errors="replace"))
+        except Exception as exc:  # a watcher bug must never stop the relay (vLLM would block)
+            log(f"UCX output watcher failed ({exc.__class__.__name__}: {exc})")
+            watch = _ignore
+
+
+def _ignore(_line: str) -> None:
+    return None
+
+
+def install_paths() -> tuple[Path, Path]:
+    """(site-packages holding nixl's builds, torch's package folder), found without importing."""
+    nixl, torch = importlib.util.find_spec("nixl"), importlib.util.find_spec("torch")
+    if nixl is None or nixl.origin is None or torch is None or not torch.origin:
+        raise ValueError("nixl or torch is not installed in this image: no KV transfer over NIXL")
+    return Path(nixl.origin).resolve().parent.parent, Path(torch.origin).resolve().parent
+
+
+def kv_transport_setup(env: Mapping[str, str]) -> tuple[dict[str, str], Callable[[str], None]]:
+    """A GPU server's UCX settings (kv_transport.gpu_ucx_env, warnings logged loudly) and the
+    watcher of UCX's protocol tables for its output."""
+    kv = _sibling("kv_transport")
+    site, torch_dir = install_paths()
+    extra, warnings = kv.gpu_ucx_env(env, site, torch_dir)
+    for warning in warnings:
+        log(f"KV TRANSPORT WARNING: {warning}")
+    scanner = kv.ProtoScanner()
+
+    def watch(line: str) -> None:
+        for table in scanner.feed(line):
+            if not table.is_remote_read():
+                continue
+            problem = table.problem_on_gpu()
+            if problem:
+                log(
+                    f"KV TRANSPORT WARNING: {problem}. UCX chose {table.summary()}. P/D works "
+                    "but KV moves ~100x slower than CUDA IPC (docs/gpu.md, 'KV transport')"
+                )
+            else:
+                log(f"KV pull transport: {table.summary()}")
+
+    return extra, watch
+
+
 def main(argv: Sequence[str]) -> None:
     crash_file = Path(os.environ.get(CRASH_FILE_ENV) or CRASH_FILE)
     count, last = read_crashes(crash_file)
     if count >= CRASH_LIMIT:
         sys.exit(hold_after_crash_loop(crash_file, count, last))
+    stop = StopFlag()
     try:
-        place = placement(os.environ, argv)
+        replicas = replica_count(os.environ)
+        placement(os.environ, argv, lambda: pinned_slot(os.environ) or 1)  # refuse bad settings now
+        try:
+            lease = take_slot(os.environ, replicas, stop, looked_up_index)
+        except SystemExit:
+            write_crashes(crash_file, 0, "")  # a stop asked for clears the series
+            raise
+        index = getattr(lease, "slot", None)
+        place = placement(os.environ, argv, (lambda: index) if index else looked_up_index)
         env = serve_environment(os.environ, argv=argv, lookup=lambda: place.replica)
         flags, cpu_env = cpu_topology(env, sorted(os.sched_getaffinity(0)), argv)
         env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
         cmd = vllm_command([*argv, *flags], env, sys.executable)
+        watch: Callable[[str], None] | None = None
+        if place.gpus and env.get("KIT_SLOT_DIR", "").strip():  # compose's GPU servers
+            ucx, watch = kv_transport_setup(env)
+            env.update(ucx)
     except ValueError as exc:
         # A refused setting is a crash too: the restart policy would otherwise retry it forever.
         record_exit(crash_file, True, 0.0, str(exc))
@@ -746,18 +921,34 @@ def main(argv: Sequence[str]) -> None:
     devices = env.get("CUDA_VISIBLE_DEVICES", "(unset)")
     token = "set" if "HF_TOKEN" in env else "not set"
     key = "set" if "VLLM_API_KEY" in env else "not set"
-    which = f"replica {place.replica or '?'} of {place.replicas}"
+    held = f" (lease {lease.path.name})" if lease is not None else ""
+    which = f"replica {place.replica or '?'} of {place.replicas}{held}"
     gpus = f", GPUs {','.join(place.gpus)}" if place.gpus else ""
     print(
         f"vllm_serve: {which}{gpus}, CUDA_VISIBLE_DEVICES={devices}, HF token {token}, "
         f"API key {key}"
     )
     print(f"vllm_serve: NIXL side channel {env[SIDE_CHANNEL_HOST_ENV]}")
+    if "UCX_MODULE_DIR" in env:
+        print(f"vllm_serve: UCX_MODULE_DIR {env['UCX_MODULE_DIR']}")
     if flags:
         print(f"vllm_serve: CPU topology {' '.join(flags)}")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
     sys.stdout.flush()
-    sys.exit(supervise(cmd, env, crash_file=crash_file))
+    try:
+        wait_for_gpus(env, argv, stop)
+    except SystemExit:
+        write_crashes(crash_file, 0, "")
+        raise
+    except ValueError as exc:
+        record_exit(crash_file, True, 0.0, str(exc))
+        log(str(exc))
+        sys.exit(USAGE_EXIT)
+    if stop.asked:
+        write_crashes(crash_file, 0, "")
+        sys.exit(0)
+    keep = (lease.fd,) if lease is not None else ()
+    sys.exit(supervise(cmd, env, crash_file=crash_file, pass_fds=keep, watch=watch))
 
 
 if __name__ == "__main__":
