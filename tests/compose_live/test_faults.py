@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -55,7 +56,16 @@ def proxy_limit_s(stack: ComposeStack) -> float:
 
 
 def ask(stack: ComposeStack, prompt: str, timeout_s: float) -> Outcome:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    """One P/D request. Its own ``cache_salt`` keeps prefix caching (on by default) from serving
+    the prompt that ``expected`` cached on decode, so every request's whole KV crosses NIXL and the
+    fault meets a full transfer."""
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "cache_salt": uuid.uuid4().hex,
+    }
     request = urllib.request.Request(
         f"{stack.proxy_url}/v1/completions",
         data=json.dumps(body).encode(),
