@@ -141,6 +141,8 @@ def build_app(
                 tasks.append(asyncio.create_task(_sync_metrics(metrics), name="pd-proxy-metrics"))
             if proxy.canary is not None:
                 proxy.canary.start()
+            if (cache := flow.cache_router) is not None:  # pd_proxy.cache: indexes, tokenizer
+                tasks.append(asyncio.create_task(cache.run(session), name="pd-proxy-cache"))
             yield
         finally:
             if proxy.canary is not None:

@@ -46,7 +46,17 @@ T = TypeVar("T")
 class Trace:
     """Per-request facts for the log line."""
 
-    __slots__ = ("rid", "start", "path", "prefill", "decode", "prefill_s", "ttfb_s", "status")
+    __slots__ = (
+        "rid",
+        "start",
+        "path",
+        "prefill",
+        "decode",
+        "prefill_s",
+        "ttfb_s",
+        "status",
+        "want",
+    )
 
     def __init__(self, rid: str, start: float = 0.0) -> None:
         self.rid = rid
@@ -57,6 +67,8 @@ class Trace:
         self.prefill_s = -1.0
         self.ttfb_s = -1.0
         self.status = 500
+        # Backends chosen ahead by role (pd_proxy.cache.router): the legs go there if healthy.
+        self.want: dict[str, Backend | None] | None = None
 
 
 class Mode(Protocol):
@@ -173,7 +185,8 @@ class Legs:
         upstream = self.upstream
         assert upstream is not None
         stage = pool.role
-        backend = pick(pool)
+        want = trace.want.get(stage) if trace.want else None
+        backend = want if want is not None and want.healthy and not want.draining else pick(pool)
         for attempt in (0, 1):
             backend.outstanding += 1
             try:

@@ -49,6 +49,8 @@ class PdFlow:
         # The first-token mode when it is the P/D one (its block sizes and counters), else None.
         pd = self.mode.pd if isinstance(self.mode, modes.ByShapeMode) else self.mode
         self.first_token = pd if isinstance(pd, modes.FirstTokenMode) else None
+        # Cache-aware routing's planner (pd_proxy.cache), whose watch loop the app runs.
+        self.cache_router = getattr(self.mode, "cache", None)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, COMPLETIONS)
