@@ -71,7 +71,7 @@ class ReplicaIndex:
         return GAP if seq > self.expected else RESET
 
     def apply(self, batch: Batch) -> None:
-        """Apply a batch the caller accepted (after a RESET, call ``clear`` first)."""
+        """Apply a batch the caller accepted (after a RESET, call ``restart`` first)."""
         for ev in batch.events:
             self.apply_event(ev)
         self.expected = batch.seq + 1
@@ -80,11 +80,11 @@ class ReplicaIndex:
         h.events += len(batch.events)
         h.last_ts = batch.ts
 
-    def restart(self, batch: Batch) -> None:
-        """The publisher started again: what it held is gone."""
+    def restart(self) -> None:
+        """The publisher started again: what it held is gone; its stream starts anew."""
         self.health.resets += 1
         self.clear()
-        self.apply(batch)
+        self.expected = None
 
     def drop(self, resume_at: int | None) -> None:
         """A gap nothing filled: forget every entry; the stream goes on from ``resume_at``."""

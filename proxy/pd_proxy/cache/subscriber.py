@@ -5,8 +5,8 @@ A gap (a sequence number skipped) asks the replay socket for the missing batches
 all come back in ``replay_timeout`` seconds (no replay endpoint, the buffer moved on, the replica
 is gone), the replica's entries are dropped: a lost ``BlockRemoved`` would otherwise leave the
 index claiming blocks the replica no longer holds. A batch that does not decode counts as a gap
-too. The first batch a subscription sees after the proxy started asks for a replay from 0, so a
-proxy restart does not start blind.
+too. The first batch a subscription sees (after the proxy or the publisher started) asks for a
+replay from 0, so neither restart leaves the index blind to what came before it connected.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from pd_proxy.cache.events import END_SEQ, BadBatch, Batch, decode
-from pd_proxy.cache.index import GAP, NEXT, ReplicaIndex
+from pd_proxy.cache.index import GAP, RESET, ReplicaIndex
 from pd_proxy.cache.publishers import Publisher
 
 log = logging.getLogger("pd_proxy.cache")
@@ -85,17 +85,17 @@ class Subscription:
             return
         first = index.expected is None and index.health.batches == 0
         verdict = index.accept(batch.seq)
+        if verdict == RESET:
+            log.info("kv events from %s: sequence restarted at %d", self.replica, batch.seq)
+            index.restart()
+            first = True  # the new publisher's first batches may have gone before we heard it
         if first and batch.seq > 0 and self.publisher.replay is not None:
             await self._fill(0, batch.seq, strict=False)
         elif verdict == GAP:
             index.health.gaps += 1
             assert index.expected is not None
             await self._fill(index.expected, batch.seq, strict=True)
-        if verdict == NEXT or verdict == GAP:
-            index.apply(batch)
-        else:
-            log.info("kv events from %s: sequence restarted at %d", self.replica, batch.seq)
-            index.restart(batch)
+        index.apply(batch)
         if self.on_batch is not None:
             self.on_batch(self.replica, batch, verdict)
 
@@ -139,12 +139,13 @@ class Subscription:
                 if left <= 0 or not await dealer.poll(left * 1000):
                     log.warning("kv events from %s: replay timed out", self.replica)
                     return []
+                # (empty delimiter, topic, sequence, payload); the end: an empty topic, seq -1
                 frames = await dealer.recv_multipart()
-                if len(frames) == 4 and frames[2] == END_SEQ:
-                    return out
-                if len(frames) != 5:
+                if len(frames) != 4:
                     return []
-                batch = decode(frames[2:])
+                if frames[2] == END_SEQ:
+                    return out
+                batch = decode(frames[1:])
                 if start <= batch.seq < stop:
                     out.append(batch)
         except (BadBatch, zmq.ZMQError) as exc:

@@ -19,9 +19,8 @@ def feed(index: ReplicaIndex, seq: int, *events) -> str:
     batch = decode(frames(seq, *events))
     verdict = index.accept(batch.seq)
     if verdict == RESET:
-        index.restart(batch)
-    else:
-        index.apply(batch)
+        index.restart()
+    index.apply(batch)
     return verdict
 
 
