@@ -187,6 +187,11 @@ class CacheRouter:
         async def read(backend: Backend, resp: Reply) -> tuple[int, bytes]:
             return resp.status, await resp.read()
 
+        # The least busy decode, without moving the pool's round-robin: otherwise the count and
+        # the request would alternate in step and every request land on the same decode.
+        healthy = [b for b in self.legs.decode_pool.backends if b.healthy]
+        if healthy:
+            trace.want = {"decode": min(healthy, key=lambda b: b.outstanding)}
         try:
             status, data = await self.legs.exchange(
                 self.legs.decode_pool,
@@ -203,6 +208,8 @@ class CacheRouter:
             log.warning("rid=%s tokenizing the prompt failed: %s", trace.rid, exc.message)
         except (ValueError, UnicodeDecodeError):
             log.warning("rid=%s /tokenize answered without token ids", trace.rid)
+        finally:
+            trace.want = None
         return None
 
     def choose(
