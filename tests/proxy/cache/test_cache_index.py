@@ -14,6 +14,8 @@ from pd_proxy.cache.scorer import CACHE, GUARD, LOAD, Candidate, choose
 
 from .vllm_events import BLOCK, blocks, cleared, frames, removed, stored
 
+pytestmark = pytest.mark.vllm  # the events are encoded by vLLM's own classes
+
 
 def feed(index: ReplicaIndex, seq: int, *events) -> str:
     batch = decode(frames(seq, *events))
