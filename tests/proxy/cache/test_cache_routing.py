@@ -6,6 +6,7 @@ what is no longer there."""
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
 from pd_proxy.cache.events import decode as decode_frames
 from pd_proxy.cache.index import ReplicaIndex
@@ -13,6 +14,8 @@ from pd_proxy.rewrite import COMPLETIONS
 from pd_proxy.testing.fake_vllm import tokenize
 
 from .vllm_events import frames, stored
+
+pytestmark = pytest.mark.vllm  # the events are encoded by vLLM's own classes
 
 BLOCK = 4
 
