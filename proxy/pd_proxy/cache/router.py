@@ -129,14 +129,16 @@ class CacheRouter:
         if ids is None:
             return plan
         plan.decode, plan.decode_hit = self.choose(self.legs.decode_pool, ids, plan)
-        plan.prefill, plan.prefill_hit = self.choose(self.legs.prefill_pool, ids, plan)
         return plan
 
     def decide(self, plan: Plan, local_max: int) -> tuple[str, str]:
-        """The path for ``plan`` under ``--local-prefill-max-tokens``, counted in the metrics;
-        the approximate index learns what the chosen replicas will hold."""
+        """The path for ``plan`` under ``--local-prefill-max-tokens`` (for P/D, the prefill is
+        chosen now), counted in the metrics; the approximate index learns what the chosen
+        replicas will hold."""
         prompt = None if plan.ids is None else len(plan.ids)
         path, reason = decider.decide(prompt, plan.decode_hit, local_max)
+        if path == decider.PD and plan.ids is not None:
+            plan.prefill, plan.prefill_hit = self.choose(self.legs.prefill_pool, plan.ids, plan)
         self.metrics.decisions.labels(path, reason).inc()
         if plan.ids is not None and self.routes:
             roles = [("decode", plan.decode, plan.decode_hit)]

@@ -66,8 +66,8 @@ class ByShapeMode:
             return await self.fanout(request, endpoint, client_body, headers, trace, decision.shape)
         if self.cache is not None:
             plan = await self.cache.plan(endpoint, client_body, trace=trace, headers=headers)
-            trace.want = {"decode": plan.decode, "prefill": plan.prefill}
             path, _ = self.cache.decide(plan, self.local_max)
+            trace.want = {"decode": plan.decode, "prefill": plan.prefill}
             if path == LOCAL:
                 return await self.local(request, endpoint, body, client_body, headers, trace)
             return await self.pd(request, endpoint, body, client_body, headers, trace)

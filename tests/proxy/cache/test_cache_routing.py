@@ -24,14 +24,15 @@ def text(words: int, start: int = 0) -> str:
     return " ".join(f"w{i}" for i in range(start, start + words))
 
 
-def hold(stack, decode_index: int, prompt: str) -> ReplicaIndex:
-    """The decode's index now holds ``prompt``'s whole blocks, as its KV events would say."""
+def hold(stack, decode_index: int, prompt: str, role: str = "decode") -> ReplicaIndex:
+    """The replica's index now holds ``prompt``'s whole blocks, as its KV events would say."""
     ids = tokenize(prompt)
     n = len(ids) // BLOCK
     event = stored([f"h{i}".encode() for i in range(n)], None, ids[: n * BLOCK], BLOCK)
     index = ReplicaIndex()
     index.apply(decode_frames(frames(0, event)))
-    stack.proxy.flow.cache_router.indexes[stack.decodes[decode_index].url] = [index]
+    replicas = stack.decodes if role == "decode" else stack.prefills
+    stack.proxy.flow.cache_router.indexes[replicas[decode_index].url] = [index]
     return index
 
 
@@ -143,3 +144,19 @@ async def test_approximate_index_learns_from_the_proxys_own_routing() -> None:
             await s.post(COMPLETIONS, {"prompt": f"{shared} q{i}", "max_tokens": 2})
         after = served(s)
         assert after[target] - first[target] == 3 and after[1 - target] == first[1 - target]
+
+
+async def test_the_prefill_holding_the_prefix_computes_the_rest() -> None:
+    from tests.proxy.proxy_harness import pd_stack
+
+    async with pd_stack(prefills=2, prefix_cache_routing="events") as s:
+        shared = text(40)
+        hold(s, 1, shared, role="prefill")
+        for i in range(3):
+            status, _, raw = await s.post(
+                COMPLETIONS, {"prompt": f"{shared} q{i}", "max_tokens": 2}
+            )
+            assert status == 200, raw
+        assert [len(p.seen) for p in s.prefills] == [0, 3]
+        labels = {"role": "prefill", "reason": "cache"}
+        assert s.sample("pd_proxy_cache_choices_total", labels) == 3
