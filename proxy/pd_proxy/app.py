@@ -26,6 +26,7 @@ from pd_proxy.canary import Canary
 from pd_proxy.config import ConfigError, ProxyConfig
 from pd_proxy.discovery import Discovery, Resolver
 from pd_proxy.errors import error_response, unauthorized_response
+from pd_proxy.health import Breaker
 from pd_proxy.metrics import SYNC_INTERVAL_S, ProxyMetrics
 from pd_proxy.pd_flow import PdFlow
 from pd_proxy.pool import Backend, BackendPool, HealthChecker
@@ -118,13 +119,18 @@ def build_app(
         side.session = session
         upstream = flow.legs.upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
 
-        def on_result(backend: Backend, ok: bool) -> None:
-            metrics.set_health(backend.role, backend.url, ok)
-            if not ok:
+        def on_result(backend: Backend, passed: bool) -> None:
+            metrics.set_health(backend.role, backend.url, backend.healthy)
+            if not passed:
                 metrics.backend_error("health", backend.url)
 
         checker = HealthChecker(
-            [prefill, decode], session, config.health_interval, config.health_timeout, on_result
+            [prefill, decode],
+            session,
+            config.health_interval,
+            config.health_timeout,
+            on_result,
+            Breaker(config.health_failures, config.health_successes),
         )
         proxy.checker = checker
         tasks: list[asyncio.Task[None]] = []

@@ -1,10 +1,10 @@
 """Each prefill backend's KV block size, as its vLLM reports it on ``/metrics``.
 
 ``--first-token-from-prefill`` needs it to know whether the prefill's KV blocks have a slot for
-the token decode computes itself (pd_proxy.first_token.continuation_problem). vLLM publishes its
-cache config as the ``vllm:cache_config_info`` gauge, ``block_size`` among the labels; the
-``/metrics`` route needs no API key, the backend key is sent anyway. The fetch uses the legs'
-keep-alive client (pd_proxy.upstream).
+the token decode computes itself (pd_proxy.rewrite_first_token.continuation_problem). vLLM
+publishes its cache config as the ``vllm:cache_config_info`` gauge, ``block_size`` among the
+labels; the ``/metrics`` route needs no API key, the backend key is sent anyway. The fetch uses
+the legs' keep-alive client (pd_proxy.upstream).
 """
 
 from __future__ import annotations

@@ -66,6 +66,13 @@ class ProxyConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     health_interval: float = 5.0
     health_timeout: float = 2.0
+    # The circuit breaker (pd_proxy.health): failed checks in a row that take a backend out, and
+    # passed checks in a row that end its probation (one request at a time) once it is back.
+    health_failures: int = 1
+    health_successes: int = 2
+    # A side call on a request's path (the prompt's /tokenize count for
+    # --local-prefill-max-tokens): longer falls back to P/D.
+    side_call_timeout: float = 2.0
     drain_timeout: float = 30.0
     log_level: str = "info"
     metrics: bool = True
@@ -85,7 +92,7 @@ class ProxyConfig:
     workers: int = 1
     # Export a ``_created`` series beside each counter and histogram (prometheus_client's default).
     metrics_created: bool = False
-    # Token 1 from the prefill leg, the rest from decode (pd_proxy.first_token).
+    # Token 1 from the prefill leg, the rest from decode (pd_proxy.rewrite_first_token).
     first_token_from_prefill: bool = False
     # The prefill's KV lease (vLLM's kv_lease_duration): when set, limits that could let decode
     # read expired KV blocks are refused (pd_proxy.timeouts).
@@ -131,11 +138,15 @@ class ProxyConfig:
             "decode_timeout",
             "health_interval",
             "health_timeout",
+            "side_call_timeout",
             "drain_timeout",  # aiohttp reads 0 as "wait forever"
             "discovery_interval",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("health_failures", "health_successes"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         problems += self._lease_and_canary_problems()
         if not 1 <= self.workers <= MAX_WORKERS:
             problems.append(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
@@ -376,6 +387,31 @@ _OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "seconds one health check may take (default 2)",
     ),
     (
+        "health_failures",
+        "--health-failures",
+        "HEALTH_FAILURES",
+        int,
+        "failed health checks in a row that take a backend out (default 1); a refused "
+        "connection, or a check timing out while the backend's requests stopped and others "
+        "progressed, counts as one",
+    ),
+    (
+        "health_successes",
+        "--health-successes",
+        "HEALTH_SUCCESSES",
+        int,
+        "passed health checks in a row before a backend that was down takes its full share "
+        "again; until then it takes one request at a time (default 2)",
+    ),
+    (
+        "side_call_timeout",
+        "--side-call-timeout",
+        "SIDE_CALL_TIMEOUT",
+        float,
+        "seconds a call on the request path besides the two legs may take (the /tokenize count "
+        "of --local-prefill-max-tokens); longer falls back to P/D (default 2)",
+    ),
+    (
         "drain_timeout",
         "--drain-timeout",
         "DRAIN_TIMEOUT",
@@ -570,6 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prefill",
         nargs="+",
+        action="extend",
         metavar="URL",
         help="prefill backend base URL(s), e.g. http://127.0.0.1:8100; optional with "
         "--prefill-dns or --endpoints-file [PD_PROXY_PREFILL, comma or space separated]",
@@ -577,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--decode",
         nargs="+",
+        action="extend",
         metavar="URL",
         help="decode backend base URL(s) [PD_PROXY_DECODE, comma or space separated]",
     )

@@ -6,6 +6,8 @@ import json
 
 from aiohttp import web
 
+from pd_proxy.rewrite import JSON_TYPE
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",  # what OpenAI answers for a bad key, with code invalid_api_key
@@ -39,6 +41,21 @@ class Passthrough(Exception):
         self.body = body
         self.content_type = content_type
 
+    @property
+    def message(self) -> str:
+        """The backend's own message: its OpenAI ``error.message`` (vLLM's), a bare ``error``
+        string, or the start of its body."""
+        try:
+            obj = json.loads(self.body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            obj = None
+        error = obj.get("error") if isinstance(obj, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        return self.body[:200].decode("utf-8", "replace")
+
 
 def error_body(
     status: int, message: str, code: int | str | None = None, param: str | None = None
@@ -60,7 +77,7 @@ def error_response(
     return web.Response(
         status=status,
         body=json.dumps(error_body(status, message, param=param)).encode(),
-        content_type="application/json",
+        content_type=JSON_TYPE,
         headers=headers,
     )
 
@@ -70,7 +87,7 @@ def unauthorized_response(message: str) -> web.Response:
     return web.Response(
         status=401,
         body=json.dumps(error_body(401, message, "invalid_api_key")).encode(),
-        content_type="application/json",
+        content_type=JSON_TYPE,
         headers={"WWW-Authenticate": 'Bearer realm="pd-proxy"'},
     )
 

@@ -2,27 +2,34 @@
 prefill leg, the normal decode leg, and the one mapping from a decode answer's status to the error
 the client gets.
 
-``Legs.exchange`` is a leg's whole life on one backend (pd_proxy.upstream does the HTTP): a
-refused connection marks the backend down and goes to another once, the prefill leg goes once more
-when a reused connection closed before any answer, and every other upstream failure becomes a
-``ProxyError`` (502, or 504 for a time limit). A mode (pd_proxy.modes) is a strategy with the
-``Mode`` signature, chosen once at start-up, that runs a request's legs.
+``Legs.exchange`` is a leg's whole life (pd_proxy.upstream does the HTTP): a refused connection
+marks the backend down and goes to another once; the prefill leg also moves once when its backend
+goes down while it waits (a hung replica, pd_proxy.health) or its connection breaks before an
+answer, and goes once more when a reused connection closed before any answer; every other
+upstream failure becomes a ``ProxyError`` (502, or 504 for a time limit). A mode
+(pd_proxy.modes) is a strategy with the ``Mode`` signature, chosen once at start-up, that runs a
+request's legs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 
 from pd_proxy.auth import BackendKey
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError
-from pd_proxy.metrics import PATHS, ProxyMetrics
+from pd_proxy.health import Breaker
+from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
+from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
+from pd_proxy.shapes import PD
+from pd_proxy.sse import MEDIA_TYPE
 from pd_proxy.sse_relay import relay_stream
 from pd_proxy.upstream import (
     ConnectFailed,
@@ -36,11 +43,16 @@ from pd_proxy.upstream import (
 
 log = logging.getLogger("pd_proxy.request")
 
-PD, LOCAL = PATHS  # pd_proxy_requests_total's path label
 CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
-SSE_TYPE = "text/event-stream; charset=utf-8"  # vLLM's
-JSON_TYPE = "application/json"
 T = TypeVar("T")
+
+
+class Move(NamedTuple):
+    """Why a leg's attempt ended, and where it goes again (None: nowhere healthy)."""
+
+    why: str
+    to: Backend | None
+    reason: str  # pd_proxy_retries_total's label
 
 
 class Trace:
@@ -89,6 +101,11 @@ class Mode(Protocol):
     ) -> web.StreamResponse: ...
 
 
+def is_event_stream(resp: Reply) -> bool:
+    """A 200 answer that streams events; anything else (JSON, an error) is read whole."""
+    return resp.status == 200 and resp.headers.get("content-type", "").startswith(MEDIA_TYPE)
+
+
 def snippet(data: bytes, limit: int = 200) -> str:
     return data[:limit].decode("utf-8", "replace")
 
@@ -96,7 +113,7 @@ def snippet(data: bytes, limit: int = 200) -> str:
 async def read_whole(backend: Backend, resp: Reply) -> tuple[Backend, int, bytes, str]:
     """Prefill answers are small JSON: read them whole while the backend still counts them."""
     data = await resp.read()
-    return backend, resp.status, data, resp.headers.get("content-type", "application/json")
+    return backend, resp.status, data, resp.headers.get("content-type", JSON_TYPE)
 
 
 def pick(pool: BackendPool, exclude: Backend | None = None) -> Backend:
@@ -110,8 +127,9 @@ def pick(pool: BackendPool, exclude: Backend | None = None) -> Backend:
 
 
 def mark_down(metrics: ProxyMetrics, backend: Backend, stage: str) -> None:
-    """Passive health: a refused connection takes the backend out until a check passes."""
-    backend.healthy = False
+    """Passive health: a refused connection takes the backend out until a check passes (its
+    waiting prefill legs move to another)."""
+    backend.went_down()
     metrics.set_health(backend.role, backend.url, False)
     metrics.backend_error(stage, backend.url)
 
@@ -148,11 +166,7 @@ class Legs:
         self.prefill_pool = prefill
         self.decode_pool = decode
         self.upstream: Upstream | None = None
-        # The tail of each stage's 504 message (decode's timeout bounds silence, not the total).
-        self._timeout_text = {
-            "prefill": f"timed out after {config.prefill_timeout:g}s",
-            "decode": f"sent nothing for {config.decode_timeout:g}s",
-        }
+        self._background: set[asyncio.Task[None]] = set()  # KV releases nobody waits for
 
     def backend_headers(self, rid: str) -> Fields:
         """The header fields both legs add, encoded once: the client's Authorization is never
@@ -171,62 +185,96 @@ class Legs:
         silence: float | None,
         trace: Trace,
         consume: Callable[[Backend, Reply], Awaitable[T]],
-        retry_stale: bool = False,
+        movable: bool = False,
     ) -> T:
-        """POST to the least-busy backend of ``pool`` and hand its answer to ``consume``.
+        """POST to a backend of ``pool`` (``pick``) and hand its answer to ``consume``.
 
-        One leg's whole life (connect, headers, body) sits inside one ``outstanding`` increment,
-        so a cancelled client cannot leak it. A refused connection marks the backend down and
-        retries once on another; with ``retry_stale`` (the prefill leg), a reused connection that
-        closed before any answer sends the request once more, on a new connection to the same
-        backend. Other upstream errors while posting or consuming become ``ProxyError``.
-        ``total`` bounds each attempt (connect included), ``silence`` each wait for the backend.
+        One attempt's whole life (connect, headers, body) sits inside one ``outstanding``
+        increment, so a cancelled client cannot leak it. A leg goes at most twice:
+
+        - a refused connection (the request never left) marks the backend down and goes to
+          another, for every leg;
+        - a ``movable`` leg (the prefill's: it has no answer to lose) also goes again when its
+          backend goes down while it waits (pd_proxy.pool ``Backend.went_down``: a hung
+          replica), or the connection broke before an answer (to another backend), or a reused
+          connection closed before any answer (the same backend, on a new connection). What the
+          first attempt may hold on its backend is freed there: the closed connection aborts
+          the request, and KV already handed out expires with its lease.
+
+        Each retry is counted in ``pd_proxy_retries_total``. Other upstream errors become a
+        ``ProxyError`` (502, or 504 for a time limit). ``total`` bounds each attempt (connect
+        included), ``silence`` each wait for the backend.
         """
         upstream = self.upstream
         assert upstream is not None
         stage = pool.role
         want = trace.want.get(stage) if trace.want else None
         backend = want if want is not None and want.healthy and not want.draining else pick(pool)
-        for attempt in (0, 1):
+        task = asyncio.current_task() if movable else None
+        moved = resent = False  # at most one move to another backend, one resend on a new conn
+        while True:
             backend.outstanding += 1
+            if task is not None:
+                backend.waiters[task] = False
+            answered = False
             try:
                 deadline = None if total is None else upstream.loop.time() + total
                 resp = await upstream.post(backend, path, headers, payload, deadline, silence)
+                answered = True
+                backend.progress += 1
                 try:
-                    return await consume(backend, resp)
+                    result = await consume(backend, resp)
                 finally:
                     resp.release()  # closes the connection if the body was not read to the end
+                if backend.probing:
+                    Breaker.proved(backend)
+                return result
+            except asyncio.CancelledError:
+                # Told to move (its backend went down), not the client leaving: go elsewhere.
+                if task is None or not backend.waiters.get(task) or task.uncancel() > 0:
+                    raise
+                move = Move("went down before answering", pool.pick(exclude=backend), "unhealthy")
             except StaleConnection as exc:
-                if attempt == 0 and retry_stale:  # the same backend, on a new connection
-                    log.info("rid=%s %s %s: %s, sending again", trace.rid, stage, backend.url, exc)
-                    continue
-                self.metrics.backend_error(stage, backend.url)
-                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                if not movable:
+                    self.metrics.backend_error(stage, backend.url)
+                    raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                move = Move(str(exc), backend, "stale_connection")
             except ConnectFailed as exc:
+                if task is not None:
+                    backend.waiters.pop(task, None)  # the move below is this leg's own
                 mark_down(self.metrics, backend, stage)
-                retry = pool.pick(exclude=backend)
-                if attempt == 0 and retry is not None:
-                    log.warning(
-                        "rid=%s %s %s unreachable, retrying on %s",
-                        trace.rid,
-                        stage,
-                        backend.url,
-                        retry.url,
-                    )
-                    backend = retry
-                    continue
-                raise ProxyError(502, f"{stage} backend {backend.url} unreachable: {exc}") from None
+                move = Move(f"unreachable: {exc}", pool.pick(exclude=backend), "unreachable")
             except UpstreamTimeout:
                 self.metrics.backend_error(stage, backend.url)
-                raise ProxyError(
-                    504, f"{stage} backend {backend.url} {self._timeout_text[stage]}"
-                ) from None
+                limit = f"timed out after {total:g}s" if total else f"sent nothing for {silence:g}s"
+                raise ProxyError(504, f"{stage} backend {backend.url} {limit}") from None
             except UpstreamBroken as exc:
                 self.metrics.backend_error(stage, backend.url)
-                raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                if not movable or answered:
+                    raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
+                move = Move(f"failed: {exc}", pool.pick(exclude=backend), "broken")
             finally:
                 backend.outstanding -= 1
-        raise AssertionError("unreachable: the second attempt returns or raises")
+                if task is not None:
+                    backend.waiters.pop(task, None)
+            again = resent if move.to is backend else moved
+            if again or move.to is None:
+                raise ProxyError(502, f"{stage} backend {backend.url} {move.why}")
+            log.log(
+                logging.INFO if move.to is backend else logging.WARNING,  # an idle close: routine
+                "rid=%s %s %s %s, sending again to %s",
+                trace.rid,
+                stage,
+                backend.url,
+                move.why,
+                move.to.url,
+            )
+            self.metrics.retry(stage, move.reason)
+            if move.to is backend:
+                resent = True
+            else:
+                moved = True
+            backend = move.to
 
     def invalid_prefill_json(self, backend: Backend, data: bytes) -> ProxyError:
         self.metrics.backend_error("prefill", backend.url)
@@ -248,7 +296,7 @@ class Legs:
             None,
             trace,
             read_whole,
-            retry_stale=True,
+            movable=True,
         )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
@@ -285,6 +333,28 @@ class Legs:
             consume,
         )
 
+    async def side_call(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Fields,
+        trace: Trace,
+        consume: Callable[[Backend, Reply], Awaitable[T]],
+    ) -> T:
+        """A call to a decode backend on the request's path that is not a leg (``/tokenize``):
+        the whole of it bounded by ``side_call_timeout``, so a slow one costs little and its
+        caller falls back."""
+        return await self.exchange(
+            self.decode_pool,
+            path,
+            payload,
+            headers,
+            self.config.side_call_timeout,
+            None,
+            trace,
+            consume,
+        )
+
     async def decode_leg(
         self,
         request: web.Request,
@@ -299,7 +369,7 @@ class Legs:
         async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
             trace.decode = backend.url
             content_type = resp.headers.get("content-type", JSON_TYPE)
-            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+            if not is_event_stream(resp):
                 # Read failures (timeout, broken connection) are mapped by exchange.
                 data = await resp.read()
                 now = self.first_byte(start, trace)
@@ -332,6 +402,30 @@ class Legs:
             trace,
             answer,
         )
+
+    def release_kv(
+        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: Fields, rid: str
+    ) -> None:
+        """Let a decode take the KV a prefill keeps for a request that will not read it (token 1
+        ended it, a fan-out leg was cancelled), so the prefill frees its blocks now rather than
+        when their lease ends. Nobody waits for the answer."""
+        if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
+            return
+        payload = dumps(release_body(client_body, kv))
+        task = asyncio.create_task(self._release_leg(endpoint, payload, headers, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_leg(self, endpoint: str, payload: bytes, headers: Fields, rid: str) -> None:
+        try:
+            _, status, data, _ = await self.decode_to(
+                endpoint, payload, headers, Trace(rid), read_whole
+            )
+        except ProxyError as exc:
+            log.warning("rid=%s KV release on decode failed: %s", rid, exc.message)
+            return
+        if status != 200:
+            log.warning("rid=%s KV release on decode answered %d: %s", rid, status, data[:200])
 
     def decode_error(self, backend: Backend, status: int, data: bytes, content_type: str) -> None:
         """The one mapping of a decode answer's status to the client's error: 200 passes, 401 is

@@ -36,6 +36,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from pd_proxy.shapes import LOCAL, PD
+
 # Names other tools read (the kit's demo report and eval manifest) import these, not a copy.
 REQUESTS_TOTAL = "pd_proxy_requests_total"
 BACKEND_ERRORS_TOTAL = "pd_proxy_backend_errors_total"
@@ -48,6 +50,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_time_to_first_byte_seconds",
     "pd_proxy_request_duration_seconds",
     BACKEND_ERRORS_TOTAL,
+    "pd_proxy_retries_total",
     "pd_proxy_backend_healthy",
     "pd_proxy_backends",
     "pd_proxy_discovery_errors_total",
@@ -57,9 +60,11 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_fanout_legs_total",
 )
 BACKEND_STATES = ("healthy", "unhealthy", "draining")
+# Why a leg went again (pd_proxy.legs.Legs.exchange).
+RETRY_REASONS = ("unreachable", "unhealthy", "broken", "stale_connection")
 # How a completions request was served: through a prefill, or by decode alone (pd_proxy.shapes,
 # --local-prefill-max-tokens).
-PATHS = ("pd", "local")
+PATHS = (PD, LOCAL)
 
 # Loopback legs take milliseconds, real CPU/GPU prefill and KV transfer seconds to minutes.
 LATENCY_BUCKETS = (
@@ -185,6 +190,18 @@ class ProxyMetrics:
             ("stage", "backend"),
             registry=reg,
         )
+        self.retries = Counter(
+            "pd_proxy_retries",
+            "Legs sent again, by stage and reason: unreachable (connection refused: another "
+            "backend), unhealthy (its backend went down while the prefill leg waited: another), "
+            "broken (the connection broke before a prefill answer: another), stale_connection "
+            "(a reused connection closed before any answer: the same backend, a new connection).",
+            ("stage", "reason"),
+            registry=reg,
+        )
+        for stage in ("prefill", "decode"):
+            for reason in RETRY_REASONS:
+                self.retries.labels(stage, reason)
         self.backend_healthy = Gauge(
             "pd_proxy_backend_healthy",
             "1 when the backend's last health check passed.",
@@ -271,6 +288,9 @@ class ProxyMetrics:
 
     def backend_error(self, stage: str, backend: str) -> None:
         self.backend_errors.labels(stage, backend).inc()
+
+    def retry(self, stage: str, reason: str) -> None:
+        self.retries.labels(stage, reason).inc()
 
     def set_health(self, role: str, backend: str, healthy: bool) -> None:
         self.backend_healthy.labels(role, backend).set(1 if healthy else 0)

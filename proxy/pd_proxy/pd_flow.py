@@ -22,6 +22,7 @@ from pd_proxy.errors import Passthrough, ProxyError, error_response
 from pd_proxy.legs import CLIENT_GONE, Legs, Trace
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import BackendPool
+from pd_proxy.request_fields import read_fields
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, BadRequest, parse_request
 
 log = logging.getLogger("pd_proxy.request")
@@ -71,6 +72,7 @@ class PdFlow:
                     client_body = parse_request(body, endpoint)
                 except BadRequest as exc:
                     raise ProxyError(400, str(exc)) from None
+                read_fields(client_body)
                 rid = trace.rid
                 if "\r" in rid or "\n" in rid:  # aiohttp's parser lets none through
                     raise ProxyError(400, "X-Request-Id must not contain line breaks")

@@ -1,12 +1,13 @@
-"""Backend choice and health: least outstanding requests among healthy backends, periodic checks.
+"""Backends: their pools, the choice of one for a leg, and their periodic health checks.
 
-Health is both active (``GET {backend}/health`` every interval) and passive (a refused connection
-marks the backend down at once), so a dead backend costs at most one retried request. A check
-that only times out while the backend is busy with this proxy's own requests is weak evidence:
-vLLM answers /health from the same event loop that streams tokens, and on a saturated host (CPU
-servers sharing cores) it can miss the timeout in the middle of a long prefill. Such a backend
-stays in the pool through ``BUSY_TIMEOUTS_TOLERATED`` such checks in a row (the next one takes it
-out); an idle backend that times out, and any refusal or error status, is down at once.
+Health is both active (``GET {backend}/health`` every interval, judged by pd_proxy.health's
+circuit breaker, which tells a hung backend from a busy one by what the proxy sees) and passive
+(a refused connection takes the backend out at once, pd_proxy.legs). When a backend goes down,
+the prefill legs still waiting for its answer are told to move (``Backend.waiters``), so a hung
+replica costs them the detection time, not the leg's whole timeout.
+
+``Chooser`` is the one place that picks a backend for a leg among the eligible ones: least
+outstanding requests, ties rotating round-robin. A routing policy (cache-aware, say) replaces it.
 
 Membership can change at run time (``BackendPool.update``, fed by pd_proxy.discovery): a backend
 that no source lists any more moves to ``draining``. It gets no new requests, its in-flight ones
@@ -22,10 +23,14 @@ from collections.abc import Callable, Iterable
 import aiohttp
 from yarl import URL
 
+from pd_proxy.health import Breaker, CheckResult, Verdict, judge
+
 log = logging.getLogger("pd_proxy.pool")
 
-# Timed-out checks in a row a backend with requests in flight stays healthy through.
-BUSY_TIMEOUTS_TOLERATED = 2
+# The message a moved leg's cancellation carries (pd_proxy.legs tells it from a client leaving).
+MOVE = "pd-proxy: backend went down"
+# The part of a health check's time its connect may take.
+CONNECT_SHARE = 0.5
 
 
 class Backend:
@@ -40,6 +45,11 @@ class Backend:
         "outstanding",
         "draining",
         "slow_checks",
+        "probing",
+        "passes",
+        "fails",
+        "progress",
+        "waiters",
         "_urls",
     )
 
@@ -55,6 +65,13 @@ class Backend:
         self.outstanding = 0
         self.draining = False  # left every source: no new requests, dropped once idle
         self.slow_checks = 0  # health checks in a row that timed out while it was busy
+        self.probing = False  # half-open: one request at a time until it proves itself
+        self.passes = 0  # checks in a row that passed
+        self.fails = 0  # checks in a row that failed
+        self.progress = 0  # answers and stream chunks received from it (pd_proxy.legs bumps it)
+        # Legs waiting for its answer that move to another backend when it goes down (the
+        # value: whether it was told to move).
+        self.waiters: dict[asyncio.Task, bool] = {}
         self._urls: dict[str, URL] = {}
 
     def endpoint(self, path: str) -> URL:
@@ -64,8 +81,35 @@ class Backend:
             url = self._urls[path] = self.base.with_path(self.base.path.rstrip("/") + path)
         return url
 
+    def went_down(self) -> None:
+        """Down now (a refused connection): its waiting legs move elsewhere."""
+        Breaker.open(self)
+        self.move_waiters()
+
+    def move_waiters(self) -> None:
+        """Cancel the legs waiting for its answer with ``MOVE``: each goes again elsewhere."""
+        for task, told in self.waiters.items():
+            if not told:
+                self.waiters[task] = True
+                task.cancel(MOVE)
+
     def __repr__(self) -> str:
         return f"Backend({self.role}, {self.url}, healthy={self.healthy})"
+
+
+class Chooser:
+    """Picks a leg's backend among the eligible ones: the fewest outstanding requests, ties
+    rotating round-robin (the rotation restarts just after the last choice, so a dead backend's
+    turn does not fall to its neighbour every time). The one place a routing policy plugs in."""
+
+    def choose(self, candidates: list[Backend]) -> int:
+        """The index in ``candidates`` (in rotation order, never empty) of the one to use."""
+        best = 0
+        fewest = candidates[0].outstanding
+        for i in range(1, len(candidates)):
+            if candidates[i].outstanding < fewest:
+                best, fewest = i, candidates[i].outstanding
+        return best
 
 
 class BackendPool:
@@ -83,29 +127,28 @@ class BackendPool:
         self.draining: list[Backend] = []
         self._sources: dict[str, frozenset[str]] = {self.STATIC: frozenset(urls)}
         self._next = 0
+        self.chooser = Chooser()
 
     def pick(self, exclude: Backend | None = None) -> Backend | None:
-        """Healthy backend with the fewest outstanding requests; ties rotate round-robin.
-
-        The rotation restarts just after the last choice, so a dead backend's turn does not fall
-        to its neighbour every time.
-        """
+        """The backend for a leg: ``chooser`` among the healthy ones (not ``exclude``), in
+        rotation order; a probing one only while it has nothing in flight, unless no other is
+        healthy."""
         backends = self.backends
         n = len(backends)
         start = self._next
-        best: Backend | None = None
-        best_i = 0
+        candidates: list[Backend] = []
+        spare: list[Backend] = []  # busy probing backends: the last resort
         for i in range(start, start + n):
             b = backends[i % n]
-            if (
-                b.healthy
-                and b is not exclude
-                and (best is None or b.outstanding < best.outstanding)
-            ):
-                best, best_i = b, i
-        if best is not None:
-            self._next = (best_i + 1) % n
-        return best
+            if b.healthy and b is not exclude:
+                (spare if b.probing and b.outstanding else candidates).append(b)
+        if not candidates:
+            if not spare:
+                return None
+            candidates = spare
+        chosen = candidates[self.chooser.choose(candidates)]
+        self._next = (backends.index(chosen) + 1) % n
+        return chosen
 
     def healthy(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
@@ -177,7 +220,8 @@ class BackendPool:
 
 
 class HealthChecker:
-    """Polls every backend of every pool; ``on_change(backend)`` is called on each transition."""
+    """Polls every backend of every pool; ``on_result(backend, passed)`` is called after each
+    check that decided something (not after a busy timeout), with ``backend.healthy`` updated."""
 
     def __init__(
         self,
@@ -186,25 +230,32 @@ class HealthChecker:
         interval: float,
         timeout: float,
         on_result: Callable[[Backend, bool], None],
+        breaker: Breaker | None = None,
     ) -> None:
         self.pools = pools
         self.session = session
         self.interval = interval
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        # The connect gets its own share, so a backend that cannot even accept a connection
+        # (ConnectionTimeoutError) is told from one that accepted and stays silent.
+        self.timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout * CONNECT_SHARE)
         self.on_result = on_result
+        self.breaker = breaker or Breaker()
         self.rounds = 0
         self.first_round = asyncio.Event()  # set once every backend has been checked
 
-    async def check(self, backend: Backend) -> bool | None:
-        """True: healthy; False: refused, reset or an error status; None: no answer in time."""
+    async def check(self, backend: Backend) -> CheckResult:
+        """One ``GET /health``. A connect timeout is a failure: only a backend that accepted the
+        connection and then stayed silent may be a busy one."""
         try:
             async with self.session.get(backend.endpoint("/health"), timeout=self.timeout) as r:
                 await r.read()
-                return r.status == 200
+                return CheckResult.OK if r.status == 200 else CheckResult.FAILED
+        except aiohttp.ConnectionTimeoutError:  # a subclass of TimeoutError: first
+            return CheckResult.FAILED
         except asyncio.TimeoutError:
-            return None
+            return CheckResult.TIMED_OUT
         except (aiohttp.ClientError, OSError):
-            return False
+            return CheckResult.FAILED
 
     async def check_all(self) -> None:
         await self.check_some([b for pool in self.pools for b in pool.backends])
@@ -213,32 +264,58 @@ class HealthChecker:
 
     async def check_some(self, backends: list[Backend]) -> None:
         """Check ``backends`` now and apply the results (discovery calls it for new backends)."""
+        roles = {pool.role: pool.backends for pool in self.pools}
+        before = {id(b): b.progress for group in roles.values() for b in group}
+        before.update((id(b), b.progress) for b in backends)
         results = await asyncio.gather(*(self.check(b) for b in backends))
         for backend, result in zip(backends, results, strict=True):
             if backend.draining:
                 continue  # left meanwhile: no result may revive its metrics
-            if result is None and busy_and_tolerated(backend):
-                backend.slow_checks += 1
+            progressed = backend.progress != before[id(backend)]
+            others = any(
+                p.progress != before.get(id(p), p.progress)
+                for p in roles.get(backend.role, ())
+                if p is not backend
+            )
+            verdict = judge(result, backend, progressed, others)
+            was_healthy = backend.healthy
+            if verdict is Verdict.BUSY:
+                self.breaker.apply(backend, verdict)
                 log.info(
-                    "%s backend %s: health check timed out with %d requests in flight (%d/%d)",
+                    "%s backend %s: health check timed out with %d requests in flight, "
+                    "judged busy (%d in a row)",
                     backend.role,
                     backend.url,
                     backend.outstanding,
                     backend.slow_checks,
-                    BUSY_TIMEOUTS_TOLERATED,
                 )
                 continue
-            backend.slow_checks = 0
-            ok = bool(result)
-            if ok != backend.healthy:
-                log.warning(
-                    "%s backend %s is now %s",
-                    backend.role,
-                    backend.url,
-                    "healthy" if ok else "DOWN",
-                )
-            backend.healthy = ok
-            self.on_result(backend, ok)
+            if self.breaker.apply(backend, verdict):
+                if backend.healthy:
+                    log.warning(
+                        "%s backend %s is now healthy%s",
+                        backend.role,
+                        backend.url,
+                        " (probing: one request at a time)" if backend.probing else "",
+                    )
+                else:
+                    hung = result is CheckResult.TIMED_OUT and backend.outstanding > 0
+                    log.warning(
+                        "%s backend %s is now DOWN%s",
+                        backend.role,
+                        backend.url,
+                        f" (hung: {backend.outstanding} requests in flight stopped while "
+                        "others progressed)"
+                        if hung and others
+                        else "",
+                    )
+            if (
+                was_healthy
+                and not backend.healthy
+                and any(p.healthy for p in roles.get(backend.role, ()) if p is not backend)
+            ):
+                backend.move_waiters()  # with nowhere to go, its legs keep their chance here
+            self.on_result(backend, verdict is Verdict.PASS)
 
     async def run(self) -> None:
         """Check at once, then every ``interval`` seconds, until cancelled."""
@@ -250,13 +327,3 @@ class HealthChecker:
             except Exception:  # a bug here must not stop health checking for good
                 log.exception("health check round failed")
             await asyncio.sleep(self.interval)
-
-
-def busy_and_tolerated(backend: Backend) -> bool:
-    """A timed-out check that leaves ``backend`` in the pool: it is serving requests of ours and
-    has not yet had ``BUSY_TIMEOUTS_TOLERATED`` slow checks in a row."""
-    return (
-        backend.healthy
-        and backend.outstanding > 0
-        and backend.slow_checks < BUSY_TIMEOUTS_TOLERATED
-    )

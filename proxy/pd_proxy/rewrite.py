@@ -22,6 +22,7 @@ try:
 except ImportError:  # pragma: no cover - the kit pins orjson; this keeps a bare checkout working
     orjson = None  # type: ignore[assignment]
 
+JSON_TYPE = "application/json"
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 
@@ -41,6 +42,13 @@ PREFILL_DROPPED = (
 )
 
 
+def _std_loads(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise TooDeep("nested too deeply") from None
+
+
 def _std_dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -52,11 +60,12 @@ if orjson is not None:
     _OrjsonEncodeError = orjson.JSONEncodeError
 
     def loads(data: bytes) -> Any:
-        """Parse JSON bytes; ``ValueError`` (or ``UnicodeDecodeError``) when they are not JSON."""
+        """Parse JSON bytes; ``ValueError`` (or ``UnicodeDecodeError``) when they are not JSON,
+        ``TooDeep`` when they nest deeper than the parsers go."""
         try:
             return _orjson_loads(data)
         except _OrjsonError:
-            return json.loads(data)
+            return _std_loads(data)
 
     def dumps(obj: Any) -> bytes:
         """Compact UTF-8 JSON bytes."""
@@ -66,12 +75,17 @@ if orjson is not None:
             return _std_dumps(obj)
 
 else:  # pragma: no cover
-    loads = json.loads
+    loads = _std_loads
     dumps = _std_dumps
 
 
 class BadRequest(ValueError):
     """The client body cannot be proxied; the message is safe to return to the client."""
+
+
+class TooDeep(ValueError):
+    """JSON nested deeper than the parsers go (orjson stops at 1024 levels, the stdlib at
+    Python's recursion limit)."""
 
 
 def prefill_kv_params() -> dict[str, Any]:
@@ -90,6 +104,8 @@ def parse_request(body: bytes, endpoint: str) -> dict[str, Any]:
     """Decode and minimally validate a client body; raise ``BadRequest`` with a client message."""
     try:
         obj = loads(body)
+    except TooDeep:
+        raise BadRequest("request body is nested too deeply to be parsed") from None
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("request body is not valid JSON") from None
     if not isinstance(obj, dict):
@@ -120,6 +136,14 @@ def decode_body(request: dict[str, Any], kv_transfer_params: Any) -> dict[str, A
     return body
 
 
+def release_body(request: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
+    """A decode request that only takes the prefill's KV (so the prefill frees its blocks now,
+    not when their lease ends): the decode leg cut to one token, its answer discarded."""
+    body = prefill_body(request)
+    body["kv_transfer_params"] = kv_transfer_params
+    return body
+
+
 def kv_params_from_prefill(payload: bytes) -> Any:
     """Pull ``kv_transfer_params`` out of the prefill's JSON response.
 
@@ -130,6 +154,23 @@ def kv_params_from_prefill(payload: bytes) -> Any:
     if not isinstance(obj, dict):
         raise ValueError("prefill response is not a JSON object")
     return obj.get("kv_transfer_params")
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """An answer's ``usage`` counts, in vLLM's key order."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+def usage_options(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) as vLLM reads a stream's ``stream_options``."""
+    options = body.get("stream_options")
+    if not isinstance(options, dict) or not options.get("include_usage"):
+        return False, False
+    return True, bool(options.get("continuous_usage_stats"))
 
 
 def decode_payload(raw: bytes, request: dict[str, Any], kv_transfer_params: Any) -> bytes:

@@ -19,7 +19,7 @@ from pd_proxy.errors import ProxyError, error_response
 from pd_proxy.legs import backend_refused_key, mark_down, pick
 from pd_proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from pd_proxy.pool import Backend, BackendPool
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, JSON_TYPE
 
 # Errors that mean the request never reached the backend, so another one may take it.
 CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
@@ -65,7 +65,7 @@ class SideEndpoints:
                 ) as resp:
                     data = await resp.read()
                     status = resp.status
-                    content_type = resp.headers.get("Content-Type", "application/json")
+                    content_type = resp.headers.get("Content-Type", JSON_TYPE)
             except CONNECT_ERRORS as exc:
                 mark_down(self.metrics, backend, "models")
                 raise ProxyError(502, f"decode backend {backend.url} unreachable: {exc}") from None

@@ -89,6 +89,7 @@ async def relay_events(
     if isinstance(chunk, bytes):
         first_byte()
     while isinstance(chunk, bytes) and chunk:
+        backend.progress += 1  # alive: pd_proxy.health tells busy from hung by this
         data = chunk if transform is None else transform(chunk)
         try:
             if resp.at_eof():

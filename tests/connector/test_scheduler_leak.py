@@ -73,7 +73,8 @@ def _sim(tiny_model_dir, connector: str, module: str | None, extra=None):
 
 
 def test_stock_nixl_leaks_replicated_pcp2_blocks(tiny_model_dir):
-    """Upstream bug (vLLM 0.32/0.33). If this fails, upstream fixed it: revisit the kit."""
+    """Upstream bug (run on the installed 0.32; its parts are read from every supported release's
+    code by the static canaries). If this fails, upstream fixed it: revisit the kit."""
     sim = _sim(tiny_model_dir, "NixlPullConnector", None)
     assert sim.aggregator._expected_finished_count == 2
     _run_until_sent(sim)

@@ -1,20 +1,27 @@
-"""Canaries: the installed vLLM still has each defect a kit CPU fix works around, and the
-version gate that keeps the fixes off a vLLM nobody checked.
+"""Canaries: the installed vLLM still has each defect a kit CPU fix works around, every
+supported release's code still has the defects the kit works around (read statically from its
+wheel), and the version gate that keeps the CPU fixes off a vLLM nobody checked.
 
 A canary that fails means upstream fixed (or changed) that code: re-read it, then drop the fix
-or re-check it, and only then list the new release in ``cpu_compat/upstream_gate.READ_AGAINST``.
-The unit tests below show each probe flags a fake "fixed" class, so the canaries can fail.
+or re-check it. The gate's ``READ_AGAINST`` lists only the releases with a CPU build, where the
+runtime canaries run (``releases.CPU_CHECKED``). The unit tests below show each probe flags a
+fake "fixed" class or source, so the canaries can fail.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from pcp_nixl_connector import releases
 from pcp_nixl_connector.cpu_compat import expert_parallel, rope, upstream_gate
+from tests.connector import api_surface, static_canaries
 from tests.connector.upstream_canaries import (
     LATENT,
     NOPE,
@@ -171,18 +178,26 @@ def test_collectives_probe_flags_a_communicator_that_implements_them() -> None:
 
 
 # -- the gate -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.32.0+cpu"])
+def test_the_gate_lists_only_releases_the_runtime_canaries_run_on() -> None:
+    """Only a release with a CPU build can run the canaries above; the installed one is it."""
+    cpu_builds = {r.version for r in releases.RELEASES if r.cpu_build}
+    assert upstream_gate.release(upstream_gate.installed_vllm_version()) in cpu_builds
+    for fix, versions in upstream_gate.READ_AGAINST.items():
+        assert set(versions) <= cpu_builds, f"{fix}: {versions} lists a release with no CPU build"
+
+
+@pytest.mark.parametrize("version", [*releases.CPU_CHECKED, "0.32.0+cpu"])
 def test_gate_lets_the_releases_read_through(version: str) -> None:
     for fix in upstream_gate.READ_AGAINST:
         upstream_gate.check(fix, version)
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.32.1", "0.34.0", "0.33.0rc1", "1.0.0"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.32.1", "0.33.0", "0.34.0", "0.33.0rc1", "1.0.0"])
 def test_gate_refuses_other_releases_saying_what_to_do(version: str) -> None:
     with pytest.raises(upstream_gate.UpstreamGateError) as caught:
         upstream_gate.check(upstream_gate.EXPERT_MAP, version)
     message = str(caught.value)
-    assert f"vLLM {version}" in message and "0.32.0 and 0.33.0" in message
+    assert f"vLLM {version}" in message and "checked against vLLM 0.32.0, not" in message
     assert upstream_gate.CANARIES in message and "READ_AGAINST['expert_map']" in message
     assert "PCP_NIXL_CPU_FIXES=0" in message
 
@@ -208,6 +223,164 @@ def test_installs_patch_nothing_on_an_unchecked_vllm() -> None:
         expert_parallel.install(experts, communicator, vllm_version="0.34.0")
     assert rotary.forward_cpu is forward_cpu and experts.apply is apply
     assert not hasattr(communicator, "all_gatherv")
-    assert rope.install(rotary, vllm_version="0.33.0") is True
-    assert expert_parallel.install(experts, communicator, vllm_version="0.33.0") is True
+    assert rope.install(rotary, vllm_version="0.32.0") is True
+    assert expert_parallel.install(experts, communicator, vllm_version="0.32.0") is True
     assert communicator.all_gatherv is expert_parallel.all_gatherv  # type: ignore[attr-defined]
+
+
+# -- static canaries: each supported release's code, read from its wheel ------------------------
+RELEASES = [r.version for r in releases.RELEASES]
+NOT_READ = "{} was made before probe {!r} existed: regenerate it (see static_canaries.py)"
+
+
+def _committed_canaries(version: str) -> dict[str, Any]:
+    data = json.loads(static_canaries.canaries_file(version).read_text())
+    assert data["vllm_version"] == version
+    return data
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_static_canaries_every_supported_release_still_has_the_defects(version: str) -> None:
+    """The leak (count None, world_size fallback, rank > 0 reports at once and then cleared),
+    the handshake skip, and the CPU fixes' Python-side defects, in each release's own code."""
+    found = _committed_canaries(version)["defects"]
+    for probe in static_canaries.PROBES:
+        assert probe in found, NOT_READ.format(static_canaries.canaries_file(version).name, probe)
+        assert found[probe] is True, f"{probe}: " + FIXED_BY_UPSTREAM.format(version)
+
+
+def test_static_canaries_read_the_installed_vllm_as_its_committed_extract() -> None:
+    """The probes on the installed vLLM's sources (where the runtime canaries above and the
+    scheduler-leak test run) give what the extract made from that release's wheel holds."""
+    spec = importlib.util.find_spec("vllm")  # locates the package without running it
+    assert spec is not None and spec.submodule_search_locations
+    root = Path(next(iter(spec.submodule_search_locations))).parent
+    live = static_canaries.read_tree(api_surface.tree_reader(root))
+    committed = _committed_canaries(upstream_gate.release(upstream_gate.installed_vllm_version()))
+    assert live == {"defects": committed["defects"], "digests": committed["digests"]}
+    assert all(live["defects"].values())
+
+
+NIXL_DIR = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+# Small stand-ins with the defects' shapes (written for these tests, not vLLM's code).
+DEFECTIVE = {
+    f"{NIXL_DIR}/connector.py": """
+class NixlBaseConnector:
+    def get_finished_count(self):
+        return None
+
+    def get_transfer_results(self, finished):
+        results = self.connector_worker.get_transfer_results()
+        if self.producer and self.connector_worker.pcp_rank > 0:
+            results.finished_sending.clear()
+        return results
+
+    def get_handshake_metadata(self):
+        if self.connector_worker.pcp_rank > 0:
+            return None
+        return self.connector_worker.meta
+
+class NixlPullConnector(NixlBaseConnector):
+    pass
+""",
+    f"{NIXL_DIR}/pull_worker.py": """
+class NixlPullConnectorWorker:
+    def start_load_kv(self, metadata):
+        if self.pcp_rank > 0:
+            self._replicated_pcp_done_sending.update(metadata.reqs_to_send)
+            return
+""",
+    "vllm/distributed/kv_transfer/kv_connector/utils.py": """
+class KVOutputAggregator:
+    @classmethod
+    def from_connector(cls, connector, world_size):
+        return cls(connector.get_finished_count() or world_size)
+""",
+    "vllm/model_executor/layers/fused_moe/experts/cpu_moe.py": """
+class CPUUnquantizedExperts:
+    def apply(self, out, hidden, w1, w2, weights, ids, act, n, expert_map):
+        cpu_fused_moe(out, hidden, w1, w2, weights, ids)
+""",
+    "vllm/distributed/device_communicators/cpu_communicator.py": """
+from .base_device_communicator import DeviceCommunicatorBase
+
+class CpuCommunicator(DeviceCommunicatorBase):
+    def all_reduce(self, x):
+        return x
+""",
+    "vllm/distributed/device_communicators/base_device_communicator.py": """
+class DeviceCommunicatorBase:
+    def all_gatherv(self, x, dim=0, sizes=None):
+        raise NotImplementedError
+
+    def reduce_scatterv(self, x, dim=-1, sizes=None):
+        raise NotImplementedError
+""",
+    "vllm/model_executor/layers/rotary_embedding/base.py": """
+class RotaryEmbedding:
+    def forward_cpu(self, positions, query, key=None):
+        from vllm import _custom_ops as ops
+        ops.rotary_embedding(positions, query, key, self.head_size)
+        return query, key
+""",
+}
+# probe -> (file, defective text, an upstream fix of it)
+FIXES = {
+    "finished_count_is_none": (f"{NIXL_DIR}/connector.py", "        return None\n\n    def get_t",
+                               "        return self.tp * self.pp\n\n    def get_t"),
+    "aggregator_falls_back_to_world_size": ("vllm/distributed/kv_transfer/kv_connector/utils.py",
+                                            "or world_size", "or 1"),
+    "ranks_above_zero_report_sent_at_once": (f"{NIXL_DIR}/pull_worker.py",
+                                             "self._replicated_pcp_done_sending.update(", "print("),
+    "ranks_above_zero_clear_finished_sending": (f"{NIXL_DIR}/connector.py",
+                                                "results.finished_sending.clear()", "pass"),
+    "ranks_above_zero_skip_handshake": (f"{NIXL_DIR}/connector.py",
+                                        "pcp_rank > 0:\n            return None",
+                                        "pcp_rank > 0:\n            return self.rank0_meta"),
+    "cpu_experts_ignore_expert_map": ("vllm/model_executor/layers/fused_moe/experts/cpu_moe.py",
+                                      "weights, ids)", "weights, expert_map[ids])"),
+    "cpu_communicator_lacks_variable_collectives": (
+        "vllm/distributed/device_communicators/cpu_communicator.py",
+        "    def all_reduce(self, x):", "    def all_gatherv(self, x, dim=0, sizes=None):"),
+    "rope_forward_cpu_passes_views_to_the_kernel": (
+        "vllm/model_executor/layers/rotary_embedding/base.py",
+        "        ops.rotary_embedding(",
+        "        query = query.flatten(1)\n        ops.rotary_embedding(",
+    ),
+}  # fmt: skip
+
+
+def test_static_probes_know_each_defect() -> None:
+    assert static_canaries.read_tree(DEFECTIVE.get)["defects"] == dict.fromkeys(
+        static_canaries.PROBES, True
+    )
+    assert set(FIXES) == set(static_canaries.PROBES)
+
+
+@pytest.mark.parametrize("probe", sorted(FIXES))
+def test_static_probe_flags_an_upstream_fix(probe: str) -> None:
+    path, defective, fixed = FIXES[probe]
+    assert defective in DEFECTIVE[path]
+    files = {**DEFECTIVE, path: DEFECTIVE[path].replace(defective, fixed)}
+    found = static_canaries.read_tree(files.get)["defects"]
+    assert found[probe] is False
+    assert [name for name, present in found.items() if not present] == [probe]
+
+
+def test_static_probes_treat_moved_code_as_not_the_known_defect() -> None:
+    assert not any(static_canaries.read_tree({}.get)["defects"].values())
+
+
+def test_static_digests_tell_changed_code_from_reformatted_code() -> None:
+    path = "vllm/model_executor/layers/rotary_embedding/base.py"
+    call = "(positions, query, key, self.head_size)"
+    variants = (
+        DEFECTIVE[path],
+        DEFECTIVE[path].replace(call, "(\n  positions, query, key, self.head_size  # note\n)"),
+        DEFECTIVE[path].replace(call, "(positions, query, key, self.rotary_dim)"),
+    )
+    key = f"{static_canaries.ROTARY}.forward_cpu"
+    digests = [
+        static_canaries.read_tree({**DEFECTIVE, path: v}.get)["digests"][key] for v in variants
+    ]
+    assert digests[0] == digests[1] != digests[2]

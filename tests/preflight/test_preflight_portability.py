@@ -14,13 +14,16 @@ from tests.preflight.fake_host import REPO, FakeHost, python_for
 KIT = REPO / "scripts" / "pcp_pd_kit"
 PACKAGE = KIT / "preflight"
 PROXY = REPO / "proxy" / "pd_proxy"
+CONNECTOR = REPO / "connector" / "pcp_nixl_connector"
 # What `python3 -m pcp_pd_kit.preflight` loads: the kit package's __init__ and preflight itself,
-# plus pd-proxy's timeout rule (check_timeouts imports it from the checkout's proxy/).
+# plus pd-proxy's timeout rule (check_timeouts imports it from the checkout's proxy/) and the
+# connector's list of supported vLLM releases (check_vllm imports it from connector/).
 SOURCES = [
     KIT / "__init__.py",
     *sorted(PACKAGE.glob("*.py")),
     PROXY / "__init__.py",
     PROXY / "timeouts.py",
+    *(CONNECTOR / f"{name}.py" for name in ("__init__", "metric_names", "releases")),
 ]
 
 
@@ -28,7 +31,7 @@ def test_the_portability_checks_see_the_package() -> None:
     """Guards the parametrized checks below against passing vacuously on a moved package."""
     names = {p.name for p in SOURCES}
     assert {"__init__.py", "__main__.py", "cli.py", "memory.py", "settings.py"} <= names
-    assert {"timeouts.py", "check_timeouts.py"} <= names
+    assert {"timeouts.py", "check_timeouts.py", "releases.py"} <= names
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
@@ -44,6 +47,7 @@ def test_imports_only_the_standard_library(path: Path) -> None:
         for root in roots:
             own = root == "pcp_pd_kit" or root.startswith("pcp_pd_kit.preflight")
             own = own or root == "pd_proxy.timeouts"
+            own = own or root == "pcp_nixl_connector.releases"
             assert own or root.split(".")[0] in sys.stdlib_module_names, (path.name, root)
 
 

@@ -1,6 +1,7 @@
-"""Prefill and decode on one vLLM release: NIXL's handshake (version, compatibility hash) includes
-vLLM's version, so a mismatch is a FAIL before `up`; the release comes from the pulled image's
-label or VLLM_VERSION, else the tag."""
+"""Prefill and decode on one vLLM release the connector supports: NIXL's handshake (version,
+compatibility hash) includes vLLM's version, so a mismatch is a FAIL before `up`, and so is a
+release outside ``pcp_nixl_connector.releases`` (the connector would refuse to load); the release
+comes from the pulled image's label or VLLM_VERSION, else the tag."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from pcp_nixl_connector import releases
 from pcp_pd_kit.preflight import vllm_version
 from tests.preflight.fake_host import FakeHost, consistent
 
 V32, V33 = "vllm/vllm-openai:v0.32.0", "vllm/vllm-openai:v0.33.0"
+V34, V35 = "vllm/vllm-openai:v0.34.0", "vllm/vllm-openai:v0.35.0"
 
 
 @pytest.mark.parametrize(
@@ -59,6 +62,8 @@ CASES = [
     (V32, V33, {}, "FAIL", "prefill runs vLLM 0.32.0 (vllm/vllm-openai:v0.32.0, its tag) but "
                            "decode runs vLLM 0.33.0"),
     (V33, "mirror/vllm:v0.33.0", {}, "ok", "both run vLLM 0.33.0"),
+    (V34, V34, {}, "ok", "the same image vllm/vllm-openai:v0.34.0 (vLLM 0.34.0 (its tag))"),
+    (V33, V34, {}, "FAIL", "but decode runs vLLM 0.34.0 (vllm/vllm-openai:v0.34.0, its tag)"),
     (V32, "mine/vllm:dev",
      {"mine/vllm:dev": {"Id": "sha256:2", "Config": {"Env": ["VLLM_VERSION=0.33.0"]}}},
      "FAIL", "decode runs vLLM 0.33.0 (mine/vllm:dev, its VLLM_VERSION)"),
@@ -94,3 +99,42 @@ def test_the_cpu_stack_compares_its_own_services(host: FakeHost) -> None:
 def test_no_line_without_both_servers(host: FakeHost) -> None:
     del host.services["decode"]
     assert consistent(host.run()).of("vllm-version") == []
+
+
+@pytest.mark.parametrize("version", [r.version for r in releases.RELEASES])
+def test_every_supported_release_passes(host: FakeHost, version: str) -> None:
+    image = f"vllm/vllm-openai:v{version}"
+    _images(host, image, image)
+    out = consistent(host.run())
+    assert out.status("vllm-version") == ["ok"], out.dump()
+
+
+@pytest.mark.parametrize("image", [V35, "vllm/vllm-openai:v0.31.0"])
+def test_a_release_the_connector_refuses_is_a_fail(host: FakeHost, image: str) -> None:
+    """One line for the image both servers run, naming the supported releases and the fix."""
+    _images(host, image, image)
+    out = consistent(host.run())
+    assert out.status("vllm-version") == ["FAIL"], out.dump()
+    text = out.text("vllm-version")
+    assert f"prefill and decode run vLLM {vllm_version.release_of(vllm_version.tag_of(image))}" in (
+        text
+    )
+    assert releases.SUPPORTED_TEXT in text and "set VLLM_IMAGE in" in text
+    assert f"e.g. vllm/vllm-openai:v{releases.RELEASES[-1].version}" in text
+
+
+def test_an_unsupported_decode_beside_a_supported_prefill(host: FakeHost) -> None:
+    _images(host, V34, V35)
+    out = consistent(host.run())
+    assert out.status("vllm-version") == ["FAIL", "FAIL"], out.dump()
+    assert "decode runs vLLM 0.35.0" in out.text("vllm-version")
+    assert "prefill runs vLLM 0.34.0" in out.text("vllm-version")  # and the mismatch
+
+
+def test_the_connectors_override_makes_it_a_warning(host: FakeHost) -> None:
+    _images(host, V35, V35)
+    for name in ("prefill", "decode"):
+        host.services[name]["environment"] = {"PCP_NIXL_ALLOW_UNSUPPORTED_VLLM": "1"}
+    out = consistent(host.run())
+    assert out.status("vllm-version") == ["WARN"], out.dump()
+    assert "PCP_NIXL_ALLOW_UNSUPPORTED_VLLM=1 lets the connector try it" in out.text("vllm-version")

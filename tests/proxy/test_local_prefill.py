@@ -132,3 +132,19 @@ async def test_tokenize_failure_takes_p_d() -> None:
         assert status == 200, raw
         assert s.decode.tokenize_requests == 1
         assert len(s.prefill.seen) == 1  # P/D, not an error
+
+
+async def test_a_slow_tokenize_takes_p_d_after_the_side_call_timeout() -> None:
+    """``/tokenize`` has its own short limit, not the decode's (300 s by default)."""
+    import time
+
+    from tests.proxy.proxy_harness import pd_stack
+
+    async with pd_stack(local_prefill_max_tokens=100, side_call_timeout=0.3) as s:
+        s.decode.knobs.tokenize_delay = 5.0
+        start = time.perf_counter()
+        status, _, raw = await s.post(COMPLETIONS, {"prompt": "a b", "max_tokens": 2})
+        elapsed = time.perf_counter() - start
+        assert status == 200, raw
+        assert len(s.prefill.seen) == 1  # P/D
+        assert elapsed < 2.0

@@ -32,8 +32,12 @@ def test_env_sets_every_option():
         "PD_PROXY_DRAIN_TIMEOUT": "3",
         "PD_PROXY_LOG_LEVEL": "WARNING",
         "PD_PROXY_METRICS": "false",
+        "PD_PROXY_HEALTH_FAILURES": "3",
+        "PD_PROXY_HEALTH_SUCCESSES": "4",
+        "PD_PROXY_SIDE_CALL_TIMEOUT": "0.5",
     }
     c = load_config([], env)
+    assert (c.health_failures, c.health_successes, c.side_call_timeout) == (3, 4, 0.5)
     assert (c.host, c.port) == ("127.0.0.1", 9001)
     assert c.prefill == (P, "http://127.0.0.1:16803")
     assert c.decode == (D, "http://127.0.0.1:16804")
@@ -53,9 +57,19 @@ def test_flags_win_over_env():
     assert c.metrics is True
 
 
+def test_a_repeated_backend_flag_adds_to_the_list():
+    """``--prefill A --prefill B`` serves both, as vllm-router and most CLIs read it."""
+    b = "http://127.0.0.1:16806"
+    c = load_config(["--prefill", P, "--prefill", b, "--decode", D, "--decode", b], {})
+    assert c.prefill == (P, b)
+    assert c.decode == (D, b)
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
+        ({"PD_PROXY_HEALTH_FAILURES": "0"}, "health_failures must be >= 1"),
+        ({"PD_PROXY_SIDE_CALL_TIMEOUT": "0"}, "side_call_timeout must be > 0"),
         ({"PD_PROXY_PORT": "eighty"}, "PD_PROXY_PORT"),
         ({"PD_PROXY_PREFILL_TIMEOUT": "-1"}, "prefill_timeout"),
         ({"PD_PROXY_MAX_BODY_BYTES": "lots"}, "PD_PROXY_MAX_BODY_BYTES"),
@@ -106,6 +120,9 @@ def test_help_documents_every_option_and_its_variable():
         ("--max-body-bytes", "PD_PROXY_MAX_BODY_BYTES"),
         ("--health-interval", "PD_PROXY_HEALTH_INTERVAL"),
         ("--health-timeout", "PD_PROXY_HEALTH_TIMEOUT"),
+        ("--health-failures", "PD_PROXY_HEALTH_FAILURES"),
+        ("--health-successes", "PD_PROXY_HEALTH_SUCCESSES"),
+        ("--side-call-timeout", "PD_PROXY_SIDE_CALL_TIMEOUT"),
         ("--drain-timeout", "PD_PROXY_DRAIN_TIMEOUT"),
         ("--log-level", "PD_PROXY_LOG_LEVEL"),
         ("--no-metrics", "PD_PROXY_METRICS"),

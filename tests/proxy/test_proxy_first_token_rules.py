@@ -1,5 +1,5 @@
-"""pd_proxy.first_token's pure rules: which requests and answers allow the continuation, the KV
-block arithmetic, the bodies of the legs, and the stream rewriting."""
+"""pd_proxy.rewrite_first_token's pure rules: which requests and answers allow the continuation,
+the KV block arithmetic, the bodies of the legs, and the stream rewriting."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from pd_proxy import first_token as ft
+from pd_proxy import rewrite_first_token as ft
 from pd_proxy.block_size import parse_block_size
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, release_body
 
 KV = {
     "do_remote_prefill": True,
@@ -142,7 +142,7 @@ def test_completion_legs() -> None:
     assert (decode["max_tokens"], decode["min_tokens"], decode["stream"]) == (15, 2, True)
     assert decode["kv_transfer_params"] == KV
     assert "truncate_prompt_tokens" not in decode
-    release = ft.release_body(body, KV)
+    release = release_body(body, KV)
     assert (release["max_tokens"], release["stream"], release["kv_transfer_params"]) == (
         1,
         False,

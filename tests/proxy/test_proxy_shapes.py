@@ -8,6 +8,7 @@ rejected, and every KV handle a prefill issues must be read by exactly one decod
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -139,16 +140,51 @@ async def test_fanout_equals_one_request_per_prompt_and_sums_usage(stream: bool)
     ]
 
 
-async def test_fanout_leg_failure_answers_the_error_after_every_leg_ran() -> None:
+async def test_fanout_first_failing_leg_ends_the_request_at_once_with_its_own_error() -> None:
+    """One prefill refuses its leg (400) while the other legs' decodes take seconds: the client
+    gets that 400 with the backend's own message at once, and every other leg is cut short: at
+    its prefill, or with its KV taken by a one-token decode (after its own decode, if it had
+    started, was cancelled)."""
     body = {**base(CHAT_COMPLETIONS), "n": 3}
     async with pd_stack() as stack:
+        prefill, decode = stack.prefill, stack.decode
+        prefill.knobs.fail_status = 400
+        prefill.knobs.fail_times = 1
+        decode.knobs.delay = 5.0
+        start = time.perf_counter()
+        status, _, raw = await stack.post(CHAT_COMPLETIONS, body)
+        elapsed = time.perf_counter() - start
+        assert status == 400, raw
+        assert json.loads(raw)["error"]["message"] == "injected failure 400"
+        assert elapsed < 1.0
+        failed = prefill.seen[0].headers["X-Request-Id"]  # the first prefill leg got the 400
+        others = {seen.headers["X-Request-Id"] for seen in prefill.seen} - {failed}
+        assert len(others) == 2
+
+        def settled() -> bool:
+            released = {s.headers["X-Request-Id"] for s in decode.seen if s.body["max_tokens"] == 1}
+            return all(rid in prefill.cancelled or rid in released for rid in others)
+
+        await decode.wait_for(settled)
+
+
+async def test_fanout_stream_ends_at_once_when_a_decode_leg_fails() -> None:
+    body = {**base(COMPLETIONS), "n": 3, "max_tokens": 20, "stream": True}
+    async with pd_stack() as stack:
+        stack.decode.knobs.token_delay = 0.25
         stack.decode.knobs.fail_status = 500
         stack.decode.knobs.fail_times = 1
-        status, _, raw = await stack.post(CHAT_COMPLETIONS, body)
-        assert status == 502, raw
-        # the other two legs still read their KV
-        assert stack.decode.completed == 2
-        assert len(stack.prefill.issued) == 3
+        start = time.perf_counter()
+        status, _, raw = await stack.post(COMPLETIONS, body)
+        elapsed = time.perf_counter() - start
+        assert elapsed < 1.0, elapsed
+        text = raw.decode()
+        assert "injected failure 500" in text
+        if status == 200:  # the other legs' first events went out before the failure
+            assert sse_events(raw)[-1] == "[DONE]" and '"code": 502' in text
+        else:
+            assert status == 502
+        await stack.decode.wait_for(lambda: len(stack.decode.cancelled) == 2)
 
 
 async def test_fanout_seeds_each_sample_as_vllm_does() -> None:

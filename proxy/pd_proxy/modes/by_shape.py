@@ -92,7 +92,7 @@ class ByShapeMode:
             return resp.status, await resp.read()
 
         try:
-            status, data = await self.legs.decode_to(TOKENIZE, dumps(body), headers, trace, read)
+            status, data = await self.legs.side_call(TOKENIZE, dumps(body), headers, trace, read)
         except ProxyError as exc:
             log.warning("rid=%s counting the prompt failed, P/D: %s", trace.rid, exc.message)
             return None

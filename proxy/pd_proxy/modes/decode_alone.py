@@ -11,7 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pd_proxy.legs import LOCAL, Legs, Trace
+from pd_proxy.legs import Legs, Trace
+from pd_proxy.shapes import LOCAL
 from pd_proxy.upstream import Fields
 
 

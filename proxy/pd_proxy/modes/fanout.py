@@ -2,30 +2,52 @@
 
 vLLM runs such a request as several engine requests but a prefill answers one
 ``kv_transfer_params``: the other copies' KV would stay held until their lease ends. Here each
-choice is its own normal P/D request (pd_proxy.fanout splits the body), all at once, each under
-its own ``X-Request-Id`` (the client's plus ``-k``: vLLM's NIXL pairs a prefill and a decode by
-it), and their answers are merged. When one leg fails the others still run to their end, so every
-prefill's KV is read and freed; the client then gets the first failure (before its stream
-started, as the error answer; after, as an SSE error event).
+choice is its own normal P/D request (pd_proxy.rewrite_fanout splits the body), all at once, each
+under its own ``X-Request-Id`` (the client's plus ``-k``: vLLM's NIXL pairs a prefill and a
+decode by it), and their answers are merged.
+
+The first leg that fails ends the request: the others are cancelled at once (a cancelled leg
+whose prefill answered and whose decode had not started reading lets a one-token decode take its
+KV, ``Legs.release_kv``, so the prefill frees it now), and the client gets that leg's own status
+and message: before its stream started as the error answer, after as an SSE error event. A
+client that leaves cancels every leg the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from aiohttp import web
 
-from pd_proxy import fanout
+from pd_proxy import rewrite_fanout
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace
+from pd_proxy.legs import CLIENT_GONE, Legs, Trace, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.pool import Backend
-from pd_proxy.rewrite import decode_body, dumps, kv_params_from_prefill, prefill_body
+from pd_proxy.rewrite import (
+    JSON_TYPE,
+    decode_body,
+    dumps,
+    kv_params_from_prefill,
+    prefill_body,
+    usage_options,
+)
 from pd_proxy.shapes import Shape, samples
+from pd_proxy.sse import SSE_TYPE
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse
 from pd_proxy.upstream import Fields, Reply
+
+T = TypeVar("T")
+# What consumes one leg's decode answer: (backend, reply, taken) -> its result; it calls
+# ``taken()`` once decode has begun answering (so its KV was read).
+Consume = Callable[[Backend, Reply, Callable[[], None]], Awaitable[T]]
+
+
+class ClientGone(Exception):
+    """The client hung up while a fan-out streamed: every leg stops."""
 
 
 class FanoutMode:
@@ -45,63 +67,64 @@ class FanoutMode:
         trace: Trace,
         shape: Shape,
     ) -> web.StreamResponse:
-        bodies = fanout.split(client_body, endpoint)
+        bodies = rewrite_fanout.split(client_body, endpoint)
         self._requests.labels(shape.name).inc()
         self._legs.labels(shape.name).inc(len(bodies))
         n = samples(client_body)
         if client_body.get("stream"):
-            options = client_body.get("stream_options")
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return await self._stream(request, endpoint, n, bodies, usage, headers, trace)
-        return await self._json(endpoint, n, bodies, headers, trace)
+            return await self._stream(request, endpoint, n, bodies, client_body, trace)
+        return await self._json(endpoint, n, bodies, trace)
 
-    async def _prefill(
-        self, endpoint: str, body: dict[str, Any], headers: Fields, trace: Trace
-    ) -> bytes:
-        """One leg's prefill; its decode leg's body."""
+    async def _leg(
+        self, k: int, endpoint: str, body: dict[str, Any], trace: Trace, consume: Consume[T]
+    ) -> T:
+        """Choice ``k`` as one P/D request under its own request id; when cancelled between
+        its prefill's answer and its decode's first byte, the prefill's KV is released."""
         legs = self.legs
-        backend, data = await legs.prefill_leg(endpoint, dumps(prefill_body(body)), headers, trace)
+        rid = f"{trace.rid}-{k}"
+        fields = legs.backend_headers(rid)
+        backend, data = await legs.prefill_leg(endpoint, dumps(prefill_body(body)), fields, trace)
         try:
             kv = kv_params_from_prefill(data)
         except ValueError:
             raise legs.invalid_prefill_json(backend, data) from None
-        return dumps(decode_body(body, kv))
+        taken = False
+
+        def take() -> None:
+            nonlocal taken
+            taken = True
+
+        async def answer(decode: Backend, resp: Reply) -> T:
+            trace.decode = decode.url
+            return await consume(decode, resp, take)
+
+        try:
+            return await legs.decode_to(
+                endpoint, dumps(decode_body(body, kv)), fields, trace, answer
+            )
+        except BaseException:
+            if not taken:
+                legs.release_kv(endpoint, body, kv, fields, rid)
+            raise
 
     async def _json(
-        self,
-        endpoint: str,
-        n: int,
-        bodies: list[dict[str, Any]],
-        headers: Fields,
-        trace: Trace,
+        self, endpoint: str, n: int, bodies: list[dict[str, Any]], trace: Trace
     ) -> web.StreamResponse:
         legs = self.legs
         start = time.perf_counter()
 
-        async def one(k: int, body: dict[str, Any]) -> bytes:
-            fields = legs.backend_headers(f"{trace.rid}-{k}")  # leg k's own request id
-            payload = await self._prefill(endpoint, body, fields, trace)
+        async def read(backend: Backend, resp: Reply, taken: Callable[[], None]) -> bytes:
+            data = await resp.read()
+            taken()
+            legs.decode_error(backend, resp.status, data, resp.headers.get("content-type", ""))
+            return data
 
-            async def read(backend: Backend, resp: Reply) -> bytes:
-                trace.decode = backend.url
-                data = await resp.read()
-                content_type = resp.headers.get("content-type", JSON_TYPE)
-                legs.decode_error(backend, resp.status, data, content_type)
-                return data
-
-            return await legs.decode_to(endpoint, payload, fields, trace, read)
-
-        results = await asyncio.gather(
-            *(one(k, body) for k, body in enumerate(bodies)), return_exceptions=True
+        answers = await first_failure_ends_all(
+            [self._leg(k, endpoint, body, trace, read) for k, body in enumerate(bodies)]
         )
         now = legs.first_byte(start, trace)
-        answers = []
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-            answers.append(result)
         try:
-            merged = fanout.merge_json(endpoint, n, answers)
+            merged = rewrite_fanout.merge_json(endpoint, n, answers)
         except (ValueError, UnicodeDecodeError):
             raise ProxyError(502, "a fan-out leg's decode answer is not one completion") from None
         legs.sent(trace, now)
@@ -115,80 +138,104 @@ class FanoutMode:
         endpoint: str,
         n: int,
         bodies: list[dict[str, Any]],
-        include_usage: bool,
-        headers: Fields,
+        client_body: dict[str, Any],
         trace: Trace,
     ) -> web.StreamResponse:
-        legs = self.legs
-        merge = fanout.StreamMerge(endpoint, n, len(bodies))
-        out = RelayResponse(
+        """The legs' streams merged into one; its headers go with the first merged event."""
+        relay = _MergedStream(request, self.legs, trace, endpoint, n, len(bodies))
+        try:
+            await first_failure_ends_all(
+                [self._leg(k, endpoint, body, trace, relay.leg(k)) for k, body in enumerate(bodies)]
+            )
+        except ClientGone:
+            trace.status = CLIENT_GONE
+            return relay.out
+        except (ProxyError, Passthrough) as failure:
+            if not relay.started:
+                raise  # nothing sent yet: the client gets the failure as the answer
+            await relay.end(sse_error_event(failure.status, failure.message, False), trace)
+            return relay.out
+        await relay.end(relay.merge.finish(usage_options(client_body)[0]), trace)
+        return relay.out
+
+
+class _MergedStream:
+    """The client's one stream, fed by every leg's decode stream through one ``StreamMerge``."""
+
+    def __init__(
+        self, request: web.Request, legs: Legs, trace: Trace, endpoint: str, n: int, count: int
+    ) -> None:
+        self.request = request
+        self.legs = legs
+        self.trace = trace
+        self.merge = rewrite_fanout.StreamMerge(endpoint, n, count)
+        self.out = RelayResponse(
             headers={
                 "Content-Type": SSE_TYPE,
                 "Cache-Control": "no-cache",
                 "X-Request-Id": trace.rid,
             }
         )
-        state: dict[str, Any] = {"prepared": False, "failure": None, "client_left": False}
-        lock = asyncio.Lock()
-        start = time.perf_counter()
+        self.started = False
+        self._start = time.perf_counter()
+        self._lock = asyncio.Lock()
 
-        async def send(data: bytes) -> None:
-            if state["failure"] is not None or state["client_left"]:
-                return  # keep reading (the KV is freed), send nothing more
-            async with lock:
-                try:
-                    if not state["prepared"]:
-                        await out.prepare(request)
-                        state["prepared"] = True
-                        legs.sent(trace, legs.first_byte(start, trace))
-                    await out.write(data)
-                except CLIENT_LEFT:
-                    state["client_left"] = True
+    def leg(self, k: int) -> Consume[None]:
+        """The consumer of leg ``k``'s decode answer: its events go to the client as they come."""
+        legs = self.legs
 
-        async def one(k: int, body: dict[str, Any]) -> None:
-            fields = legs.backend_headers(f"{trace.rid}-{k}")  # leg k's own request id
-            payload = await self._prefill(endpoint, body, fields, trace)
+        async def relay(backend: Backend, resp: Reply, taken: Callable[[], None]) -> None:
+            if not is_event_stream(resp):
+                data = await resp.read()
+                taken()
+                legs.decode_error(backend, resp.status, data, resp.headers.get("content-type", ""))
+                legs.metrics.backend_error("decode", backend.url)
+                raise ProxyError(502, f"decode backend {backend.url} answered JSON, not a stream")
+            while chunk := await resp.readany():
+                taken()
+                backend.progress += 1
+                data = self.merge.feed(k, chunk)
+                if data:
+                    await self.send(data)
 
-            async def relay(backend: Backend, resp: Reply) -> None:
-                trace.decode = backend.url
-                content_type = resp.headers.get("content-type", "")
-                if resp.status != 200 or not content_type.startswith("text/event-stream"):
-                    data = await resp.read()
-                    legs.decode_error(backend, resp.status, data, content_type)
-                    raise ProxyError(502, f"decode backend {backend.url} answered JSON")
-                while chunk := await resp.readany():
-                    data = merge.feed(k, chunk)
-                    if data:
-                        await send(data)
+        return relay
 
+    async def send(self, data: bytes) -> None:
+        """Write merged events (the headers go with the first); ``ClientGone`` if it left."""
+        async with self._lock:
             try:
-                await legs.decode_to(endpoint, payload, fields, trace, relay)
-            except (ProxyError, Passthrough) as exc:
-                if state["failure"] is None:
-                    state["failure"] = exc
-                raise
+                if not self.started:
+                    await self.out.prepare(self.request)
+                    self.started = True
+                    self.legs.sent(self.trace, self.legs.first_byte(self._start, self.trace))
+                await self.out.write(data)
+            except CLIENT_LEFT:
+                raise ClientGone from None
 
-        results = await asyncio.gather(
-            *(one(k, body) for k, body in enumerate(bodies)), return_exceptions=True
-        )
-        failure = state["failure"]
-        if failure is None:
-            failure = next((r for r in results if isinstance(r, BaseException)), None)
-        if not state["prepared"]:
-            if failure is not None:
-                raise failure
-            await send(b"")
-        if state["client_left"]:
-            trace.status = CLIENT_GONE
-            return out
+    async def end(self, tail: bytes, trace: Trace) -> None:
+        """The stream's last bytes (the usage chunk and ``[DONE]``, or an error event)."""
         try:
-            if failure is None:
-                await out.write(merge.finish(include_usage))
-            else:
-                status = getattr(failure, "status", 502)
-                message = getattr(failure, "message", None) or f"a fan-out leg failed ({status})"
-                await out.write(sse_error_event(status, message, False))
-            await out.write_eof()
-        except CLIENT_LEFT:
+            await self.send(tail)
+            await self.out.write_eof()
+        except (ClientGone, *CLIENT_LEFT):
             trace.status = CLIENT_GONE
-        return out
+
+
+async def first_failure_ends_all(legs: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``legs`` at once; their results in order, or the first failure raised once every
+    other leg has been cancelled (and has finished cancelling)."""
+    tasks = [asyncio.ensure_future(leg) for leg in legs]
+    try:
+        pending: set[asyncio.Future[T]] = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t for t in done if not t.cancelled() and t.exception()), None)
+            if failed is not None:
+                exc = failed.exception()
+                assert exc is not None
+                raise exc
+        return [t.result() for t in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

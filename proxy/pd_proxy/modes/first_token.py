@@ -1,5 +1,5 @@
 """First token from prefill (``--first-token-from-prefill``) as a mode of the flow: the legs of
-the protocol whose pure parts live in pd_proxy.first_token.
+the protocol whose pure parts live in pd_proxy.rewrite_first_token.
 
 1. The request's parameters decide first: one the continuation cannot reproduce exactly
    (``first_token.request_fallback``) takes the normal mode, unchanged.
@@ -18,20 +18,20 @@ Every request counts in ``pd_proxy_first_token_requests_total{outcome, reason}``
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
 
 from aiohttp import web
 
-from pd_proxy import first_token as ft
+from pd_proxy import rewrite_first_token as ft
 from pd_proxy.block_size import BlockSizes
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, JSON_TYPE, SSE_TYPE, Legs, Trace, read_whole
+from pd_proxy.legs import CLIENT_GONE, Legs, Trace, is_event_stream
 from pd_proxy.modes.normal import NormalMode
 from pd_proxy.pool import Backend
-from pd_proxy.rewrite import decode_payload, dumps, loads
+from pd_proxy.rewrite import JSON_TYPE, decode_payload, dumps, loads
+from pd_proxy.sse import SSE_TYPE
 from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse, relay_events
 from pd_proxy.upstream import Fields, Reply
 
@@ -50,7 +50,6 @@ class FirstTokenMode:
         self.block_sizes = BlockSizes(
             lambda: legs.upstream, legs.backend_key, legs.config.health_timeout
         )
-        self._background: set[asyncio.Task[None]] = set()
         self._counters: dict[tuple[str, str], Any] = {}
         for outcome in (CONTINUED, FINISHED):  # shown at 0 from the start
             self._counters[outcome, ""] = legs.metrics.first_token.labels(outcome, "")
@@ -93,7 +92,7 @@ class FirstTokenMode:
             )
         if ft.finished_at_first(endpoint, client_body, first):
             self._count(FINISHED)
-            self._release(endpoint, client_body, kv, headers, trace.rid)
+            legs.release_kv(endpoint, client_body, kv, headers, trace.rid)
             return self._finished(endpoint, client_body, first, trace)
         size = None
         if ft.needs_block_size(first):
@@ -138,28 +137,6 @@ class FirstTokenMode:
             kind = {"Content-Type": JSON_TYPE}
         self.legs.sent(trace, time.perf_counter())
         return web.Response(body=data, headers={**kind, "X-Request-Id": trace.rid})
-
-    def _release(
-        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: Fields, rid: str
-    ) -> None:
-        """Let decode take the KV the prefill keeps for it; nobody waits for the answer."""
-        if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
-            return
-        payload = dumps(ft.release_body(client_body, kv))
-        task = asyncio.create_task(self._release_leg(endpoint, payload, headers, rid))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _release_leg(self, endpoint: str, payload: bytes, headers: Fields, rid: str) -> None:
-        try:
-            _, status, data, _ = await self.legs.decode_to(
-                endpoint, payload, headers, Trace(rid), read_whole
-            )
-        except ProxyError as exc:
-            log.warning("rid=%s KV release on decode failed: %s", rid, exc.message)
-            return
-        if status != 200:
-            log.warning("rid=%s KV release on decode answered %d: %s", rid, status, data[:200])
 
     async def _json(
         self,
@@ -226,13 +203,17 @@ class FirstTokenMode:
         async def answer(backend: Backend, resp: Reply) -> bool:
             trace.decode = backend.url
             content_type = resp.headers.get("content-type", "")
-            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+            if not is_event_stream(resp):
                 data = await resp.read()
                 legs.first_byte(start, trace)
                 try:
                     legs.decode_error(backend, resp.status, data, content_type)
                 except Passthrough as exc:
-                    raise ProxyError(exc.status, _backend_message(backend, exc)) from None
+                    raise ProxyError(
+                        exc.status,
+                        f"decode backend {backend.url} refused the continuation "
+                        f"({exc.status}): {exc.message}",
+                    ) from None
                 legs.metrics.backend_error("decode", backend.url)
                 raise ProxyError(502, f"decode backend {backend.url} answered JSON, not a stream")
             return await relay_events(
@@ -260,18 +241,3 @@ class FirstTokenMode:
         if client_left:
             trace.status = CLIENT_GONE
         return out
-
-
-def _backend_message(backend: Backend, exc: Passthrough) -> str:
-    """A decode's own 4xx answer as one line for the stream's error event."""
-    message = exc.body[:200].decode("utf-8", "replace")
-    try:
-        obj = loads(exc.body)
-        error = obj.get("error") if isinstance(obj, dict) else None
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            message = error["message"]
-        elif isinstance(error, str):
-            message = error
-    except (ValueError, UnicodeDecodeError):
-        pass
-    return f"decode backend {backend.url} refused the continuation ({exc.status}): {message}"

@@ -209,6 +209,7 @@ class Knobs:
     # request is rejected as a broken leg.
     plain_requests: bool = False
     tokenize_down: bool = False  # POST /tokenize answers 500
+    tokenize_delay: float = 0.0  # seconds before POST /tokenize answers
     # decode: answer with other text than the model's (as from another request's KV), still 200.
     corrupt: bool = False
     # close this many completion requests that arrive on a reused keep-alive connection, unread
@@ -515,6 +516,8 @@ class FakeVLLM:
     async def _tokenize(self, request: web.Request) -> web.Response:
         """vLLM's ``/tokenize``: a prompt, or chat messages through the (fake) chat template."""
         self.tokenize_requests += 1
+        if self.knobs.tokenize_delay:
+            await asyncio.sleep(self.knobs.tokenize_delay)
         if self.knobs.tokenize_down:
             return self._error(500, "tokenize is down")
         try:

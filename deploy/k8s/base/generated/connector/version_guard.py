@@ -10,9 +10,8 @@ from __future__ import annotations
 import importlib
 import os
 
-SUPPORTED_VLLM_MINORS: tuple[tuple[int, int], ...] = ((0, 32), (0, 33))
-SUPPORTED_TEXT = "vLLM 0.32.x and 0.33.x"
-OVERRIDE_ENV = "PCP_NIXL_ALLOW_UNSUPPORTED_VLLM"
+from .releases import OVERRIDE_ENV, SUPPORTED_TEXT, parse_minor
+from .releases import SUPPORTED_MINORS as SUPPORTED_VLLM_MINORS
 
 # module -> attribute names the connector relies on.
 REQUIRED_APIS: dict[str, tuple[str, ...]] = {
@@ -66,11 +65,7 @@ class UnsupportedVllmError(ImportError):
 
 
 def parse_version(version: str) -> tuple[int, int] | None:
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
+    return parse_minor(version)
 
 
 def missing_apis() -> list[str]:

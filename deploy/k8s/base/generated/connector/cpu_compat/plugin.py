@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from ..releases import CPU_CHECKED, and_list
 from . import FIXES_ENV, TRITON_INTERPRETER_ENV
 from .knobs import knob_on, wants_fixes
 
@@ -148,7 +149,7 @@ def register() -> None:
     except (ImportError, AttributeError) as exc:
         raise CpuCompatError(
             f"{FIXES_ENV}=1: a vLLM class the CPU fixes patch has moved ({exc}); these fixes "
-            "are written for vLLM 0.32/0.33"
+            f"are written for vLLM {and_list(list(CPU_CHECKED))}"
         ) from exc
     for name in installed:
         logger.info("pcp_nixl_connector CPU fix: %s", name)

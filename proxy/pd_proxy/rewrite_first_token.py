@@ -27,7 +27,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, dumps, loads, prefill_body
+from pd_proxy.rewrite import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    dumps,
+    loads,
+    prefill_body,
+    usage,
+    usage_options,
+)
+from pd_proxy.sse import DONE, EventSplitter, event, event_json, events
 
 # vLLM's CompletionRequest.max_tokens default (chat has none: the context decides).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -301,35 +310,7 @@ def continuation_body(endpoint: str, body: dict[str, Any], first: FirstToken) ->
     return out
 
 
-def release_body(body: dict[str, Any], kv: Any) -> dict[str, Any]:
-    """A decode request that only takes the prefill's KV (so the prefill frees its blocks now,
-    not when their lease ends): the normal decode leg, cut to one token, answer discarded."""
-    out = prefill_body(body)
-    out["kv_transfer_params"] = kv
-    return out
-
-
 # ---------------------------------------------------------------------- answers to the client
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-    }
-
-
-def _usage_options(body: dict[str, Any]) -> tuple[bool, bool]:
-    """(include_usage, continuous_usage_stats) as vLLM reads ``stream_options``."""
-    options = body.get("stream_options")
-    if not isinstance(options, dict) or not options.get("include_usage"):
-        return False, False
-    return True, bool(options.get("continuous_usage_stats"))
-
-
-def _event(obj: dict[str, Any]) -> bytes:
-    return b"data: " + dumps(obj) + b"\n\n"
-
-
 class _Chunks:
     """vLLM's stream chunks for this request (ids, model and time from the prefill's answer)."""
 
@@ -343,13 +324,13 @@ class _Chunks:
             "created": obj.get("created"),
             "model": obj.get("model"),
         }
-        self.include_usage, self.continuous = _usage_options(body)
+        self.include_usage, self.continuous = usage_options(body)
 
     def _chunk(self, choice: dict[str, Any], completion_tokens: int, **extra: Any) -> bytes:
         chunk = {**self.head, "choices": [choice], **extra}
         if self.continuous:
-            chunk["usage"] = _usage(self.first.prompt_tokens, completion_tokens)
-        return _event(chunk)
+            chunk["usage"] = usage(self.first.prompt_tokens, completion_tokens)
+        return event(chunk)
 
     def start(self) -> bytes:
         """The chat role chunk (none for completions)."""
@@ -387,11 +368,11 @@ class _Chunks:
         chunk: dict[str, Any] = {
             **self.head,
             "choices": [],
-            "usage": _usage(self.first.prompt_tokens, 1),
+            "usage": usage(self.first.prompt_tokens, 1),
         }
         if self.first.obj.get("system_fingerprint") is not None:
             chunk["system_fingerprint"] = self.first.obj["system_fingerprint"]
-        return _event(chunk)
+        return event(chunk)
 
 
 def stream_head(endpoint: str, body: dict[str, Any], first: FirstToken) -> bytes:
@@ -403,7 +384,7 @@ def stream_head(endpoint: str, body: dict[str, Any], first: FirstToken) -> bytes
 def finished_stream(endpoint: str, body: dict[str, Any], first: FirstToken) -> bytes:
     """The whole stream of a request that token 1 ended."""
     chunks = _Chunks(endpoint, body, first)
-    return chunks.start() + chunks.token(finished=True) + chunks.usage() + b"data: [DONE]\n\n"
+    return chunks.start() + chunks.token(finished=True) + chunks.usage() + DONE
 
 
 def finished_json(endpoint: str, first: FirstToken) -> bytes:
@@ -460,56 +441,38 @@ class ContinuationFilter:
 
     def __init__(self, endpoint: str, first: FirstToken) -> None:
         self.first = first
-        self._rest = b""
+        self._splitter = EventSplitter()
         self._drop_role = endpoint == CHAT_COMPLETIONS
 
     def feed(self, data: bytes) -> bytes:
         """The complete events of ``data`` (after what came before), rewritten as needed."""
-        buf = self._rest + data if self._rest else data
-        end = buf.rfind(b"\n\n")
-        if end < 0:
-            self._rest = buf
-            return b""
-        done, self._rest = buf[: end + 2], buf[end + 2 :]
+        done = self._splitter.feed(data)
         if not self._drop_role and b'"usage":' not in done:
             return done
         out = []
-        for event in done.split(b"\n\n")[:-1]:
+        for one in events(done):
             if self._drop_role:
                 self._drop_role = False
-                if _is_role_chunk(event):
+                if _is_role_chunk(one):
                     continue
-            if b'"usage":' in event:
-                event = self._fix_event(event)
-            out.append(event + b"\n\n")
+            out.append(self._fix_event(one) if b'"usage":' in one else one + b"\n\n")
         return b"".join(out)
 
     def flush(self) -> bytes:
         """Bytes after the last complete event (a well-formed stream leaves none)."""
-        rest, self._rest = self._rest, b""
-        return rest
+        return self._splitter.flush()
 
-    def _fix_event(self, event: bytes) -> bytes:
-        obj = _event_json(event)
+    def _fix_event(self, data: bytes) -> bytes:
+        obj = event_json(data)
         if obj is None or not isinstance(obj.get("usage"), dict):
-            return event
+            return data + b"\n\n"
         fix_usage(obj["usage"], self.first)
-        return b"data: " + dumps(obj)
+        return event(obj)
 
 
-def _event_json(event: bytes) -> dict[str, Any] | None:
-    if not event.startswith(b"data: "):
-        return None
-    try:
-        obj = loads(event[6:])
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _is_role_chunk(event: bytes) -> bool:
+def _is_role_chunk(data: bytes) -> bool:
     """vLLM's first chat chunk: the role, empty content, nothing else."""
-    obj = _event_json(event)
+    obj = event_json(data)
     if obj is None:
         return False
     choices = obj.get("choices")

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, dumps, loads
+from pd_proxy.rewrite import CHAT_COMPLETIONS, dumps, loads, usage
 from pd_proxy.shapes import prompts, samples
-
-DONE = b"data: [DONE]\n\n"
+from pd_proxy.sse import DONE, EventSplitter, event, event_json, events
 
 
 def split(body: Mapping[str, Any], endpoint: str) -> list[dict[str, Any]]:
@@ -38,21 +37,22 @@ def split(body: Mapping[str, Any], endpoint: str) -> list[dict[str, Any]]:
     return legs
 
 
-def _usage(endpoint: str, n: int, usages: list[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+def merge_usage(
+    endpoint: str, n: int, usages: list[Mapping[str, Any] | None]
+) -> dict[str, Any] | None:
     """Every generated token, each prompt once: a chat's one prompt, or each listed prompt's
     first sample (vLLM counts a prompt once however many samples it has)."""
     if any(u is None for u in usages):
         return None
     prompt = 0
     completion = 0
-    for i, usage in enumerate(usages):
-        assert usage is not None
-        completion += int(usage.get("completion_tokens") or 0)
+    for i, counted in enumerate(usages):
+        assert counted is not None
+        completion += int(counted.get("completion_tokens") or 0)
         first_sample = i == 0 if endpoint == CHAT_COMPLETIONS else i % n == 0
         if first_sample:
-            prompt += int(usage.get("prompt_tokens") or 0)
-    counts = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
-    counts["completion_tokens"] = completion
+            prompt += int(counted.get("prompt_tokens") or 0)
+    counts = usage(prompt, completion)
     # vLLM's other usage fields (prompt_tokens_details: null) as the first leg has them
     first = usages[0] if usages else None
     return {**first, **counts} if first is not None else counts
@@ -79,7 +79,7 @@ def merge_json(endpoint: str, n: int, answers: list[bytes]) -> bytes:
     if merged is None:
         raise ValueError("no answers to merge")
     merged["choices"] = choices
-    merged["usage"] = _usage(endpoint, n, usages)
+    merged["usage"] = merge_usage(endpoint, n, usages)
     if "kv_transfer_params" in merged:
         merged["kv_transfer_params"] = None
     return dumps(merged)
@@ -93,38 +93,22 @@ class StreamMerge:
     def __init__(self, endpoint: str, n: int, legs: int) -> None:
         self.endpoint = endpoint
         self.n = n
-        self._rest = [b""] * legs
+        self._splitters = [EventSplitter() for _ in range(legs)]
         self._usage: list[Mapping[str, Any] | None] = [None] * legs
         self._id: str | None = None
         self._template: dict[str, Any] | None = None  # id, object, created, model
 
     def feed(self, leg: int, data: bytes) -> bytes:
         """The complete events of leg ``leg``'s ``data`` (after what came before), rewritten."""
-        buf = self._rest[leg] + data
-        end = buf.rfind(b"\n\n")
-        if end < 0:
-            self._rest[leg] = buf
-            return b""
-        done, self._rest[leg] = buf[: end + 2], buf[end + 2 :]
-        out = []
-        for event in done.split(b"\n\n")[:-1]:
-            rewritten = self._event(leg, event)
-            if rewritten:
-                out.append(rewritten + b"\n\n")
-        return b"".join(out)
+        return b"".join(self._event(leg, e) for e in events(self._splitters[leg].feed(data)))
 
-    def _event(self, leg: int, event: bytes) -> bytes:
-        if not event.startswith(b"data: "):
-            return event  # comments and other fields pass
-        payload = event[6:].strip()
-        if payload == b"[DONE]":
+    def _event(self, leg: int, data: bytes) -> bytes:
+        """One of leg ``leg``'s events, rewritten, with its separator (b"": held back)."""
+        if data.strip() == DONE.strip():
             return b""
-        try:
-            obj = loads(payload)
-        except (ValueError, UnicodeDecodeError):
-            return event
-        if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
-            return event  # an error event passes as it is
+        obj = event_json(data)
+        if obj is None or not isinstance(obj.get("choices"), list):
+            return data + b"\n\n"  # comments, other fields and error events pass
         if self._id is None:
             self._id = obj.get("id")
             self._template = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
@@ -136,12 +120,11 @@ class StreamMerge:
         for choice in obj["choices"]:
             if isinstance(choice, dict):
                 choice["index"] = leg
-        return b"data: " + dumps(obj)
+        return event(obj)
 
     def finish(self, include_usage: bool) -> bytes:
         """What ends the merged stream: the summed usage chunk when asked for, then ``[DONE]``."""
-        usage = _usage(self.endpoint, self.n, self._usage) if include_usage else None
-        if usage is None:
+        merged = merge_usage(self.endpoint, self.n, self._usage) if include_usage else None
+        if merged is None:
             return DONE
-        chunk = {**(self._template or {}), "choices": [], "usage": usage}
-        return b"data: " + dumps(chunk) + b"\n\n" + DONE
+        return event({**(self._template or {}), "choices": [], "usage": merged}) + DONE
