@@ -204,6 +204,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if running.canary is not None:
             running.canary.start()
             stack.push_async_callback(running.canary.stop)
+        if (cache := running.flow.cache_router) is not None:  # pd_proxy.cache: indexes, tokenizer
+            _background(stack, cache.run(running.session), "pd-proxy-cache")
         yield
 
 

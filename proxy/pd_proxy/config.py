@@ -22,6 +22,7 @@ from pd_proxy.timeouts import PROXY_NAMES, ProxyLimits, timeout_problems
 
 ENV_PREFIX = "PD_PROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+CACHE_ROUTING_MODES = ("off", "events", "approx", "auto")  # pd_proxy.cache.router
 ROLES = ("prefill", "decode")
 MAX_WORKERS = 256
 ENDPOINTS_FLAG = f"--endpoints-file ({ENV_PREFIX}ENDPOINTS_FILE)"
@@ -101,6 +102,14 @@ class ProxyConfig:
     canary_timeout: float = 60.0
     # Conditional disaggregation: prompts of at most this many tokens go to decode alone (0: none).
     local_prefill_max_tokens: int = 0
+    # Cache-aware routing (pd_proxy.cache): off, events, approx or auto; its scorer's settings.
+    prefix_cache_routing: str = "off"
+    cache_overlap_weight: float = 2.0
+    cache_max_imbalance: int = 4
+    cache_approx_blocks: int = 20000
+    # The served model's tokenizer files (a folder), for token ids without a /tokenize round trip.
+    tokenizer: str | None = None
+    tokenize_timeout: float = 1.0
 
     def __post_init__(self) -> None:
         """Normalise the values and check what needs no I/O; every problem is listed at once.
@@ -189,6 +198,28 @@ class ProxyConfig:
             problems.append(f"canary_timeout must be > 0, got {self.canary_timeout}")
         if (local := self.local_prefill_max_tokens) < 0:
             problems.append(f"local_prefill_max_tokens must be >= 0 (0: off), got {local}")
+        return problems + self._cache_problems()
+
+    def _cache_problems(self) -> list[str]:
+        problems: list[str] = []
+        mode = self.prefix_cache_routing.lower()
+        if mode not in CACHE_ROUTING_MODES:
+            problems.append(
+                f"prefix_cache_routing {self.prefix_cache_routing!r} is not one of "
+                f"{', '.join(CACHE_ROUTING_MODES)}"
+            )
+        else:
+            object.__setattr__(self, "prefix_cache_routing", mode)
+        if self.cache_overlap_weight < 0:
+            problems.append(f"cache_overlap_weight must be >= 0, got {self.cache_overlap_weight}")
+        if self.cache_max_imbalance < 0:
+            problems.append(f"cache_max_imbalance must be >= 0, got {self.cache_max_imbalance}")
+        if self.cache_approx_blocks <= 0:
+            problems.append(f"cache_approx_blocks must be > 0, got {self.cache_approx_blocks}")
+        if self.tokenize_timeout <= 0:
+            problems.append(f"tokenize_timeout must be > 0, got {self.tokenize_timeout}")
+        if self.tokenizer is not None and not self.tokenizer.strip():
+            problems.append(f"--tokenizer ({ENV_PREFIX}TOKENIZER) is an empty path")
         return problems
 
     def limits(self) -> ProxyLimits:
@@ -508,7 +539,58 @@ _OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         int,
         "send a prompt of at most N tokens (the model's tokenizer and chat template, counted by "
         "decode's /tokenize) to decode alone, which prefills it itself; longer ones go P/D "
-        "(default 0: every request P/D)",
+        "(default 0: every request P/D); with --prefix-cache-routing it counts only the tokens "
+        "the chosen decode does not hold in its prefix cache",
+    ),
+    (
+        "prefix_cache_routing",
+        "--prefix-cache-routing",
+        "PREFIX_CACHE_ROUTING",
+        str,
+        "route by what each replica's prefix cache holds: events (vLLM's KV events, found at "
+        "each backend's GET /kv_event_sources), approx (the proxy's own routing history), auto "
+        "(events where a backend publishes them, approx elsewhere) or off (default off: least "
+        "outstanding requests)",
+    ),
+    (
+        "cache_overlap_weight",
+        "--cache-overlap-weight",
+        "CACHE_OVERLAP_WEIGHT",
+        float,
+        "cost of computing the whole prompt, in requests in flight: a replica holding the prompt "
+        "wins over an idle one until it has this many more requests (default 2)",
+    ),
+    (
+        "cache_max_imbalance",
+        "--cache-max-imbalance",
+        "CACHE_MAX_IMBALANCE",
+        int,
+        "a replica with more than this many requests above the least busy one gets none for "
+        "its cache, so one hot prefix cannot pile up on it (default 4)",
+    ),
+    (
+        "cache_approx_blocks",
+        "--cache-approx-blocks",
+        "CACHE_APPROX_BLOCKS",
+        int,
+        "blocks the approximate index remembers per replica, least recently used out; about the "
+        "replica's KV cache size in blocks (default 20000)",
+    ),
+    (
+        "tokenizer",
+        "--tokenizer",
+        "TOKENIZER",
+        str,
+        "folder with the served model's tokenizer.json (and tokenizer_config.json for the chat "
+        "template): the proxy counts prompt tokens itself, after checking it agrees with a "
+        "decode's /tokenize at start; what it cannot reproduce goes to /tokenize (default: none)",
+    ),
+    (
+        "tokenize_timeout",
+        "--tokenize-timeout",
+        "TOKENIZE_TIMEOUT",
+        float,
+        "seconds a decode's /tokenize may take before the request goes P/D uncounted (default 1)",
     ),
 )
 

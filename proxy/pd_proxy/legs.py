@@ -58,7 +58,17 @@ class Move(NamedTuple):
 class Trace:
     """Per-request facts for the log line."""
 
-    __slots__ = ("rid", "start", "path", "prefill", "decode", "prefill_s", "ttfb_s", "status")
+    __slots__ = (
+        "rid",
+        "start",
+        "path",
+        "prefill",
+        "decode",
+        "prefill_s",
+        "ttfb_s",
+        "status",
+        "want",
+    )
 
     def __init__(self, rid: str, start: float = 0.0) -> None:
         self.rid = rid
@@ -69,6 +79,8 @@ class Trace:
         self.prefill_s = -1.0
         self.ttfb_s = -1.0
         self.status = 500
+        # Backends chosen ahead by role (pd_proxy.cache.router): the legs go there if healthy.
+        self.want: dict[str, Backend | None] | None = None
 
 
 class Mode(Protocol):
@@ -196,7 +208,8 @@ class Legs:
         """
         upstream = self.upstream
         stage = pool.role
-        backend = pick(pool)
+        want = trace.want.get(stage) if trace.want else None
+        backend = want if want is not None and want.healthy and not want.draining else pick(pool)
         task = asyncio.current_task() if movable else None
         moved = resent = False  # at most one move to another backend, one resend on a new conn
         while True:

@@ -53,6 +53,8 @@ class PdFlow:
         # The first-token mode when it is the P/D one (its block sizes and counters), else None.
         pd = self.mode.pd if isinstance(self.mode, modes.ByShapeMode) else self.mode
         self.first_token = pd if isinstance(pd, modes.FirstTokenMode) else None
+        # Cache-aware routing's planner (pd_proxy.cache), whose watch loop the app runs.
+        self.cache_router = getattr(self.mode, "cache", None)
 
     async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         """Serve one request to ``endpoint`` (``COMPLETIONS`` or ``CHAT_COMPLETIONS``)."""

@@ -32,7 +32,17 @@ def test_proxy_dependencies_are_pinned_once_and_agree_with_the_kit():
         kit["dependencies"] + [d for ds in kit["optional-dependencies"].values() for d in ds]
     )
     names = [re.split(r"[<>=\[; ]", dep, maxsplit=1)[0].lower() for dep in proxy["dependencies"]]
-    assert set(names) == {"aiohttp", "orjson", "prometheus-client", "pyyaml", "uvloop"}
+    assert set(names) == {
+        "aiohttp",
+        "jinja2",
+        "msgpack",
+        "orjson",
+        "prometheus-client",
+        "pyyaml",
+        "pyzmq",
+        "tokenizers",
+        "uvloop",
+    }
     assert not [d for d in proxy["dependencies"] if "==" in d], "pins live in constraints.txt"
     for name in names:
         assert constraints[name] == kit_pins[name], name

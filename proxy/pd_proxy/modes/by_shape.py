@@ -8,6 +8,10 @@ any backend is touched.
   ``--local-prefill-max-tokens`` sends a short prompt to decode alone. Its tokens are counted
   with the served model's tokenizer and chat template by a decode's ``/tokenize``
   (pd_proxy.local_prefill); a count that fails takes P/D, never an error.
+
+With cache-aware routing or a local tokenizer (pd_proxy.cache), a ``CacheRouter`` plans the
+request instead: token ids (local tokenizer, else ``/tokenize``), the decode and prefill chosen by
+cost, and the limit applied to the tokens the chosen decode does not hold.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from pd_proxy import local_prefill
+from pd_proxy.cache.setup import cache_router
 from pd_proxy.errors import ProxyError
 from pd_proxy.legs import Legs, Mode, Trace
 from pd_proxy.modes.decode_alone import DecodeAloneMode
@@ -39,6 +44,7 @@ class ByShapeMode:
         self.fanout = FanoutMode(legs, legs.metrics)
         self.local_max = legs.config.local_prefill_max_tokens
         self._refused = legs.metrics.refused
+        self.cache = cache_router(legs)
 
     async def __call__(
         self,
@@ -58,6 +64,13 @@ class ByShapeMode:
             return await self.local(request, endpoint, body, client_body, headers, trace)
         if route == FANOUT:
             return await self.fanout(request, endpoint, client_body, headers, trace, decision.shape)
+        if self.cache is not None:
+            plan = await self.cache.plan(endpoint, client_body, trace=trace, headers=headers)
+            path, _ = self.cache.decide(plan, self.local_max)
+            trace.want = {"decode": plan.decode, "prefill": plan.prefill}
+            if path == LOCAL:
+                return await self.local(request, endpoint, body, client_body, headers, trace)
+            return await self.pd(request, endpoint, body, client_body, headers, trace)
         if self.local_max > 0:
             count = await self._prompt_tokens(endpoint, client_body, headers, trace)
             if local_prefill.goes_local(count, self.local_max):

@@ -1,0 +1,13 @@
+"""Cache-aware routing: what each replica's prefix cache holds, and where a request goes for it.
+
+- ``events``: vLLM's KV-event messages (ZMQ frames, msgpack) decoded into plain records;
+- ``keys``: the proxy's own key of each block chain, from token ids (no hash-seed agreement);
+- ``index``: per-replica block sets fed by events, with sequence tracking (gaps, restarts);
+- ``approx``: the same lookup from the proxy's own routing history, for replicas without events;
+- ``scorer``: the cost of each replica (uncached blocks against load) and the choice;
+- ``tokens``: the local tokenizer and chat template, checked against a decode's ``/tokenize``;
+- ``subscriber`` and ``sources``: the I/O (ZMQ subscriptions, ``GET /kv_event_sources``);
+- ``router``: the glue a mode calls to get a plan (decode, prefill, cached tokens, reason).
+
+Everything but ``subscriber``, ``sources`` and ``router`` is pure and tested without a network.
+"""

@@ -1,0 +1,134 @@
+"""vLLM's KV-event messages as plain records (``vllm/distributed/kv_events.py``, 0.32).
+
+One ZMQ message is three frames: the topic, an 8-byte big-endian sequence number, and a msgpack
+batch ``[ts, events, dp_rank]``. Each event is a map tagged ``type``: ``BlockStored``,
+``BlockRemoved`` or ``AllBlocksCleared``. Older publishers sent events as positional arrays; a
+batch in any other shape raises ``BadBatch`` so the caller treats it as lost, never guesses.
+Pure: bytes in, records out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+BlockHash = bytes | int  # vLLM's ExternalBlockHash
+# The replay socket's end-of-replay marker: sequence -1.
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+# The tier a decode reads hits from; blocks offloaded to other tiers are not counted as hits.
+GPU_MEDIUM = "GPU"
+
+
+class BadBatch(ValueError):
+    """A message that is not a vLLM 0.32 KV-event batch."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    block_hashes: tuple[BlockHash, ...]
+    parent: BlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    # LoRA, multimodal, cache_salt: blocks with any are keyed apart (never match a plain prompt).
+    extra: tuple[Any, ...] | None
+
+
+@dataclass(frozen=True)
+class Removed:
+    block_hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True)
+class Cleared:
+    pass
+
+
+Event = Stored | Removed | Cleared
+
+
+@dataclass(frozen=True)
+class Batch:
+    seq: int
+    ts: float
+    events: tuple[Event, ...]
+    dp_rank: int | None
+
+
+def sequence(frame: bytes) -> int:
+    """The sequence number frame: 8 bytes big-endian (-1 is the replay's end marker)."""
+    if len(frame) != 8:
+        raise BadBatch(f"sequence frame of {len(frame)} bytes, not 8")
+    return int.from_bytes(frame, "big", signed=True)
+
+
+def decode(frames: Sequence[bytes]) -> Batch:
+    """A published (or replayed) message's three frames as a ``Batch``."""
+    if len(frames) != 3:
+        raise BadBatch(f"{len(frames)} frames, not 3 (topic, sequence, payload)")
+    seq = sequence(frames[1])
+    try:
+        raw = msgpack.unpackb(frames[2], raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise BadBatch(f"payload is not msgpack: {exc}") from None
+    if not isinstance(raw, list) or len(raw) not in (2, 3) or not isinstance(raw[1], list):
+        raise BadBatch("payload is not a [ts, events, dp_rank] batch")
+    ts = raw[0]
+    if not isinstance(ts, (int, float)):
+        raise BadBatch("batch timestamp is not a number")
+    rank = raw[2] if len(raw) == 3 else None
+    events = tuple(e for e in (event(x) for x in raw[1]) if e is not None)
+    return Batch(seq, float(ts), events, rank if isinstance(rank, int) else None)
+
+
+def event(raw: Any) -> Event | None:
+    """One map-shaped event; None for an event of a tier or group the index does not track."""
+    if not isinstance(raw, dict):
+        raise BadBatch("event is not a map tagged 'type' (a pre-0.32 positional event?)")
+    kind = raw.get("type")
+    if kind == "AllBlocksCleared":
+        return Cleared()
+    hashes = raw.get("block_hashes")
+    if not isinstance(hashes, list):
+        raise BadBatch(f"{kind} without block_hashes")
+    if not _tracked(raw):
+        return None
+    if kind == "BlockRemoved":
+        return Removed(tuple(hashes))
+    if kind != "BlockStored":
+        raise BadBatch(f"unknown event type {kind!r}")
+    tokens = raw.get("token_ids")
+    size = raw.get("block_size")
+    if not isinstance(tokens, list) or not isinstance(size, int) or size <= 0:
+        raise BadBatch("BlockStored without token_ids or block_size")
+    if len(tokens) != size * len(hashes):
+        raise BadBatch(f"BlockStored: {len(tokens)} tokens for {len(hashes)} blocks of {size}")
+    extra = _extra(raw)
+    return Stored(tuple(hashes), raw.get("parent_block_hash"), tuple(tokens), size, extra)
+
+
+def _tracked(raw: dict[str, Any]) -> bool:
+    """The device tier of the first KV cache group (the only group of the models served here)."""
+    medium = raw.get("medium")
+    group = raw.get("group_idx")
+    return medium in (None, GPU_MEDIUM) and group in (None, 0)
+
+
+def _extra(raw: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What besides tokens went into vLLM's hash (LoRA, multimodal, cache_salt), or None."""
+    extra = raw.get("extra_keys")
+    parts: list[Any] = []
+    if raw.get("lora_name") is not None or raw.get("lora_id") is not None:
+        parts.append(("lora", raw.get("lora_name"), raw.get("lora_id")))
+    if isinstance(extra, list) and any(x is not None for x in extra):
+        parts.append(("extra", _frozen(extra)))
+    return tuple(parts) if parts else None
+
+
+def _frozen(value: Any) -> Any:
+    """Lists as tuples, all the way down, so the value can be part of a hashable key."""
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value

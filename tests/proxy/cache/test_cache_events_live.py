@@ -1,0 +1,154 @@
+"""vLLM 0.32's own ``ZmqEventPublisher`` publishes on loopback to the proxy's subscriber: the
+first batches, a gap filled by replay, a gap the replay buffer no longer covers (entries dropped,
+never left stale) and a publisher restart (sequence reset clears the index)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+import zmq.asyncio
+
+from pcp_pd_kit.localstack.host import free_port
+from pd_proxy.cache.index import ReplicaIndex
+from pd_proxy.cache.keys import chain
+from pd_proxy.cache.publishers import Publisher
+from pd_proxy.cache.subscriber import Subscription
+
+from .vllm_events import BLOCK, batch, blocks, removed, stored
+
+pytestmark = pytest.mark.vllm
+TOPIC = "kv"
+
+
+class Stream:
+    """A real publisher on two loopback ports and the proxy's subscriptions to it."""
+
+    def __init__(self, buffer_steps: int = 1000) -> None:
+        self.port, self.replay_port = free_port(), free_port()
+        self.buffer_steps = buffer_steps
+        self.pub = self._publisher()
+        self.ctx = zmq.asyncio.Context()
+        self.index = ReplicaIndex()
+        self.sub: Subscription | None = None
+
+    def _publisher(self):
+        from vllm.distributed.kv_events import ZmqEventPublisher
+
+        return ZmqEventPublisher(
+            0,
+            endpoint=f"tcp://*:{self.port}",
+            replay_endpoint=f"tcp://*:{self.replay_port}",
+            buffer_steps=self.buffer_steps,
+            topic=TOPIC,
+        )
+
+    async def restarted(self):
+        """A new publisher on the same ports, once ZMQ has let the old ones go."""
+        for _ in range(50):
+            try:
+                return self._publisher()
+            except zmq.ZMQError:
+                await asyncio.sleep(0.1)
+        return self._publisher()
+
+    def connect(self) -> None:
+        where = Publisher(
+            0, f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.replay_port}", TOPIC
+        )
+        self.sub = Subscription("replica", where, self.index, self.ctx, replay_timeout=5.0)
+        self.sub.start()
+
+    async def disconnect(self) -> None:
+        assert self.sub is not None
+        await self.sub.close()
+        self.sub = None
+
+    def publish(self, *events) -> None:
+        self.pub.publish(batch(*events))
+
+    async def sent(self) -> None:
+        """Let the publisher's thread send what was queued (to no one, while disconnected)."""
+        await asyncio.sleep(0.5)
+
+    async def until(self, done: Callable[[], bool], heartbeat: bool = True) -> None:
+        """Publish empty batches (one per engine step, as vLLM's) until ``done``: a SUB socket
+        that just connected misses what was sent before, as it would in production."""
+        for _ in range(200):
+            if done():
+                return
+            if heartbeat:
+                self.publish()
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"not reached; health {self.index.health}")
+
+    async def close(self) -> None:
+        if self.sub is not None:
+            await self.disconnect()
+        self.pub.shutdown()
+        self.ctx.term()
+
+
+def keys(prompt: list[int]) -> list[int]:
+    return chain(prompt, BLOCK)
+
+
+async def test_gap_is_replayed_and_nothing_is_lost() -> None:
+    s = Stream()
+    try:
+        a, b = blocks(2), blocks(2, start=500)
+        s.publish(stored([b"a1", b"a2"], None, a))  # before anyone listens: replayed from 0
+        s.connect()
+        await s.until(lambda: s.index.match(keys(a)) == 2)
+        await s.disconnect()
+        s.publish(stored([b"b1", b"b2"], None, b))  # both lost on the live stream...
+        s.publish(removed([b"a2"]))
+        await s.sent()
+        s.connect()
+        await s.until(lambda: s.index.health.gaps >= 1 and s.index.match(keys(b)) == 2)
+        assert s.index.match(keys(a)) == 1  # ...but the removal was replayed too
+        assert s.index.health.drops == 0 and s.index.health.replays >= 2
+    finally:
+        await s.close()
+
+
+async def test_gap_the_replay_buffer_lost_drops_the_replica() -> None:
+    s = Stream(buffer_steps=2)
+    try:
+        a = blocks(2)
+        s.connect()
+        await s.until(lambda: s.index.health.batches > 0)
+        s.publish(stored([b"a1", b"a2"], None, a))
+        await s.until(lambda: s.index.match(keys(a)) == 2, heartbeat=False)
+        await s.disconnect()
+        s.publish(removed([b"a1", b"a2"]))  # evicted from the 2-batch buffer by what follows
+        for _ in range(4):
+            s.publish()
+        await s.sent()
+        s.connect()
+        await s.until(lambda: s.index.health.drops >= 1)
+        assert s.index.match(keys(a)) == 0  # dropped: never a stale claim
+        c = blocks(1, start=900)
+        s.publish(stored([b"c1"], None, c))  # and it goes on from there
+        await s.until(lambda: s.index.match(keys(c)) == 1, heartbeat=False)
+    finally:
+        await s.close()
+
+
+async def test_publisher_restart_clears_the_index() -> None:
+    s = Stream()
+    try:
+        a, b = blocks(2), blocks(1, start=700)
+        s.connect()
+        for _ in range(5):
+            s.publish()
+        s.publish(stored([b"a1", b"a2"], None, a))
+        await s.until(lambda: s.index.match(keys(a)) == 2)
+        s.pub.shutdown()  # the replica restarts: same ports, sequence from 0, empty cache
+        s.pub = await s.restarted()
+        s.publish(stored([b"b1"], None, b))
+        await s.until(lambda: s.index.health.resets >= 1 and s.index.match(keys(b)) == 1)
+        assert s.index.match(keys(a)) == 0
+    finally:
+        await s.close()
