@@ -123,5 +123,15 @@ def test_registration_survives_a_second_import() -> None:
     import pcp_nixl_connector.connector as kit
 
     kit.register_with_vllm()
-    reloaded = importlib.reload(kit)
-    assert KVConnectorFactory.get_connector_class_by_name(KIT) is reloaded.PcpCanonicalNixlConnector
+    before = dict(kit.__dict__)
+    try:
+        reloaded = importlib.reload(kit)
+        assert (
+            KVConnectorFactory.get_connector_class_by_name(KIT)
+            is reloaded.PcpCanonicalNixlConnector
+        )
+    finally:
+        # Later tests patch the class the package exports: give the module its classes back.
+        kit.__dict__.clear()
+        kit.__dict__.update(before)
+        kit.register_with_vllm()
