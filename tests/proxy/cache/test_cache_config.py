@@ -40,16 +40,26 @@ def test_environment_and_flags() -> None:
     assert (config.cache_max_imbalance, config.cache_overlap_weight) == (2, 3.5)
 
 
-def test_a_tokenizer_folder_without_files_stops_the_start(tmp_path) -> None:
-    from pd_proxy.app import build_app
+def _started(config: ProxyConfig):
+    """The running parts ``pd_proxy.app.start`` builds for ``config`` (the flow needs a loop)."""
+    import asyncio
+    import contextlib
 
+    from pd_proxy.app import PROXY_KEY, build_app, start
+
+    async def build():
+        async with contextlib.AsyncExitStack() as stack:
+            return await start(build_app(config)[PROXY_KEY], stack)
+
+    return asyncio.run(build())
+
+
+def test_a_tokenizer_folder_without_files_stops_the_start(tmp_path) -> None:
     config = ProxyConfig(**URLS, prefix_cache_routing="events", tokenizer=str(tmp_path))
     with pytest.raises(ConfigError, match="tokenizer.json"):
-        build_app(config)
+        _started(config)
 
 
 def test_off_builds_no_router() -> None:
-    from pd_proxy.app import PROXY_KEY, build_app
-
-    app = build_app(ProxyConfig(**URLS, local_prefill_max_tokens=8))
-    assert app[PROXY_KEY].flow.cache_router is None
+    running = _started(ProxyConfig(**URLS, local_prefill_max_tokens=8))
+    assert running.flow.cache_router is None

@@ -32,7 +32,7 @@ def hold(stack, decode_index: int, prompt: str, role: str = "decode") -> Replica
     index = ReplicaIndex()
     index.apply(decode_frames(frames(0, event)))
     replicas = stack.decodes if role == "decode" else stack.prefills
-    stack.proxy.flow.cache_router.indexes[replicas[decode_index].url] = [index]
+    stack.running.flow.cache_router.indexes[replicas[decode_index].url] = [index]
     return index
 
 
@@ -93,7 +93,7 @@ async def test_a_replica_seen_down_forgets_its_cache() -> None:
         s.decode.knobs.plain_requests = True
         history = text(60)
         hold(s, 0, history)
-        router = s.proxy.flow.cache_router
+        router = s.running.flow.cache_router
         backend = s.proxy.decode_pool.backends[0]
         async with aiohttp.ClientSession() as session:
             backend.healthy = False
@@ -130,7 +130,7 @@ async def test_approximate_index_learns_from_the_proxys_own_routing() -> None:
     from tests.proxy.proxy_harness import pd_stack
 
     async with pd_stack(decodes=2, prefix_cache_routing="auto") as s:
-        router = s.proxy.flow.cache_router
+        router = s.running.flow.cache_router
         shared = text(300)  # a few of the fakes' 128-token blocks
         await s.post(COMPLETIONS, {"prompt": text(300, start=1000), "max_tokens": 2})
         for _ in range(100):  # the block sizes come from each decode's /metrics

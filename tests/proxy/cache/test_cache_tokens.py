@@ -97,6 +97,7 @@ async def _router_checked_against(tiny: Path, answer) -> Any:
     from pd_proxy.legs import Legs
     from pd_proxy.metrics import ProxyMetrics
     from pd_proxy.pool import BackendPool
+    from pd_proxy.upstream import Upstream
 
     async def tokenize(request: web.Request) -> web.Response:
         body = await request.json()
@@ -113,17 +114,20 @@ async def _router_checked_against(tiny: Path, answer) -> Any:
     port = runner.addresses[0][1]
     url = f"http://127.0.0.1:{port}"
     config = ProxyConfig(prefill=(url,), decode=(url,), local_prefill_max_tokens=8)
+    upstream = Upstream(config.connect_timeout, 5.0)
     legs = Legs(
         config,
         ProxyMetrics(config.prefill, config.decode),
         BackendPool("prefill", config.prefill),
         BackendPool("decode", config.decode),
+        upstream,
     )
     router = CacheRouter(legs, "off", LocalTokenizer(tiny), None)
     try:
         async with aiohttp.ClientSession() as session:
             await router.validate(session)
     finally:
+        upstream.close()
         await runner.cleanup()
     return router
 
