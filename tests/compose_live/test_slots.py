@@ -26,7 +26,10 @@ from .test_replicas import (
     wait_until,
 )
 
-pytestmark = pytest.mark.compose
+# About 10 minutes of replica churn (three scale and rm scenarios): behind the `repeat` marker, so
+# `make test` stays inside CI's time. Run them with
+# `pytest -m 'compose and repeat' tests/compose_live/test_slots.py`.
+pytestmark = [pytest.mark.compose, pytest.mark.repeat]
 SLOT_LINE = re.compile(r"vllm_serve: replica (\d+) of (\d+) \(lease (prefill-slot-\d+)\)")
 WAITING = "every prefill slot is held"
 
