@@ -247,6 +247,20 @@ def test_prefill_killed_mid_transfer(compose_stack, expected) -> None:
     assert compose_stack.container_state("decode-cpu") == decode_before, "decode was restarted"
 
 
+def pause(compose_stack: ComposeStack, service: str, tries: int = 3) -> None:
+    """`docker compose pause`, tried again when the cgroup freezer gives up ("unable to freeze"):
+    runc freezes within a fixed time, and a vLLM server busy forking threads on a loaded host can
+    outlast it. runc thaws what it froze before it reports that, so a retry starts clean."""
+    for attempt in range(1, tries + 1):
+        try:
+            compose_stack.compose("pause", service)
+            return
+        except AssertionError as error:
+            if "unable to freeze" not in str(error) or attempt == tries:
+                raise
+        time.sleep(1)
+
+
 def test_decode_paused_past_the_lease(compose_stack, expected) -> None:
     """A frozen decode stops its heartbeats: prefill's lease runs out and it frees the blocks.
     The proxy gives up on decode before that (its limit is shorter than the lease), so no client
@@ -254,7 +268,7 @@ def test_decode_paused_past_the_lease(compose_stack, expected) -> None:
     load = Load(compose_stack, threads=2, per_thread=2).start()
     time.sleep(0.5)
     t0 = time.monotonic()
-    compose_stack.compose("pause", "decode-cpu")
+    pause(compose_stack, "decode-cpu")
     try:
         time.sleep(lease_s(compose_stack) + 5)
     finally:
