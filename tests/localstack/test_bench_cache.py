@@ -290,3 +290,19 @@ def test_the_stack_settings_turn_prefix_caching_on() -> None:
     assert base.prefix_caching is False
     settings = cache._settings(18400)
     assert settings.prefix_caching and settings.reference_port == 18430
+
+
+def test_the_stacks_prefill_and_decode_publish_on_their_own_ports(tmp_path: Path) -> None:
+    ports = cache_plan.ports(18400)
+    stack = cache.EventsStack(
+        cache._settings(18400),
+        parts=cache.STACK_PARTS,
+        work_dir=tmp_path,
+        events_ports={"prefill": ports["events-prefill"], "decode": ports["events-decode"]},
+    )
+    stack.model = cache.ResolvedModel(path="/models/tiny", served_name="tiny")
+    endpoints = {
+        part: json.loads(stack._spec(part).argv[-1])["endpoint"] for part in ("prefill", "decode")
+    }
+    assert endpoints == {"prefill": "tcp://*:18450", "decode": "tcp://*:18452"}
+    assert cache_plan.KV_EVENTS_FLAG not in stack._spec("reference").argv
