@@ -19,7 +19,7 @@ events, the single-instance reference) and pd-proxies on their own ports, then:
 
 Medians, and the goals of issue 37, reported (never a failure). Exit 1 when a run failed.
 
-    pcp-pd-kit bench cache                    # about 10 minutes on 2 cores
+    pcp-pd-kit bench cache                    # about 4-5 minutes on 2 cores
 """
 
 from __future__ import annotations
