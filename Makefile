@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The kit's one command line (scripts/pcp_pd_kit); every user-facing target below calls it.
 KIT := $(VENV)/bin/pcp-pd-kit
 
-.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s k8s-check k8s-proxy-image k8s-sources preflight lint format bench bench-xpyd compose-up compose-down clean
+.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s k8s-check k8s-proxy-image k8s-sources preflight lint format bench bench-cache bench-xpyd compose-up compose-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -75,13 +75,17 @@ lint: install  ## ruff, ruff format --check, mypy, shellcheck (also run by make 
 format: install
 	$(PY) -m ruff format .
 
-bench: install  ## every CPU bench: serve (single vs P/D), tokenize, proxy, connector (results/<kind>-*)
+bench: install  ## every CPU bench: serve (single vs P/D), cache, tokenize, proxy, connector (results/<kind>-*)
 	@status=0; \
 	$(KIT) bench serve $(BENCH_ARGS) || status=$$?; \
+	$(KIT) bench cache $(BENCH_CACHE_ARGS) || status=$$?; \
 	$(KIT) bench tokenize || status=$$?; \
 	$(KIT) bench proxy || status=$$?; \
 	$(KIT) bench connector || status=$$?; \
 	exit $$status
+
+bench-cache: install  ## prefix caching: follow-up turns, short prompts, shared prefixes on 2 decodes (results/cache-*)
+	$(KIT) bench cache $(BENCH_CACHE_ARGS)
 
 bench-xpyd: images  ## compose cpu profile: 1P1D vs 2P1D (PREFILL_REPLICAS) at a prefill-bound load (results/xpyd-*)
 	$(KIT) bench xpyd $(BENCH_XPYD_ARGS)

@@ -42,6 +42,11 @@ from tests.support.net import busy_port, closed_port_url
 # --- spec: levels, prompts, ports, the vllm bench serve command line --------------------------
 
 
+def md_cells(line: str) -> list[str]:
+    """The cells of one Markdown table row (a sub-row's leading dot dropped)."""
+    return [c.strip().removeprefix("· ") for c in line.strip().strip("|").split("|")]
+
+
 def test_levels_and_prompts_parse_and_reject() -> None:
     assert spec.parse_levels("1, 4,16") == (1, 4, 16)
     assert spec.parse_prompts(None, (1, 4, 16)) == tuple(
@@ -158,13 +163,14 @@ def test_table_puts_single_and_pd_side_by_side_with_ratio() -> None:
     text = tables.format_table(results, (1, 4), (4, 4), title="T")
     lines = text.splitlines()
     assert lines[0] == "T"
+    assert lines[2] == "| c | metric | single | P/D | P/D/single |"  # one Markdown printer
     ttft = next(line for line in lines if "TTFT median" in line)
-    assert ttft.split()[-3:] == ["10.0", "30.0", "3.00x"]
+    assert md_cells(ttft)[-3:] == ["10.0", "30.0", "3.00x"]
     rps = next(line for line in lines if "requests/s" in line)
-    assert rps.split()[-3:] == ["8.00", "4.00", "0.50x"]
-    level4 = lines[lines.index(next(ln for ln in lines if ln.strip().startswith("4 "))) :]
+    assert md_cells(rps)[-3:] == ["8.00", "4.00", "0.50x"]
+    level4 = lines[lines.index(next(ln for ln in lines if ln.startswith("| 4 |"))) :]
     assert "no result" in level4[0] and "4/4" in level4[0]
-    assert all(line.rstrip().endswith("n/a") for line in level4[1:8])
+    assert all(md_cells(line)[-1] == "n/a" for line in level4[1:8])
     rows = tables.comparison_rows(results, (1, 4))
     assert len(rows) == 2 * len(tables.METRICS)
     assert rows[0]["pd_over_single"] == pytest.approx(3.0)
@@ -189,9 +195,9 @@ def test_delivery_counts_bursts_and_merged_tokens() -> None:
     text = tables.format_table(results, (1,), (4,))
     assert "reached the client in bursts" in text
     row = next(ln for ln in text.splitlines() if "tokens per delivery" in ln and "c=" not in ln)
-    assert row.split()[-2:] == ["2.67", "1.00"]
+    assert md_cells(row)[-3:] == ["2.67", "1.00", ""]
     ttft = next(ln for ln in text.splitlines() if "TTFT median" in ln)
-    assert ttft.split()[-3:] == ["10.0*", "n/a", "n/a*"]  # single's TTFT is suspect
+    assert md_cells(ttft)[-3:] == ["10.0*", "n/a", "n/a*"]  # single's TTFT is suspect
     e2e = next(ln for ln in text.splitlines() if "E2E latency" in ln)
     assert "*" not in e2e
 
@@ -563,7 +569,7 @@ def test_render_reads_the_handover_from_metrics_and_checks_the_goals(
     # the P/D modes side by side, with both ratios and the first-token proxy's outcomes
     modes = lines[lines.index(next(ln for ln in lines if ln.startswith("== TTFT and E2E"))) :]
     ttft1 = next(ln for ln in modes if "TTFT median" in ln)
-    assert ttft1.split()[-5:] == ["10.0", "40.0", "11.0", "4.00x", "1.10x"]
+    assert md_cells(ttft1)[-5:] == ["10.0", "40.0", "11.0", "4.00x", "1.10x"]
     assert "first-token proxy: 4/4 continued from token 1" in text
     assert "NOT MEASURED" not in text
     assert summary["first_token"]["4"]["measured"] is True
@@ -577,7 +583,8 @@ def test_render_reads_the_handover_from_metrics_and_checks_the_goals(
     assert "P/D handover per request, by phase, concurrency 4" in text
     start = lines.index(next(ln for ln in lines if ln.startswith("== P/D handover")))
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("decode phases:"))
-    table = {ln[:46].strip(): ln[46:].split() for ln in lines[start + 4 : end]}
+    rows = [md_cells(ln) for ln in lines[start + 4 : end] if ln.startswith("|")]
+    table = {cells[0]: [c for c in cells[1:] if c] for cells in rows}
     overall = table["decode: admitted -> first token (all)"]
     assert overall == ["65.4", "50.0-75.0", "4", "9.00", "5.00-10.0", "4"]
     assert table["decode: admitted -> read posted"][:3] == ["2.00", "1.00-2.50", "4"]
@@ -614,7 +621,7 @@ def test_a_first_token_mode_that_fell_back_is_not_measured(
     assert "NOT MEASURED: 0/4 continued from token 1, 4 normal flow (logprobs 4)" in text
     assert summary["first_token"]["1"]["measured"] is False
     ttft = next(ln for ln in text.splitlines() if "TTFT median" in ln and "not meas." in ln)
-    assert ttft.split()[-2:] == ["4.00x", "n/a"]
+    assert md_cells(ttft)[-2:] == ["4.00x", "n/a"]
     assert all(r["pd_ft"] is None for r in summary["modes"])
     ft_goals = [g for g in summary["goals"] if g["mode"] == "pd-ft"]
     assert ft_goals and all(g["met"] is None for g in ft_goals)

@@ -34,7 +34,8 @@ def test_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
         main(["bench", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for kind in ("serve", "local-prefill", "proxy", "connector", "prefill", "tokenize", "xpyd"):
+    every = ("serve", "local-prefill", "proxy", "connector", "prefill", "tokenize", "xpyd", "cache")
+    for kind in (*every, "prefix-ttft"):
         assert kind in kinds.KINDS and re.search(rf"^\s+{re.escape(kind)}\s", out, re.M), kind
 
 
@@ -57,6 +58,8 @@ def test_a_kind_is_required_and_an_unknown_one_refused(
         (["tokenize", "--requests", "0"], "--requests must be >= 1"),
         (["prefill", "--lengths", "0"], "--repeats and --lengths must be >= 1"),
         (["xpyd", "--concurrency", "4,x"], "--concurrency '4,x'"),
+        (["cache", "--kv-blocks", "256"], "--kv-blocks 256 holds every prefix"),
+        (["prefix-ttft", "--rounds", "0"], "--rounds, --context and --new must be >= 1"),
     ],
 )
 def test_bad_options_fail_in_one_line_before_anything_is_written(

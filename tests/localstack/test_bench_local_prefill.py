@@ -166,7 +166,7 @@ def test_short_table_marks_runs_not_measured_and_not_run() -> None:
         max_tokens=N,
         ran_long_pd=False,
     )
-    ttft = next(line for line in text.splitlines() if line.startswith("TTFT median"))
+    ttft = next(line for line in text.splitlines() if line.startswith("| TTFT median"))
     assert "not run" in ttft and "not meas." in ttft and "n/a" in ttft
     assert "NOT MEASURED: path local 0, path pd 32" in text
 

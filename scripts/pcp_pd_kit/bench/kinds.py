@@ -6,8 +6,7 @@ add_arguments(parser), check(args) -> a problem or None, and run(args, out_dir) 
 of them write the one layout of bench.results under results/<kind>-<UTC time>/, and share the
 flags added here.
 
-To add a kind, write such a module and add one line to MODULE_KINDS (for example the prefix-cache
-bench: "cache": "pcp_pd_kit.bench.cache").
+To add a kind, write such a module and add one line to MODULE_KINDS.
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ MODULE_KINDS: dict[str, str] = {
     "prefill": "pcp_pd_kit.bench.prefill_ep",
     "tokenize": "pcp_pd_kit.bench.tokenize_http",
     "xpyd": "pcp_pd_kit.bench.xpyd",
+    "cache": "pcp_pd_kit.bench.cache",
+    "prefix-ttft": "pcp_pd_kit.bench.prefix_ttft",
 }
 # kind -> (help, default --targets) for vllm bench serve (bench.runner).
 SERVE_KINDS: dict[str, tuple[str, str | None]] = {

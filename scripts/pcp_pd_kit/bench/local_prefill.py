@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcp_pd_kit.bench.histograms import parse_selector
+from pcp_pd_kit.bench.results import markdown_table
 from pcp_pd_kit.bench.tables import (
     BURSTY_ABOVE,
     REQUESTS_COUNTER,
@@ -22,6 +23,7 @@ from pcp_pd_kit.bench.tables import (
     Result,
     _diff,
     _hist_row,
+    _label,
     delivery,
     fmt_num,
     fmt_p50,
@@ -175,37 +177,48 @@ def format_short(
     ran_long_pd: bool,
 ) -> str:
     """The short-prompt table (three targets, ratios to single), its path line, then the long
-    prompts through both proxies."""
-    head = (
-        f"{'short, ' + str(input_len) + ' tokens, c=1':<26} {'single':>9} {'P/D':>9} "
-        f"{'P/D+local':>10} {'P/D/single':>11} {'local/single':>13}"
-    )
-    lines = [head, "-" * len(head)]
+    prompts through both proxies (Markdown)."""
+    cells: list[list[object]] = []
     for row in short_rows(short, short_check):
-        lines.append(
-            f"{row['metric']:<26} "
-            f"{_cell(row['single'], 'single' in short, short.get('single'), row['key']):>9} "
-            f"{_cell(row['pd'], 'pd' in short, short.get('pd'), row['key']):>9} "
-            f"{_cell(row['pd_local'], 'pd-local' in short, short.get('pd-local'), row['key']):>10} "
-            f"{fmt_ratio(row['pd_over_single']):>11} {fmt_ratio(row['pd_local_over_single']):>13}"
+        cells.append(
+            [
+                row["metric"],
+                _cell(row["single"], "single" in short, short.get("single"), row["key"]),
+                _cell(row["pd"], "pd" in short, short.get("pd"), row["key"]),
+                _cell(row["pd_local"], "pd-local" in short, short.get("pd-local"), row["key"]),
+                fmt_ratio(row["pd_over_single"]),
+                fmt_ratio(row["pd_local_over_single"]),
+            ]
         )
+    headers = [
+        f"short, {input_len} tokens, c=1",
+        "single",
+        "P/D",
+        "P/D+local",
+        "P/D/single",
+        "local/single",
+    ]
+    lines = [markdown_table(headers, cells)]
     if "pd-local" in short:
-        lines.append(f"P/D+local proxy (N={max_tokens}): {(short_check or _none('local')).text()}")
-    head = (
-        f"{'long, ' + str(long_input_len) + ' tokens, c=1':<26} {'P/D':>9} {'P/D+local':>10} "
-        f"{'local/P/D':>10}"
-    )
-    lines += ["", head, "-" * len(head)]
-    ran_local = long_local is not None or long_check is not None
-    for row in long_rows(long_pd, long_local, long_check):
         lines.append(
-            f"{row['metric']:<26} {_cell(row['pd'], ran_long_pd, long_pd, row['key']):>9} "
-            f"{_cell(row['pd_local'], ran_local, long_local, row['key']):>10} "
-            f"{fmt_ratio(row['pd_local_over_pd']):>10}"
+            f"\nP/D+local proxy (N={max_tokens}): {(short_check or _none('local')).text()}"
         )
+    ran_local = long_local is not None or long_check is not None
+    cells = [
+        [
+            row["metric"],
+            _cell(row["pd"], ran_long_pd, long_pd, row["key"]),
+            _cell(row["pd_local"], ran_local, long_local, row["key"]),
+            fmt_ratio(row["pd_local_over_pd"]),
+        ]
+        for row in long_rows(long_pd, long_local, long_check)
+    ]
+    headers = [f"long, {long_input_len} tokens, c=1", "P/D", "P/D+local", "local/P/D"]
+    lines += ["", markdown_table(headers, cells)]
     if ran_local:
-        lines.append(f"P/D+local proxy (N={max_tokens}): {(long_check or _none('pd')).text()}")
+        lines.append(f"\nP/D+local proxy (N={max_tokens}): {(long_check or _none('pd')).text()}")
     lines += [
+        "",
         "P/D+local: the same prefill + decode through a third pd-proxy with",
         f"--local-prefill-max-tokens {max_tokens}: prompts of at most N tokens (counted by",
         "decode's /tokenize) go to decode alone. Its figures count only when its",
@@ -358,25 +371,35 @@ def _fields(row: BreakdownRow) -> dict[str, Any]:
 
 
 def format_time_rows(rows: Sequence[BreakdownRow]) -> str:
-    head = f"{'short prompts, c=1: where TTFT goes':<42} {'mean ms':>9} {'p50 ms':>11} {'n':>5}"
-    lines = [head, "-" * len(head)]
-    for row in rows:
-        count = "" if row.count is None else f"{row.count:.0f}"
-        lines.append(f"{row.label:<42} {fmt_num(row.mean_ms):>9} {fmt_p50(row):>11} {count:>5}")
-    lines += [
-        "mean: sum/count of each histogram's delta over the run; p50: the client's exact median,",
-        "or the histogram bucket holding it. Derived rows subtract means.",
+    cells = [
+        [
+            _label(row.label),
+            fmt_num(row.mean_ms),
+            fmt_p50(row),
+            "" if row.count is None else f"{row.count:.0f}",
+        ]
+        for row in rows
     ]
-    return "\n".join(lines)
+    headers = ["short prompts, c=1: where TTFT goes", "mean ms", "p50 ms", "n"]
+    return "\n".join(
+        [
+            markdown_table(headers, cells),
+            "",
+            "mean: sum/count of each histogram's delta over the run; p50: the client's exact "
+            "median,",
+            "or the histogram bucket holding it. Derived rows subtract means.",
+        ]
+    )
 
 
 def format_goals(found: Sequence[Goal]) -> str:
-    head = f"{'goal (issue 27)':<58} {'measured':<32} result"
-    lines = [head, "-" * len(head)]
-    for g in found:
-        lines.append(f"{g.goal:<58} {g.measured:<32} {g.verdict}".rstrip())
-    lines += [
-        "TTFT: vllm bench serve's median; short: P/D+local / single on the short prompts; long:",
-        "P/D+local / P/D on the main workload's prompts. Reported only: never a failure.",
-    ]
-    return "\n".join(lines)
+    cells = [[g.goal, g.measured, g.verdict] for g in found]
+    return "\n".join(
+        [
+            markdown_table(["goal (issue 27)", "measured", "result"], cells),
+            "",
+            "TTFT: vllm bench serve's median; short: P/D+local / single on the short prompts; "
+            "long:",
+            "P/D+local / P/D on the main workload's prompts. Reported only: never a failure.",
+        ]
+    )

@@ -6,12 +6,15 @@ of ``--context`` token ids (it fills the cache), then its follow-up turn - the f
 and once with a unique ``cache_salt`` (nothing matches: a full prefill). The two orders
 alternate between rounds. Medians and their ratio, side by side from the same run::
 
-    python -m pcp_pd_kit.bench.prefix_ttft --url http://127.0.0.1:18200 --rounds 8
+    pcp-pd-kit bench prefix-ttft --url http://127.0.0.1:18200 --rounds 8
+
+`bench cache` compares the same follow-up turn through the kit with a single vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -20,6 +23,9 @@ import urllib.request
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from pcp_pd_kit.bench.results import Outcome, markdown_table
 
 FIRST_ID, LAST_ID = 10, 2000  # past the tiny tokenizer's special tokens
 
@@ -85,7 +91,7 @@ def summarize(cached_s: Sequence[float], uncached_s: Sequence[float]) -> Summary
     )
 
 
-def run(url: str, model: str, context: int, new: int, rounds: int, seed: int) -> Summary:
+def run_rounds(url: str, model: str, context: int, new: int, rounds: int, seed: int) -> Summary:
     cached, uncached = [], []
     for i in range(rounds):
         first = token_ids(seed + 2 * i, context)
@@ -102,19 +108,38 @@ def run(url: str, model: str, context: int, new: int, rounds: int, seed: int) ->
     return summarize(cached, uncached)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+HELP = "one server's follow-up-turn TTFT with its prefix cache against a full prefill"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:18200", help="one vLLM server")
     parser.add_argument("--model", default="tiny-mla-moe", help="its served model name")
     parser.add_argument("--context", type=int, default=1440, help="first turn, token ids")
     parser.add_argument("--new", type=int, default=40, help="new token ids in the follow-up")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7000)
-    args = parser.parse_args(argv)
-    summary = run(args.url, args.model, args.context, args.new, args.rounds, args.seed)
-    print(summary.line(args.context, args.new))
-    return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def check(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.context < 1 or args.new < 1:
+        return "--rounds, --context and --new must be >= 1"
+    return None
+
+
+def run(args: argparse.Namespace, out: Path) -> Outcome:
+    url = args.url.rstrip("/")
+    summary = run_rounds(url, args.model, args.context, args.new, args.rounds, args.seed)
+    table = markdown_table(
+        ["follow-up turn", "cached p50 (ms)", "uncached p50 (ms)", "uncached/cached", "rounds"],
+        [
+            [
+                f"{args.context} cached + {args.new} new tokens, c=1",
+                f"{summary.cached_ms:.1f}",
+                f"{summary.uncached_ms:.1f}",
+                f"{summary.ratio:.1f}x",
+                summary.rounds,
+            ]
+        ],
+    )
+    knobs = {k: getattr(args, k) for k in ("url", "model", "context", "new", "rounds", "seed")}
+    return Outcome({**dataclasses.asdict(summary), "ratio": summary.ratio}, table, {"bench": knobs})

@@ -14,6 +14,7 @@ from typing import Any
 from pcp_nixl_connector.handover import DECODE_PHASES
 from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
 from pcp_pd_kit.bench.histograms import Histogram, parse_selector, selector
+from pcp_pd_kit.bench.results import markdown_table
 
 Result = Mapping[str, Any]
 # (row label, key in vllm bench serve's result JSON, "lower" or "higher" is better)
@@ -149,36 +150,46 @@ def comparison_rows(
     return rows
 
 
+def _label(text: str) -> str:
+    """A row label for a Markdown cell: its indentation (a sub-row) kept as a leading dot."""
+    stripped = text.lstrip()
+    return f"· {stripped}" if stripped != text else text
+
+
 def format_table(
     results: Mapping[tuple[str, int], Result | None],
     levels: Sequence[int],
     prompts: Sequence[int],
     title: str = "",
 ) -> str:
-    """The side-by-side table; a level or target that did not run shows n/a."""
-    head = f"{'conc':>4}  {'metric':<24} {'single':>12} {'P/D':>12} {'P/D/single':>11}"
-    lines = [title] if title else []
-    lines += [head, "-" * len(head)]
+    """The side-by-side table (Markdown); a level or target that did not run shows n/a."""
     rows = comparison_rows(results, levels)
+    cells: list[list[object]] = []
     for level, count in zip(levels, prompts, strict=True):
         done = [
             completed_text(results[(t, level)], count) if (t, level) in results else "not run"
             for t in ("single", "pd")
         ]
-        lines.append(f"{level:>4}  {'completed':<24} {done[0]:>12} {done[1]:>12}")
+        cells.append([level, "completed", done[0], done[1], ""])
         per = [delivery(results.get((t, level))) for t in ("single", "pd")]
         bursty = [d is not None and d.tokens_per_delivery > BURSTY_ABOVE for d in per]
         for row in (r for r in rows if r["concurrency"] == level):
             mark = ["*" if b and row["key"] in BURST_AFFECTED else "" for b in bursty]
-            lines.append(
-                f"{'':>4}  {row['metric']:<24} {fmt_num(row['single']) + mark[0]:>12} "
-                f"{fmt_num(row['pd']) + mark[1]:>12} "
-                f"{fmt_ratio(row['pd_over_single']) + max(mark):>11}"
+            cells.append(
+                [
+                    "",
+                    row["metric"],
+                    fmt_num(row["single"]) + mark[0],
+                    fmt_num(row["pd"]) + mark[1],
+                    fmt_ratio(row["pd_over_single"]) + max(mark),
+                ]
             )
-        cells = [fmt_num(d.tokens_per_delivery if d else None) for d in per]
-        lines.append(f"{'':>4}  {'tokens per delivery':<24} {cells[0]:>12} {cells[1]:>12}")
+        delivered = [fmt_num(d.tokens_per_delivery if d else None) for d in per]
+        cells.append(["", "tokens per delivery", delivered[0], delivered[1], ""])
+    lines = [title, ""] if title else []
+    lines.append(markdown_table(["c", "metric", "single", "P/D", "P/D/single"], cells))
     lines.append(
-        "P/D/single: above 1.00x is slower for latencies (ms), faster for throughputs (/s)."
+        "\nP/D/single: above 1.00x is slower for latencies (ms), faster for throughputs (/s)."
     )
     warnings = delivery_warnings(results, levels)
     if warnings:
@@ -400,13 +411,23 @@ def fmt_p50(row: BreakdownRow) -> str:
 
 
 def format_breakdown(level: int, rows: Sequence[BreakdownRow], title: str = "") -> str:
-    head = f"{'where (concurrency ' + str(level) + ')':<40} {'mean ms':>9} {'p50 ms':>11} {'n':>6}"
-    lines = [title] if title else []
-    lines += [head, "-" * len(head)]
-    for row in rows:
-        count = "" if row.count is None else f"{row.count:.0f}"
-        lines.append(f"{row.label:<40} {fmt_num(row.mean_ms):>9} {fmt_p50(row):>11} {count:>6}")
+    lines = [title, ""] if title else []
+    lines.append(
+        markdown_table(
+            [f"where (concurrency {level})", "mean ms", "p50 ms", "n"],
+            [
+                [
+                    _label(row.label),
+                    fmt_num(row.mean_ms),
+                    fmt_p50(row),
+                    "" if row.count is None else f"{row.count:.0f}",
+                ]
+                for row in rows
+            ],
+        )
+    )
     lines += [
+        "",
         "mean: sum/count of each histogram's delta over the run (exact). p50: for histogram",
         "rows the bucket holding the median (all a histogram knows; vLLM's request-latency",
         "buckets start at 300 ms); for client rows vllm bench serve's exact median. Derived",
@@ -546,23 +567,22 @@ def format_handover(
     modes = [m for m in PD_MODES if m in per_mode]
     if not modes:
         return ""
-    width = 46
-    head = f"{'handover, concurrency ' + str(level):<{width}}"
-    sub = f"{'':<{width}}"
+    headers = [f"handover, concurrency {level}"]
     for mode in modes:
-        head += f" {MODE_COLUMNS[mode]:^27}"
-        sub += f" {'mean ms':>9} {'p50 ms':>11} {'n':>5}"
-    lines = [title] if title else []
-    lines += [head.rstrip(), sub, "-" * len(sub)]
-    first = per_mode[modes[0]]
-    for index, row in enumerate(first):
-        line = f"{row.label:<{width}}"
+        name = MODE_COLUMNS[mode]
+        headers += [f"{name} mean ms", f"{name} p50 ms", f"{name} n"]
+    cells: list[list[object]] = []
+    for index, row in enumerate(per_mode[modes[0]]):
+        line: list[object] = [_label(row.label)]
         for mode in modes:
             cell = per_mode[mode][index]
             count = "" if cell.count is None else f"{cell.count:.0f}"
-            line += f" {fmt_num(cell.mean_ms):>9} {fmt_p50(cell):>11} {count:>5}"
-        lines.append(line.rstrip())
+            line += [fmt_num(cell.mean_ms), fmt_p50(cell), count]
+        cells.append(line)
+    lines = [title, ""] if title else []
     lines += [
+        markdown_table(headers, cells),
+        "",
         "decode phases: vllm:nixl_handover_seconds{phase} on decode (the kit's connector, one",
         "host clock): admitted (waiting for remote KV) -> read posted (the worker got the read)",
         "-> transfer done -> seen by the scheduler -> first token (end of its first step). For",
@@ -622,35 +642,39 @@ def format_modes(
     levels: Sequence[int],
     checks: Mapping[int, FirstTokenCheck],
 ) -> str:
-    head = (
-        f"{'conc':>4}  {'metric':<24} {'single':>9} {'P/D':>9} {'P/D 1st-tok':>12} "
-        f"{'P/D/single':>11} {'1st-tok/single':>15}"
-    )
-    lines = [head, "-" * len(head)]
     rows = mode_rows(results, levels, checks)
+    cells: list[list[object]] = []
     for level in levels:
         ran_ft = ("pd-ft", level) in results
         for index, row in enumerate(r for r in rows if r["concurrency"] == level):
             ft = fmt_num(row["pd_ft"]) if ran_ft else "not run"
             if ran_ft and row["pd_ft"] is None and value(results[("pd-ft", level)], row["key"]):
                 ft = "not meas."
-            lines.append(
-                f"{level if index == 0 else '':>4}  {row['metric']:<24} "
-                f"{fmt_num(row['single']):>9} {fmt_num(row['pd']):>9} {ft:>12} "
-                f"{fmt_ratio(row['pd_over_single']):>11} {fmt_ratio(row['pd_ft_over_single']):>15}"
+            cells.append(
+                [
+                    level if index == 0 else "",
+                    row["metric"],
+                    fmt_num(row["single"]),
+                    fmt_num(row["pd"]),
+                    ft,
+                    fmt_ratio(row["pd_over_single"]),
+                    fmt_ratio(row["pd_ft_over_single"]),
+                ]
             )
         if ran_ft:
             check = checks.get(level) or FirstTokenCheck(None)
-            lines.append(f"{'':>4}  first-token proxy: {check.text()}")
-    lines.append(
-        "1st-tok: the same prefill + decode through a second pd-proxy with "
-        "--first-token-from-prefill;"
+            cells.append(["", f"first-token proxy: {check.text()}", "", "", "", "", ""])
+    headers = ["c", "metric", "single", "P/D", "P/D 1st-tok", "P/D/single", "1st-tok/single"]
+    return "\n".join(
+        [
+            markdown_table(headers, cells),
+            "",
+            "1st-tok: the same prefill + decode through a second pd-proxy with "
+            "--first-token-from-prefill;",
+            "its figures count only when that proxy continued requests "
+            "(pd_proxy_first_token_requests_total).",
+        ]
     )
-    lines.append(
-        "its figures count only when that proxy continued requests "
-        "(pd_proxy_first_token_requests_total)."
-    )
-    return "\n".join(lines)
 
 
 # --- the goals (issue 19): reported, never a failure ---
@@ -749,22 +773,24 @@ def goals(
 
 
 def format_goals(found: Sequence[Goal]) -> str:
-    head = f"{'goal (issue 19)':<40} {'mode':<12} {'measured':<40} result"
-    lines = [head, "-" * len(head)]
+    cells: list[list[object]] = []
     previous = ""
     for g in found:
-        label = g.goal if g.goal != previous else ""
-        previous = g.goal
-        lines.append(
-            f"{label:<40} {MODE_COLUMNS[g.mode]:<12} {g.measured:<40} {g.verdict}".rstrip()
+        cells.append(
+            [g.goal if g.goal != previous else "", MODE_COLUMNS[g.mode], g.measured, g.verdict]
         )
-    lines += [
-        "TTFT: vllm bench serve's median, P/D mode / single. handover: decode's mean admitted ->",
-        "first token vs NIXL transfer time per request handed over (vllm:nixl_xfer_time_seconds",
-        "sum / n) + one decode step (decode's mean vllm:inter_token_latency_seconds) + 5 ms.",
-        "Reported only: a goal not met never fails the run.",
-    ]
-    return "\n".join(lines)
+        previous = g.goal
+    return "\n".join(
+        [
+            markdown_table(["goal (issue 19)", "mode", "measured", "result"], cells),
+            "",
+            "TTFT: vllm bench serve's median, P/D mode / single. handover: decode's mean",
+            "admitted -> first token vs NIXL transfer time per request handed over",
+            "(vllm:nixl_xfer_time_seconds sum / n) + one decode step (decode's mean",
+            "vllm:inter_token_latency_seconds) + 5 ms.",
+            "Reported only: a goal not met never fails the run.",
+        ]
+    )
 
 
 def goals_json(found: Sequence[Goal]) -> list[dict[str, Any]]:

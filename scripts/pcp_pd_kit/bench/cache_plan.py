@@ -1,0 +1,268 @@
+"""What `pcp-pd-kit bench cache` starts and sends, as plain data: its knobs, ports, the extra
+flags it appends to the kit's own server and proxy command lines, its prompts and the ideal
+cache-hit count of the shared-prefix run. No I/O.
+
+The server and proxy command lines come from pcp_pd_kit.localstack.commands; this module only
+appends flags (KV events, a small KV cache, the proxy's cache routing and tokenizer), so a flag
+the kit's builders later pass themselves is replaced (KV events: each server needs its own port)
+or overridden by the bench's value (argparse keeps the last one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pcp_pd_kit.bench.prefix_ttft import token_ids
+from pcp_pd_kit.bench.spec import VLLM_SERVE_MODULE
+from pcp_pd_kit.bench.tokenize_cost import WORDS
+from pcp_pd_kit.localstack.commands import ProcessSpec
+
+KV_EVENTS_FLAG = "--kv-events-config"
+# Offsets from --port-base, beside the serve bench's (spec.PORT_OFFSETS: 0-30, 90).
+PORT_OFFSETS = {
+    "proxy-count": 2,  # --local-prefill-max-tokens N, counting with decode's /tokenize
+    "proxy-tokenizer": 3,  # the same with --tokenizer (the local tokenizer)
+    "proxy-cache": 4,  # --prefix-cache-routing events + N + --tokenizer: the kit's cache setup
+    "proxy-events": 5,  # two decodes, cache-aware
+    "proxy-off": 6,  # two decodes, least outstanding requests
+    "decode-a": 40,
+    "decode-a-side": 41,
+    "decode-b": 42,
+    "decode-b-side": 43,
+    "events-prefill": 50,  # ZMQ PUB; its replay ROUTER is the next port
+    "events-decode": 52,
+    "events-decode-a": 54,
+    "events-decode-b": 56,
+}
+CACHE_ROUTING = "events"
+MULTI_TURN_TARGETS = ("kit", "single")
+SHORT_TARGETS = ("single", "tokenize", "tokenizer")
+SHARED_MODES = ("events", "off")
+
+
+class CachePlanError(ValueError):
+    """Knobs that cannot give a meaningful run, found before anything starts."""
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """The three workloads' knobs (bench cache --help explains each)."""
+
+    levels: tuple[int, ...] = (1, 4)
+    conversations: int = 12  # per target and level
+    context: int = 1440  # a first turn's tokens
+    new: int = 40  # tokens a follow-up adds
+    think_ms: float = 200.0  # between a conversation's two turns (events reach the proxy)
+    local_max: int = 64  # --local-prefill-max-tokens of every proxy that counts
+    short_requests: int = 32  # per target
+    short_words: int = 28  # about 32 tokens with the tiny model's tokenizer
+    prefix_len: int = 512
+    suffix_len: int = 64
+    prefixes: int = 8
+    per_prefix: int = 6
+    shared_output: int = 8
+    shared_concurrency: int = 4
+    shared_rounds: int = 2  # per mode, alternating
+    kv_blocks: int = 192  # each of the two decodes' KV cache, in blocks
+    shared_max_model_len: int = 1024
+    seed: int = 9000
+    run_timeout_s: float = 600.0
+
+    def problems(self, block_size: int) -> list[str]:
+        out = []
+        counts = {
+            "--conversations": self.conversations,
+            "--short-requests": self.short_requests,
+            "--prefixes": self.prefixes,
+            "--per-prefix": self.per_prefix,
+            "--shared-rounds": self.shared_rounds,
+            "--local-max-tokens": self.local_max,
+        }
+        out += [f"{flag} must be >= 1, got {n}" for flag, n in counts.items() if n < 1]
+        if not self.levels or min(self.levels) < 1:
+            out.append(f"--concurrency levels must be >= 1, got {list(self.levels)}")
+        if self.new >= self.local_max:
+            out.append(
+                f"--new {self.new} must be below --local-max-tokens {self.local_max}: "
+                "a follow-up's new tokens alone would send it P/D"
+            )
+        if self.context <= self.local_max:
+            out.append(
+                f"--context {self.context} must exceed --local-max-tokens {self.local_max}: "
+                "a first turn must go P/D"
+            )
+        held = self.kv_blocks * block_size
+        every = self.prefixes * prefix_blocks(self.prefix_len, block_size, 1)
+        if self.kv_blocks >= every:
+            out.append(
+                f"--kv-blocks {self.kv_blocks} holds every prefix ({self.prefixes} x "
+                f"{self.prefix_len} tokens = {every} blocks): one replica must not"
+            )
+        if held < self.shared_max_model_len:
+            out.append(
+                f"--kv-blocks {self.kv_blocks} x block {block_size} = {held} tokens is below "
+                f"the decodes' --max-model-len {self.shared_max_model_len}: vLLM refuses it"
+            )
+        longest = self.prefix_len + self.suffix_len + self.shared_output + 1
+        if longest > self.shared_max_model_len:
+            out.append(f"prefix + suffix + output ({longest}) exceed {self.shared_max_model_len}")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def ports(base: int) -> dict[str, int]:
+    return {name: base + offset for name, offset in PORT_OFFSETS.items()}
+
+
+def prefix_blocks(prefix_len: int, block_size: int, added: int) -> int:
+    """Whole blocks of a shared prefix (after ``added`` special tokens): what a hit can reuse."""
+    return (prefix_len + added) // block_size
+
+
+def ideal_hit_tokens(plan: CachePlan, block_size: int, added: int) -> int:
+    """Every request but the first of each prefix finds the prefix's whole blocks cached."""
+    per_hit = prefix_blocks(plan.prefix_len, block_size, added) * block_size
+    return plan.prefixes * (plan.per_prefix - 1) * per_hit
+
+
+def kv_events_config(port: int) -> str:
+    """vLLM's --kv-events-config: a ZMQ publisher bound on every interface (the proxy finds it
+    at the server's GET /kv_event_sources), its replay socket on the next port."""
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{port}",
+            "replay_endpoint": f"tcp://*:{port + 1}",
+            "topic": "kv",
+        }
+    )
+
+
+def with_kv_events(spec: ProcessSpec, port: int) -> ProcessSpec:
+    """The server publishing KV events on ``port``; a --kv-events-config it already has is
+    replaced (two servers of one bench must not share a port)."""
+    argv: list[str] = []
+    skip = False
+    for arg in spec.argv:
+        if skip:
+            skip = False
+            continue
+        if arg == KV_EVENTS_FLAG:
+            skip = True
+            continue
+        if arg.startswith(KV_EVENTS_FLAG + "="):
+            continue
+        argv.append(arg)
+    return dataclasses.replace(spec, argv=[*argv, KV_EVENTS_FLAG, kv_events_config(port)])
+
+
+def with_flags(
+    spec: ProcessSpec, flags: Sequence[str], name: str, env: dict[str, str] | None = None
+) -> ProcessSpec:
+    """The spec under another name with flags appended (and env additions)."""
+    return dataclasses.replace(
+        spec, name=name, argv=[*spec.argv, *flags], env={**spec.env, **(env or {})}
+    )
+
+
+def proxy_flags(
+    routing: str, tokenizer: str | None, extra_decodes: Sequence[str] = ()
+) -> list[str]:
+    """pd-proxy flags for a cache mode (events, approx, auto, off), with or without the local
+    tokenizer, and more decode URLs (--decode extends the list)."""
+    flags = ["--prefix-cache-routing", routing]
+    if tokenizer:
+        flags += ["--tokenizer", tokenizer]
+    for url in extra_decodes:
+        flags += ["--decode", url]
+    return flags
+
+
+def conversation(seed: int, context: int, new: int) -> tuple[list[int], list[int]]:
+    """A first turn of ``context`` token ids and its follow-up: the first turn + ``new`` ids."""
+    first = token_ids(seed, context)
+    return first, first + token_ids(seed + 1, new)
+
+
+def short_prompt(seed: int, words: int) -> str:
+    """A short text prompt of ``words`` words, different from its first word on per seed (the
+    prefix cache holds nothing of it)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def rotation(names: Sequence[str], index: int) -> list[str]:
+    """``names`` rotated by ``index``: each target goes first as often as the others."""
+    k = index % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def prefix_bench_argv(
+    base_url: str,
+    served_model_name: str,
+    tokenizer: str,
+    plan: CachePlan,
+    seed: int,
+    result_dir: str,
+    result_filename: str,
+    python: str = sys.executable,
+) -> list[str]:
+    """`vllm bench serve` on the shared-prefix dataset. No initial test request: it would cache
+    one prefix before the counters are read."""
+    return [
+        python,
+        "-m",
+        VLLM_SERVE_MODULE,
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url.rstrip("/"),
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        tokenizer,
+        "--served-model-name",
+        served_model_name,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "prefix_repetition",
+        "--prefix-repetition-prefix-len",
+        str(plan.prefix_len),
+        "--prefix-repetition-suffix-len",
+        str(plan.suffix_len),
+        "--prefix-repetition-num-prefixes",
+        str(plan.prefixes),
+        "--prefix-repetition-output-len",
+        str(plan.shared_output),
+        "--num-prompts",
+        str(plan.prefixes * plan.per_prefix),
+        "--max-concurrency",
+        str(plan.shared_concurrency),
+        "--seed",
+        str(seed),
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--ready-check-timeout-sec",
+        "0",
+        "--percentile-metrics",
+        "ttft,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        result_dir,
+        "--result-filename",
+        result_filename,
+    ]

@@ -1,0 +1,308 @@
+"""The cache bench's tables and goals (issue 37), from what its runs recorded. No I/O.
+
+A figure of a proxy counts only when the proxy's own path counter says its requests went the way
+the figure is about (a follow-up turn on decode alone, a short prompt on decode alone); otherwise
+the goal says NOT MEASURED, never a misleading ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pcp_pd_kit.bench.results import markdown_table
+from pcp_pd_kit.bench.tables import Goal, fmt_num, fmt_ratio, ratio
+
+FOLLOW_UP_LIMIT = 1.1  # follow-up TTFT, kit / warm single, c=1
+HIT_FRACTION_GOAL = 0.9  # cache-hit tokens / ideal, cache-aware
+SHARED_TTFT_LIMIT = 0.6  # TTFT median, cache-aware / least outstanding
+SHORT_LIMIT = 1.1  # short prompts through the proxy with the local tokenizer / single
+PATH_COUNTER = "pd_proxy_requests_total"
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+SUCCESS = "vllm:request_success_total"
+TARGET_TITLES = {
+    "kit": "kit (proxy, cache routing, local prefill)",
+    "single": "single vLLM",
+    "tokenize": "proxy, N counted by decode /tokenize",
+    "tokenizer": "proxy, N counted by --tokenizer",
+}
+MODE_TITLES = {"events": "cache-aware (events)", "off": "least outstanding (off)"}
+
+
+def median_ms(seconds: Sequence[float]) -> float | None:
+    return statistics.median(seconds) * 1000 if seconds else None
+
+
+def paths(grown: Mapping[str, float]) -> dict[str, float]:
+    """local/pd request counts from a proxy's counter growth (selector -> delta)."""
+    out = {"local": 0.0, "pd": 0.0}
+    for key, value in grown.items():
+        if key.startswith(PATH_COUNTER + "{"):
+            for path in out:
+                if f'path="{path}"' in key:
+                    out[path] += value
+    return out
+
+
+def counter(grown: Mapping[str, float], name: str) -> float:
+    """The growth of an unlabelled counter (summed over its label sets)."""
+    return sum(v for k, v in grown.items() if k == name or k.startswith(name + "{"))
+
+
+@dataclass(frozen=True)
+class PathCheck:
+    """Whether at least ``wanted`` requests of a run went to decode alone (path local)."""
+
+    wanted: int
+    local: float
+    pd: float
+
+    @property
+    def measured(self) -> bool:
+        return self.wanted > 0 and self.local >= self.wanted
+
+    def text(self) -> str:
+        got = f"local {self.local:.0f}, pd {self.pd:.0f} (want {self.wanted} local)"
+        return got if self.measured else f"NOT MEASURED: {got}"
+
+
+def path_check(grown: Mapping[str, float], wanted_local: int) -> PathCheck:
+    found = paths(grown)
+    return PathCheck(wanted_local, found["local"], found["pd"])
+
+
+# --- multi-turn ------------------------------------------------------------------------------
+def multi_turn_rows(runs: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per level: kit and single follow-up TTFT medians, their ratio and the kit's paths.
+
+    runs: level -> {"ttft_s": {target: [s]}, "proxy": counter growth, "decode": growth,
+    "conversations": n}.
+    """
+    rows = []
+    for level, run in sorted(runs.items()):
+        ttft = run.get("ttft_s", {})
+        kit, single = median_ms(ttft.get("kit", [])), median_ms(ttft.get("single", []))
+        n = int(run.get("conversations", 0))
+        check = path_check(run.get("proxy", {}), n)
+        rows.append(
+            {
+                "concurrency": level,
+                "kit_ms": kit,
+                "single_ms": single,
+                "kit_over_single": ratio(kit, single),
+                "conversations": n,
+                "paths": paths(run.get("proxy", {})),
+                "follow_ups_local": check.measured,
+                "path_text": check.text(),
+                "decode_hit_tokens": counter(run.get("decode", {}), HITS),
+                "single_hit_tokens": counter(run.get("reference", {}), HITS),
+            }
+        )
+    return rows
+
+
+def format_multi_turn(rows: Sequence[Mapping[str, Any]], context: int, new: int) -> str:
+    table = markdown_table(
+        ["c", "kit TTFT p50 (ms)", "single TTFT p50 (ms)", "kit/single", "n", "kit paths"],
+        [
+            [
+                r["concurrency"],
+                fmt_num(r["kit_ms"]),
+                fmt_num(r["single_ms"]),
+                fmt_ratio(r["kit_over_single"]),
+                r["conversations"],
+                r["path_text"],
+            ]
+            for r in rows
+        ],
+    )
+    return (
+        f"Follow-up turn ({context} cached + {new} new tokens, max_tokens 1), both warm, "
+        "prefix caching on in both:\n\n" + table
+    )
+
+
+# --- short prompts -----------------------------------------------------------------------------
+def short_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per target: TTFT median and ratio to single; for the proxies, whether every request went
+    to decode alone. run: {"ttft_s": {target: [s]}, "proxies": {target: growth}, "requests": n}."""
+    ttft = run.get("ttft_s", {})
+    single = median_ms(ttft.get("single", []))
+    n = int(run.get("requests", 0))
+    rows = []
+    for target in ("single", "tokenize", "tokenizer"):
+        mine = median_ms(ttft.get(target, []))
+        check = None if target == "single" else path_check(run["proxies"].get(target, {}), n)
+        rows.append(
+            {
+                "target": target,
+                "ttft_ms": mine,
+                "over_single": ratio(mine, single),
+                "measured": check is None or check.measured,
+                "path_text": "" if check is None else check.text(),
+            }
+        )
+    return rows
+
+
+def format_short(rows: Sequence[Mapping[str, Any]], words: int, requests: int) -> str:
+    table = markdown_table(
+        ["target", "TTFT p50 (ms)", "/single", "paths"],
+        [
+            [
+                TARGET_TITLES[r["target"]],
+                fmt_num(r["ttft_ms"]),
+                fmt_ratio(r["over_single"]),
+                r["path_text"] or "-",
+            ]
+            for r in rows
+        ],
+    )
+    return (
+        f"Short text prompts ({words} words, about 32 tokens, max_tokens 1, c=1, {requests} per "
+        "target, interleaved):\n\n" + table
+    )
+
+
+# --- shared prefixes across two decodes -------------------------------------------------------
+def shared_rows(runs: Sequence[Mapping[str, Any]], ideal: int) -> list[dict[str, Any]]:
+    """Per run, in order: mode, TTFT median, cache-hit tokens over both decodes and their
+    fraction of ideal, requests per decode.
+
+    runs: {"mode", "round", "result" (vllm bench serve's JSON or None), "decodes": {name:
+    growth}, "proxy": growth}.
+    """
+    rows = []
+    for run in runs:
+        result = run.get("result") or {}
+        decodes = run.get("decodes", {})
+        hits = sum(counter(g, HITS) for g in decodes.values())
+        rows.append(
+            {
+                "mode": run["mode"],
+                "round": run["round"],
+                "ttft_ms": result.get("median_ttft_ms"),
+                "p99_ttft_ms": result.get("p99_ttft_ms"),
+                "completed": result.get("completed"),
+                "hit_tokens": hits,
+                "hit_fraction": hits / ideal if ideal else None,
+                "requests_per_decode": {k: counter(g, SUCCESS) for k, g in decodes.items()},
+                "paths": paths(run.get("proxy", {})),
+            }
+        )
+    return rows
+
+
+def shared_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per mode: the median of its runs' TTFT medians and hit fractions."""
+    out: dict[str, dict[str, float | None]] = {}
+    for mode in ("events", "off"):
+        mine = [r for r in rows if r["mode"] == mode]
+        ttfts = [r["ttft_ms"] for r in mine if r["ttft_ms"] is not None]
+        fractions = [r["hit_fraction"] for r in mine if r["hit_fraction"] is not None]
+        out[mode] = {
+            "ttft_ms": statistics.median(ttfts) if ttfts else None,
+            "hit_fraction": statistics.median(fractions) if fractions else None,
+            "runs": float(len(mine)),
+        }
+    return out
+
+
+def format_shared(
+    rows: Sequence[Mapping[str, Any]], ideal: int, description: str, prompts: int
+) -> str:
+    table = markdown_table(
+        [
+            "run",
+            "routing",
+            "TTFT p50 (ms)",
+            "TTFT p99 (ms)",
+            "done",
+            "hit tokens",
+            "of ideal",
+            "per decode",
+        ],
+        [
+            [
+                i + 1,
+                MODE_TITLES[r["mode"]],
+                fmt_num(r["ttft_ms"]),
+                fmt_num(r["p99_ttft_ms"]),
+                f"{int(r['completed'] or 0)}/{prompts}",
+                f"{r['hit_tokens']:.0f}",
+                fmt_ratio(r["hit_fraction"]).rstrip("x"),
+                " / ".join(f"{v:.0f}" for v in r["requests_per_decode"].values()),
+            ]
+            for i, r in enumerate(rows)
+        ],
+    )
+    summary = shared_summary(rows)
+    ev, off = summary["events"], summary["off"]
+    line = (
+        f"Medians of the runs: cache-aware TTFT {fmt_num(ev['ttft_ms'])} ms, hits "
+        f"{fmt_ratio(ev['hit_fraction']).rstrip('x')} of ideal; least outstanding "
+        f"{fmt_num(off['ttft_ms'])} ms, {fmt_ratio(off['hit_fraction']).rstrip('x')}; "
+        f"cache-aware / least outstanding TTFT {fmt_ratio(ratio(ev['ttft_ms'], off['ttft_ms']))}."
+    )
+    return f"{description} (ideal {ideal} hit tokens a run):\n\n{table}\n\n{line}"
+
+
+# --- goals -------------------------------------------------------------------------------------
+def goals(
+    multi: Sequence[Mapping[str, Any]],
+    short: Sequence[Mapping[str, Any]],
+    shared: Sequence[Mapping[str, Any]],
+) -> list[Goal]:
+    """Issue 37's bench goals; reported, never a failure."""
+    out: list[Goal] = []
+    for row in multi:
+        level = row["concurrency"]
+        text = f"follow-up TTFT <= {FOLLOW_UP_LIMIT:g}x warm single" + (
+            "" if level == 1 else " (reported)"
+        )
+        r = row["kit_over_single"]
+        if not row["follow_ups_local"]:
+            out.append(Goal(text, "kit", level, row["path_text"], None, r, FOLLOW_UP_LIMIT))
+            continue
+        measured = f"{fmt_num(row['kit_ms'])} / {fmt_num(row['single_ms'])} ms = {fmt_ratio(r)}"
+        met = None if r is None or level != 1 else r <= FOLLOW_UP_LIMIT
+        out.append(Goal(text, "kit", level, measured, met, r, FOLLOW_UP_LIMIT))
+    summary = shared_summary(shared) if shared else None
+    text = f"shared prefixes: hit tokens >= {HIT_FRACTION_GOAL:g} of ideal (cache-aware)"
+    fraction = None if summary is None else summary["events"]["hit_fraction"]
+    measured = "not run" if fraction is None else f"{fraction:.2f}"
+    met = None if fraction is None else fraction >= HIT_FRACTION_GOAL
+    out.append(Goal(text, "events", 4, measured, met, fraction, HIT_FRACTION_GOAL))
+    text = f"shared prefixes: TTFT p50 <= {SHARED_TTFT_LIMIT:g}x least outstanding"
+    if summary is None:
+        out.append(Goal(text, "events", 4, "not run", None, None, SHARED_TTFT_LIMIT))
+    else:
+        ev, off = summary["events"]["ttft_ms"], summary["off"]["ttft_ms"]
+        r = ratio(ev, off)
+        measured = f"{fmt_num(ev)} / {fmt_num(off)} ms = {fmt_ratio(r)}"
+        met = None if r is None else r <= SHARED_TTFT_LIMIT
+        out.append(Goal(text, "events", 4, measured, met, r, SHARED_TTFT_LIMIT))
+    by_target = {row["target"]: row for row in short}
+    text = f"short prompts <= {SHORT_LIMIT:g}x single (local tokenizer)"
+    local = by_target.get("tokenizer")
+    if local is None:
+        out.append(Goal(text, "tokenizer", 1, "not run", None, None, SHORT_LIMIT))
+    elif not local["measured"]:
+        out.append(Goal(text, "tokenizer", 1, local["path_text"], None, None, SHORT_LIMIT))
+    else:
+        r = local["over_single"]
+        single = by_target["single"]["ttft_ms"]
+        measured = f"{fmt_num(local['ttft_ms'])} / {fmt_num(single)} ms = {fmt_ratio(r)}"
+        met = None if r is None else r <= SHORT_LIMIT
+        out.append(Goal(text, "tokenizer", 1, measured, met, r, SHORT_LIMIT))
+    return out
+
+
+def format_goals(found: Sequence[Goal]) -> str:
+    return markdown_table(
+        ["goal (issue 37)", "c", "measured", "result"],
+        [[g.goal, g.concurrency, g.measured, g.verdict] for g in found],
+    )

@@ -1,0 +1,308 @@
+"""`pcp-pd-kit bench cache`: its command lines, workloads, tables and goals, with fakes (the live
+figures are in docs/bench.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pcp_pd_kit.bench import cache, cache_clients, cache_plan, cache_report, kinds
+from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.cli import main
+from pcp_pd_kit.localstack.commands import ProcessSpec, proxy_spec
+from pcp_pd_kit.settings import kit_env, settings_from_env
+from pd_proxy.config import load_config
+
+PLAN = cache_plan.CachePlan()
+
+
+def _args(**over: Any) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cache.add_arguments(parser)
+    return argparse.Namespace(**{**vars(parser.parse_args([])), **over})
+
+
+# --- knobs and command lines -------------------------------------------------------------------
+def test_the_defaults_pass_and_a_cache_holding_every_prefix_is_refused() -> None:
+    assert cache.check(_args()) is None
+    # 8 prefixes x 512 tokens = 256 blocks of 16: 256 blocks would hold them all.
+    problem = cache.check(_args(kv_blocks=256))
+    assert problem is not None and "--kv-blocks 256 holds every prefix" in problem
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        ({"new": 64}, "--new 64 must be below --local-max-tokens 64"),
+        ({"context": 60}, "--context 60 must exceed --local-max-tokens 64"),
+        ({"kv_blocks": 40}, "below the decodes' --max-model-len 1024"),
+        ({"conversations": 0}, "--conversations must be >= 1"),
+        ({"concurrency": "1,x"}, "--concurrency '1,x'"),
+        ({"skip": "warmup"}, "--skip ['warmup']"),
+    ],
+)
+def test_bad_knobs_are_named_before_anything_starts(over: dict[str, Any], needle: str) -> None:
+    problem = cache.check(_args(**over))
+    assert problem is not None and needle in problem
+
+
+def test_bench_cache_is_a_kind_and_a_bad_option_exits_2_without_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert {"cache", "prefix-ttft"} <= set(kinds.KINDS)
+    assert main(["bench", "cache", "--new", "70", "--results-dir", str(tmp_path)]) == 2
+    assert "--new 70 must be below --local-max-tokens 64" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kv_events_are_added_once_with_the_benchs_port() -> None:
+    spec = ProcessSpec("decode", ["vllm", "--kv-events-config", '{"endpoint": "tcp://*:5557"}'])
+    once = cache_plan.with_kv_events(spec, 18454)
+    twice = cache_plan.with_kv_events(cache_plan.with_kv_events(spec, 1), 18454)
+    assert once.argv == twice.argv and once.argv.count(cache_plan.KV_EVENTS_FLAG) == 1
+    config = json.loads(once.argv[-1])
+    assert config["endpoint"] == "tcp://*:18454" and config["replay_endpoint"] == "tcp://*:18455"
+    equals = ProcessSpec("d", ["vllm", f"{cache_plan.KV_EVENTS_FLAG}={{}}", "--port", "1"])
+    assert cache_plan.with_kv_events(equals, 7).argv[:3] == ["vllm", "--port", "1"]
+
+
+@pytest.mark.vllm
+def test_the_kv_events_config_is_one_vllm_accepts() -> None:
+    from vllm.config.kv_events import KVEventsConfig
+
+    config = KVEventsConfig(**json.loads(cache_plan.kv_events_config(18450)))
+    assert config.enable_kv_cache_events and config.publisher == "zmq"
+    assert config.endpoint == "tcp://*:18450" and config.replay_endpoint == "tcp://*:18451"
+
+
+def test_the_shared_prefix_proxies_see_both_decodes_and_their_routing(tmp_path: Path) -> None:
+    """The kit's proxy command line plus the bench's flags, read by pd-proxy's own parser."""
+    settings = cache._settings(18400)
+    a_only = cache.dataclasses.replace(settings, decode_port=18440)
+    proc = cache.proxy_process(
+        a_only,
+        "proxy-events",
+        18405,
+        1024,
+        cache_plan.proxy_flags("events", "/models/tiny", ["http://127.0.0.1:18442"]),
+        tmp_path,
+    )
+    config = load_config(proc.spec.argv[3:], environ={})
+    assert config.decode == ("http://127.0.0.1:18440", "http://127.0.0.1:18442")
+    assert (config.prefix_cache_routing, config.tokenizer) == ("events", "/models/tiny")
+    assert (config.port, config.local_prefill_max_tokens) == (18405, 1024)
+    assert proc.name == "proxy-events"
+    plain = load_config(proxy_spec(settings).argv[3:], environ={})
+    assert plain.local_prefill_max_tokens == 0  # the stack's own proxy never counts
+
+
+def test_a_second_decode_gets_its_own_ports_a_small_cache_and_the_dev_endpoints(
+    tmp_path: Path,
+) -> None:
+    settings = cache._settings(18400)
+    model = cache.ResolvedModel(path="/models/tiny", served_name="tiny")
+    proc = cache.decode_process(
+        settings, model, "decode-b", (18442, 18443, 18456), "0", PLAN, Path("/repo"), tmp_path
+    )
+    argv = proc.spec.argv
+    assert argv[argv.index("--port") + 1] == "18442"
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == str(PLAN.kv_blocks)
+    lens = [argv[i + 1] for i, a in enumerate(argv) if a == "--max-model-len"]
+    assert lens[-1] == str(PLAN.shared_max_model_len)  # the last value wins
+    assert proc.spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert proc.spec.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "18443"
+    assert json.loads(argv[-1])["endpoint"] == "tcp://*:18456"
+    assert "--enable-prefix-caching" in argv
+
+
+@pytest.mark.vllm
+def test_the_shared_prefix_run_parses_with_vllms_own_parser() -> None:
+    pytest.importorskip("vllm.benchmarks.serve")
+    from pcp_pd_kit.bench.vllm_serve import build_parser
+
+    argv = cache_plan.prefix_bench_argv("http://h:1/", "tiny", "/m", PLAN, 5, "/out", "r.json")
+    args = build_parser().parse_args(argv[3:])
+    assert args.dataset_name == "prefix_repetition" and args.base_url == "http://h:1"
+    assert (args.prefix_repetition_prefix_len, args.prefix_repetition_num_prefixes) == (512, 8)
+    assert args.num_prompts == PLAN.prefixes * PLAN.per_prefix and args.max_concurrency == 4
+    assert args.ready_check_timeout_sec == 0  # no test request caching a prefix early
+    assert (args.seed, args.result_filename) == (5, "r.json")
+
+
+def test_ideal_hits_count_whole_blocks_of_each_repeat() -> None:
+    # 512 tokens + a BOS = 32 whole blocks of 16; 8 prefixes x 5 repeats each.
+    assert cache_plan.ideal_hit_tokens(PLAN, 16, 1) == 8 * 5 * 32 * 16
+    assert cache_plan.prefix_blocks(500, 16, 1) == 31
+
+
+def test_prompts_and_rotation() -> None:
+    first, follow = cache_plan.conversation(3, 100, 7)
+    assert follow[:100] == first and len(follow) == 107
+    assert cache_plan.short_prompt(1, 28) != cache_plan.short_prompt(2, 28)
+    assert len(cache_plan.short_prompt(1, 28).split()) == 28
+    assert [cache_plan.rotation("abc", i)[0] for i in range(3)] == ["a", "b", "c"]
+
+
+# --- clients ---------------------------------------------------------------------------------
+def test_conversations_run_concurrently_and_return_follow_up_ttfts_in_order() -> None:
+    plan = cache_plan.CachePlan(context=80, new=8, think_ms=0)
+    sent: list[tuple[int, int]] = []
+    active, peak = [0], [0]
+    lock = threading.Lock()
+
+    def send(url: str, body: dict[str, object]) -> float:
+        prompt = body["prompt"]
+        assert isinstance(prompt, list) and url == "http://u"
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            sent.append((len(prompt), prompt[0]))
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        return len(prompt) / 1000
+
+    out = cache_clients.follow_up_ttfts("http://u", "m", [1, 3, 5, 7], plan, 2, send)
+    assert out == [0.088] * 4 and peak[0] == 2
+    assert sorted(n for n, _ in sent) == [80] * 4 + [88] * 4
+
+
+def test_counter_growth_and_paths() -> None:
+    before = {"p": {'pd_proxy_requests_total{path="local"}': 2.0}}
+    after = {
+        "p": {
+            'pd_proxy_requests_total{path="local"}': 10.0,
+            'pd_proxy_requests_total{path="pd"}': 8.0,
+        }
+    }
+    grown = cache_clients.grown(before, after)["p"]
+    assert cache_report.paths(grown) == {"local": 8.0, "pd": 8.0}
+    assert cache_report.path_check(grown, 8).measured
+    check = cache_report.path_check(grown, 9)
+    assert not check.measured and check.text().startswith("NOT MEASURED")
+
+
+# --- tables and goals ------------------------------------------------------------------------
+def _multi(kit: float, single: float, local: float) -> dict[int, dict[str, Any]]:
+    return {
+        1: {
+            "ttft_s": {"kit": [kit, kit, 9.0], "single": [single, single, 0.001]},
+            "conversations": 3,
+            "proxy": {
+                'pd_proxy_requests_total{path="local"}': local,
+                'pd_proxy_requests_total{path="pd"}': 3.0,
+            },
+        }
+    }
+
+
+def test_follow_up_goal_met_not_met_and_not_measured() -> None:
+    met = cache_report.goals(cache_report.multi_turn_rows(_multi(0.040, 0.038, 3)), [], [])
+    assert met[0].met is True and "40.0 / 38.0 ms = 1.05x" in met[0].measured
+    slow = cache_report.goals(cache_report.multi_turn_rows(_multi(0.050, 0.038, 3)), [], [])
+    assert slow[0].met is False
+    # Two of three follow-ups went P/D: the kit's column is not the decode-alone path.
+    wrong = cache_report.goals(cache_report.multi_turn_rows(_multi(0.040, 0.038, 1)), [], [])
+    assert wrong[0].met is None and wrong[0].measured.startswith("NOT MEASURED")
+
+
+def _shared(mode: str, ttft: float, hits: float) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "round": 1,
+        "result": {"median_ttft_ms": ttft, "p99_ttft_ms": ttft * 2, "completed": 48},
+        "decodes": {
+            "decode-a": {
+                "vllm:prefix_cache_hits_total": hits / 2,
+                "vllm:request_success_total": 24,
+            },
+            "decode-b": {
+                "vllm:prefix_cache_hits_total": hits / 2,
+                "vllm:request_success_total": 24,
+            },
+        },
+        "proxy": {},
+    }
+
+
+def test_shared_prefix_goals_compare_routings_and_ideal() -> None:
+    ideal = 20480
+    rows = cache_report.shared_rows(
+        [
+            _shared("events", 30.0, 19456),
+            _shared("off", 80.0, 10240),
+            _shared("off", 60.0, 12000),
+            _shared("events", 40.0, 20000),
+        ],
+        ideal,
+    )
+    summary = cache_report.shared_summary(rows)
+    assert summary["events"]["ttft_ms"] == 35.0 and summary["off"]["ttft_ms"] == 70.0
+    found = {g.goal: g for g in cache_report.goals([], [], rows)}
+    hit = next(g for k, g in found.items() if "of ideal" in k)
+    ttft = next(g for k, g in found.items() if "least outstanding" in k)
+    assert hit.met is True and hit.value == pytest.approx((19456 / ideal + 20000 / ideal) / 2)
+    assert ttft.met is True and ttft.value == pytest.approx(0.5)
+    text = cache_report.format_shared(rows, ideal, "two decodes", 48)
+    assert "| 1 | cache-aware (events) | 30.0 | 60.0 | 48/48 | 19456 | 0.95 | 24 / 24 |" in text
+
+
+def test_short_goal_needs_every_proxy_request_on_decode_alone() -> None:
+    local = {'pd_proxy_requests_total{path="local"}': 2.0}
+    run = {
+        "ttft_s": {"single": [0.030, 0.030], "tokenize": [0.040] * 2, "tokenizer": [0.032] * 2},
+        "requests": 2,
+        "proxies": {"tokenize": local, "tokenizer": local},
+    }
+    rows = cache_report.short_rows(run)
+    goal = cache_report.goals([], rows, [])[-1]
+    assert goal.met is True and "32.0 / 30.0 ms = 1.07x" in goal.measured
+    run["proxies"] = {"tokenize": local, "tokenizer": {}}
+    goal = cache_report.goals([], cache_report.short_rows(run), [])[-1]
+    assert goal.met is None and goal.measured.startswith("NOT MEASURED")
+
+
+def test_render_writes_markdown_tables_and_fails_on_a_failed_run() -> None:
+    data = {
+        "plan": PLAN.as_dict(),
+        "errors": [],
+        "multi_turn": _multi(0.040, 0.038, 3),
+        "shared": [{**_shared("events", 30.0, 19456), "returncode": 1}],
+        "added_special_tokens": 1,
+    }
+    outcome = cache.render(data, PLAN, 16)
+    assert isinstance(outcome, Outcome) and outcome.rc == 1
+    assert "| c | kit TTFT p50 (ms) | single TTFT p50 (ms) | kit/single |" in outcome.table
+    assert "shared run 1 (events): exit 1" in outcome.table
+    json.dumps(outcome.result)  # result.json must be writable
+    data["shared"][0]["returncode"] = 0
+    assert cache.render(data, PLAN, 16).rc == 0
+
+
+def test_the_stack_settings_turn_prefix_caching_on() -> None:
+    base = settings_from_env(kit_env({"PREFIX_CACHING": "false", "KIT_DOTENV": ""}))
+    assert base.prefix_caching is False
+    settings = cache._settings(18400)
+    assert settings.prefix_caching and settings.reference_port == 18430
+
+
+def test_the_stacks_prefill_and_decode_publish_on_their_own_ports(tmp_path: Path) -> None:
+    ports = cache_plan.ports(18400)
+    stack = cache.EventsStack(
+        cache._settings(18400),
+        parts=cache.STACK_PARTS,
+        work_dir=tmp_path,
+        events_ports={"prefill": ports["events-prefill"], "decode": ports["events-decode"]},
+    )
+    stack.model = cache.ResolvedModel(path="/models/tiny", served_name="tiny")
+    endpoints = {
+        part: json.loads(stack._spec(part).argv[-1])["endpoint"] for part in ("prefill", "decode")
+    }
+    assert endpoints == {"prefill": "tcp://*:18450", "decode": "tcp://*:18452"}
+    assert cache_plan.KV_EVENTS_FLAG not in stack._spec("reference").argv
