@@ -30,9 +30,10 @@ from pd_proxy.block_size import BlockSizes
 from pd_proxy.cache import decider, scorer
 from pd_proxy.cache.approx import ApproxIndex
 from pd_proxy.cache.events import Batch
-from pd_proxy.cache.index import Health, ReplicaIndex
+from pd_proxy.cache.index import NEXT, Health, ReplicaIndex
 from pd_proxy.cache.keys import Key, chain, hit_tokens
 from pd_proxy.cache.metrics import CacheMetrics
+from pd_proxy.cache.pending import PendingIndex
 from pd_proxy.cache.publishers import parse_sources
 from pd_proxy.cache.subscriber import Subscription
 from pd_proxy.cache.tokens import CANARY, SHAPES, LocalTokenizer
@@ -112,6 +113,7 @@ class CacheRouter:
         self.no_events: dict[str, float] = {}  # url -> monotonic time to ask again
         self.was_down: set[str] = set()
         self.approx = ApproxIndex(config.cache_approx_blocks)
+        self.pending = PendingIndex()
         self.block_sizes = BlockSizes(legs.upstream, backend_key, config.health_timeout)
         self.metrics = CacheMetrics(legs.metrics.registry)
         self.ctx: zmq.asyncio.Context | None = None
@@ -147,10 +149,8 @@ class CacheRouter:
             for role, backend, hit in roles:
                 self.metrics.prompt_tokens.labels(role).inc(len(plan.ids))
                 self.metrics.predicted.labels(role).inc(hit)
-                if backend is not None and backend.url not in self.indexes and self.approx_on:
-                    size = self.block_sizes.known(backend)
-                    if size is not None:
-                        self.approx.record(backend.url, self._keys(plan, size))
+                if backend is not None:
+                    self._routed(backend, plan)
         return path, reason
 
     async def token_ids(
@@ -217,7 +217,8 @@ class CacheRouter:
     def choose(
         self, pool: BackendPool, ids: Sequence[int], plan: Plan
     ) -> tuple[Backend | None, int]:
-        """The backend of ``pool`` for ``ids`` and its predicted hit tokens."""
+        """The backend of ``pool`` for ``ids`` and its predicted hit tokens (what its events or
+        the approximate index say it holds: not what is only pending there)."""
         if not self.routes:
             return None, 0
         backends = [b for b in pool.backends if b.healthy]
@@ -225,8 +226,10 @@ class CacheRouter:
             return None, 0
         sizes = {b.url: self._block_size(b) for b in backends}
         size = next((s for s in sizes.values() if s), DEFAULT_BLOCK_SIZE)
+        now = time.monotonic()
+        held = {b.url: self._cached_blocks(b, plan, sizes[b.url], now) for b in backends}
         candidates = [
-            scorer.Candidate(b.url, self._cached_blocks(b, plan, sizes[b.url]), b.outstanding)
+            scorer.Candidate(b.url, held[b.url][1], b.outstanding, self._fill(b, now))
             for b in backends
         ]
         choice = scorer.choose(candidates, len(ids) // size, self.weight, self.max_imbalance)
@@ -238,7 +241,26 @@ class CacheRouter:
         self.metrics.choices.labels(pool.role, choice.reason).inc()
         backend = next(b for b in backends if b.url == choice.name)
         bs = sizes[backend.url] or size
-        return backend, hit_tokens(choice.cached_blocks, bs, len(ids))
+        return backend, hit_tokens(held[backend.url][0], bs, len(ids))
+
+    def _routed(self, backend: Backend, plan: Plan) -> None:
+        """``backend`` will hold ``plan``'s blocks: the approximate index learns them (no
+        events there), or they count as pending until its events announce them."""
+        if backend.url in self.indexes:
+            size = self._block_size(backend)
+            if size is not None:
+                self.pending.record(backend.url, self._keys(plan, size), time.monotonic())
+        elif self.approx_on:
+            size = self.block_sizes.known(backend)
+            if size is not None:
+                self.approx.record(backend.url, self._keys(plan, size))
+
+    def _fill(self, backend: Backend, now: float) -> int:
+        """The blocks ``backend`` holds in all (pending ones included), as far as known."""
+        indexes = self.indexes.get(backend.url)
+        if indexes is not None:
+            return min(len(i) for i in indexes) + self.pending.size(backend.url, now)
+        return self.approx.size(backend.url) if self.approx_on else 0
 
     def _keys(self, plan: Plan, size: int) -> list[Key]:
         keys = plan.keys.get(size)
@@ -250,25 +272,37 @@ class CacheRouter:
     def _block_size(self, backend: Backend) -> int | None:
         indexes = self.indexes.get(backend.url)
         if indexes is not None:
-            return next((i.block_size for i in indexes if i.block_size), None)
-        if self.approx_on:
+            told = next((i.block_size for i in indexes if i.block_size), None)
+            if told is not None:
+                return told
+            # No block stored since the proxy subscribed: its /metrics tell the size, so the
+            # first requests of a new prefix can already count as pending there.
+        if indexes is not None or self.approx_on:
             size = self.block_sizes.known(backend)
             if size is None:
                 self.block_sizes.prefetch([backend])
             return size
         return None
 
-    def _cached_blocks(self, backend: Backend, plan: Plan, size: int | None) -> int:
+    def _cached_blocks(
+        self, backend: Backend, plan: Plan, size: int | None, now: float
+    ) -> tuple[int, int]:
+        """Leading blocks of the prompt ``backend`` holds: (confirmed, for routing), where
+        routing also counts what the proxy sent there and its events have not announced yet."""
         if size is None:
-            return 0
+            return 0, 0
         keys = self._keys(plan, size)
         indexes = self.indexes.get(backend.url)
         if indexes is not None:
             # Several engines behind one API server (DP): it picks one, so count the least.
-            return min(i.match(keys) for i in indexes)
+            known = min(i.match(keys) for i in indexes)
+            if known:
+                self.pending.confirm(backend.url, keys[:known])
+            return known, max(known, self.pending.match(backend.url, keys, now))
         if self.approx_on:
-            return self.approx.match(backend.url, keys)
-        return 0
+            n = self.approx.match(backend.url, keys)
+            return n, n
+        return 0, 0
 
     # --- the watch loop --------------------------------------------------------------------
 
@@ -296,7 +330,12 @@ class CacheRouter:
             for b in pool.backends:
                 listed.add(b.url)
                 await self._follow(session, b)
-        for url in set(self.indexes) | set(self.approx.replicas) | set(self.no_events):
+        for url in (
+            set(self.indexes)
+            | set(self.approx.replicas)
+            | set(self.pending.replicas)
+            | set(self.no_events)
+        ):
             if url not in listed:
                 log.info("cache-aware routing: %s left; its entries go", url)
                 await self.forget(url)
@@ -372,6 +411,10 @@ class CacheRouter:
         )
 
     def _on_batch(self, url: str, batch: Batch, verdict: str) -> None:
+        if verdict != NEXT:
+            # A restart emptied the replica, or a gap hid what it stored and evicted: what was
+            # sent there is no longer a safe guess.
+            self.pending.forget(url)
         indexes = self.indexes.get(url)
         if not indexes:
             return
@@ -385,6 +428,7 @@ class CacheRouter:
             await sub.close()
         self.indexes.pop(url, None)
         self.approx.forget(url)
+        self.pending.forget(url)
 
     async def close(self) -> None:
         for url in list(self.subs):

@@ -155,13 +155,17 @@ def test_scorer_prefers_cache_until_load_outweighs_it() -> None:
     assert choose([cold, hot], 10, weight=2, max_imbalance=4) == choose_result("hot", 10, CACHE)
     busy = Candidate("hot", cached_blocks=10, outstanding=3)  # cost 3 vs the cold one's 2
     assert choose([cold, busy], 10, weight=2, max_imbalance=4) == choose_result("cold", 0, LOAD)
-    assert choose([cold, Candidate("c2", 0, 1)], 10, 2, 4) is None  # nothing cached: pool's pick
+    # Nothing cached, load and fill alike: the pool's pick.
+    assert choose([cold, Candidate("c2", 0, 0)], 10, 2, 4) is None
 
 
 def test_imbalance_guard_overrides_a_hot_prefix() -> None:
     hot = Candidate("hot", cached_blocks=10, outstanding=6)
     cold = Candidate("cold", cached_blocks=0, outstanding=1)
     # weight 100 would keep sending to "hot"; the guard (at most 4 above the least busy) stops it
+    assert choose([hot, cold], 10, weight=100, max_imbalance=4) == choose_result("cold", 0, GUARD)
+    # With more in flight everywhere, a larger max_imbalance lets it keep its prefix.
+    hot, cold = Candidate("hot", 10, 16), Candidate("cold", 0, 10)
     assert choose([hot, cold], 10, weight=100, max_imbalance=4) == choose_result("cold", 0, GUARD)
     assert choose([hot, cold], 10, weight=100, max_imbalance=8).name == "hot"
 

@@ -58,9 +58,9 @@ async def test_same_prefix_requests_land_where_the_prefix_is() -> None:
         assert served(s) == [0, 4]
         labels = {"role": "decode", "reason": "cache"}
         assert s.sample("pd_proxy_cache_choices_total", labels) == 4
-        for i in range(2):  # nothing cached anywhere: least outstanding, round-robin ties
+        for i in range(2):  # nothing cached anywhere: the decode with room (it holds fewer)
             await s.post(COMPLETIONS, {"prompt": text(40, start=100 + 50 * i), "max_tokens": 2})
-        assert served(s) == [1, 5]
+        assert served(s) == [2, 4]
 
 
 async def test_follow_up_turn_goes_to_decode_alone_and_a_new_prompt_goes_pd() -> None:
@@ -160,3 +160,54 @@ async def test_the_prefill_holding_the_prefix_computes_the_rest() -> None:
         assert [len(p.seen) for p in s.prefills] == [0, 3]
         labels = {"role": "prefill", "reason": "cache"}
         assert s.sample("pd_proxy_cache_choices_total", labels) == 3
+
+
+def subscribed(stack) -> None:
+    """Both decodes follow KV events (indexes known to hold nothing yet), as after subscribing."""
+    router = stack.running.flow.cache_router
+    for d in stack.decodes:
+        index = ReplicaIndex()
+        index.block_size = BLOCK
+        router.indexes[d.url] = [index]
+
+
+async def test_a_new_prefix_arriving_together_follows_the_first_before_events_tell() -> None:
+    """No event has announced the prefix yet (its prefill is still running): the requests sent
+    with it go where the first went, as pending blocks there, and the path decision still counts
+    only what events confirm (P/D, not decode alone)."""
+    import asyncio
+
+    from tests.proxy.proxy_harness import pd_stack
+
+    async with pd_stack(decodes=2, prefix_cache_routing="events", local_prefill_max_tokens=8) as s:
+        subscribed(s)
+        shared = text(40)
+        bodies = [{"prompt": f"{shared} q{i}", "max_tokens": 2} for i in range(4)]
+        replies = await asyncio.gather(*(s.post(COMPLETIONS, b) for b in bodies))
+        assert all(status == 200 for status, _, _ in replies)
+        assert sorted(served(s)) == [0, 4]
+        assert decisions(s, "pd", "long") == 4 and len(s.prefill.seen) == 4
+        predicted = s.sample("pd_proxy_cache_predicted_hit_tokens_total", {"role": "decode"})
+        assert predicted == 0
+
+
+async def test_pending_blocks_lapse_and_a_restart_clears_them() -> None:
+    """Events that never confirm what was sent (lost, or the request failed): after the TTL the
+    prefix counts nowhere again; a replica whose event stream restarted holds nothing pending."""
+    from pd_proxy.cache.events import Batch
+    from pd_proxy.cache.index import RESET
+    from tests.proxy.proxy_harness import pd_stack
+
+    async with pd_stack(decodes=2, prefix_cache_routing="events") as s:
+        subscribed(s)
+        router = s.running.flow.cache_router
+        router.pending.ttl_s = 0.0  # every entry lapses at once
+        shared = text(40)
+        for i in range(4):
+            await s.post(COMPLETIONS, {"prompt": f"{shared} q{i}", "max_tokens": 2})
+        assert served(s) == [2, 2]  # cached and pending nowhere: the pool's rotation
+        router.pending.ttl_s = 60.0
+        await s.post(COMPLETIONS, {"prompt": f"{shared} again", "max_tokens": 2})
+        target = next(d.url for d in s.decodes if d.url in router.pending.replicas)
+        router._on_batch(target, Batch(seq=0, ts=0.0, events=(), dp_rank=0), RESET)
+        assert target not in router.pending.replicas
