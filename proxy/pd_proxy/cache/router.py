@@ -29,7 +29,7 @@ from pd_proxy.auth import BackendKey
 from pd_proxy.block_size import BlockSizes
 from pd_proxy.cache import decider, scorer
 from pd_proxy.cache.approx import ApproxIndex
-from pd_proxy.cache.events import Batch
+from pd_proxy.cache.events import Batch, Cleared
 from pd_proxy.cache.index import NEXT, Health, ReplicaIndex
 from pd_proxy.cache.keys import Key, chain, hit_tokens
 from pd_proxy.cache.metrics import CacheMetrics
@@ -411,9 +411,9 @@ class CacheRouter:
         )
 
     def _on_batch(self, url: str, batch: Batch, verdict: str) -> None:
-        if verdict != NEXT:
-            # A restart emptied the replica, or a gap hid what it stored and evicted: what was
-            # sent there is no longer a safe guess.
+        if verdict != NEXT or any(isinstance(ev, Cleared) for ev in batch.events):
+            # A restart or a reset emptied the replica, or a gap hid what it stored and
+            # evicted: what was sent there is no longer a safe guess.
             self.pending.forget(url)
         indexes = self.indexes.get(url)
         if not indexes:

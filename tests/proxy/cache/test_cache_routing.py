@@ -194,8 +194,8 @@ async def test_a_new_prefix_arriving_together_follows_the_first_before_events_te
 async def test_pending_blocks_lapse_and_a_restart_clears_them() -> None:
     """Events that never confirm what was sent (lost, or the request failed): after the TTL the
     prefix counts nowhere again; a replica whose event stream restarted holds nothing pending."""
-    from pd_proxy.cache.events import Batch
-    from pd_proxy.cache.index import RESET
+    from pd_proxy.cache.events import Batch, Cleared
+    from pd_proxy.cache.index import NEXT, RESET
     from tests.proxy.proxy_harness import pd_stack
 
     async with pd_stack(decodes=2, prefix_cache_routing="events") as s:
@@ -210,4 +210,9 @@ async def test_pending_blocks_lapse_and_a_restart_clears_them() -> None:
         await s.post(COMPLETIONS, {"prompt": f"{shared} again", "max_tokens": 2})
         target = next(d.url for d in s.decodes if d.url in router.pending.replicas)
         router._on_batch(target, Batch(seq=0, ts=0.0, events=(), dp_rank=0), RESET)
+        assert target not in router.pending.replicas
+        # The same after the replica's cache was reset (AllBlocksCleared), in order.
+        await s.post(COMPLETIONS, {"prompt": f"{shared} once more", "max_tokens": 2})
+        target = next(d.url for d in s.decodes if d.url in router.pending.replicas)
+        router._on_batch(target, Batch(seq=1, ts=0.0, events=(Cleared(),), dp_rank=0), NEXT)
         assert target not in router.pending.replicas
