@@ -306,3 +306,9 @@ def test_the_stacks_prefill_and_decode_publish_on_their_own_ports(tmp_path: Path
     }
     assert endpoints == {"prefill": "tcp://*:18450", "decode": "tcp://*:18452"}
     assert cache_plan.KV_EVENTS_FLAG not in stack._spec("reference").argv
+
+
+def test_the_shared_part_alone_starts_none_of_the_stacks_servers() -> None:
+    assert cache.stack_parts({"multi-turn", "short"}) == ()
+    assert cache.stack_parts({"short"}) == cache.STACK_PARTS
+    assert cache.stack_parts(set()) == cache.STACK_PARTS

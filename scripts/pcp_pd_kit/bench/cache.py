@@ -124,6 +124,12 @@ def skipped(args: argparse.Namespace) -> set[str]:
     return {x.strip() for x in str(args.skip).split(",") if x.strip()}
 
 
+def stack_parts(skip: set[str]) -> tuple[str, ...]:
+    """The stack's servers this run needs: none for the shared-prefix part alone (``--skip
+    multi-turn,short``), which starts its own two decodes and proxies; they would only idle."""
+    return () if {"multi-turn", "short"} <= skip else STACK_PARTS
+
+
 def _settings(port_base: int) -> StackSettings:
     """The stack's settings on the bench's ports, prefix caching on, no proxy counting."""
     base = settings_from_env(kit_env(os.environ))
@@ -321,9 +327,10 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
         {name: port for name, port in ports.items() if not name.startswith("events-")},
     )
     log_dir = out / "servers" / "logs"
+    shared_only = not stack_parts(skip)
     stack = EventsStack(
         settings,
-        parts=STACK_PARTS,
+        parts=stack_parts(skip),
         work_dir=out / "servers",
         events_ports={"prefill": ports["events-prefill"], "decode": ports["events-decode"]},
     )
@@ -334,45 +341,44 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
         model = stack.model
         assert model is not None
         data["startup_s"] = {k: round(v, 1) for k, v in stack.startup_seconds().items()}
-        urls = {
-            "single": stack.urls["reference"],
-            "decode": stack.urls["decode"],
-            "kit": url(ports["proxy-cache"]),
-            "tokenize": url(ports["proxy-count"]),
-            "tokenizer": url(ports["proxy-tokenizer"]),
-        }
-        n = plan.local_max
-        extras = [
-            proxy_process(settings, "proxy-count", ports["proxy-count"], n, [], log_dir),
-            proxy_process(
-                settings,
-                "proxy-tokenizer",
-                ports["proxy-tokenizer"],
-                n,
-                cp.proxy_flags("off", model.path),
-                log_dir,
-            ),
-            proxy_process(
-                settings,
-                "proxy-cache",
-                ports["proxy-cache"],
-                n,
-                cp.proxy_flags(cp.CACHE_ROUTING, model.path),
-                log_dir,
-            ),
-        ]
-        start_all(extras, settings.startup_timeout_s)
-        if "multi-turn" not in skip:
-            data["multi_turn"] = run_multi_turn(urls, model.served_name, plan)
-        if "short" not in skip:
-            data["short"] = run_short(urls, model.served_name, plan)
-        stop_all(extras)
+        urls: dict[str, str] = {}
+        if not shared_only:
+            urls = {
+                "single": stack.urls["reference"],
+                "decode": stack.urls["decode"],
+                "kit": url(ports["proxy-cache"]),
+                "tokenize": url(ports["proxy-count"]),
+                "tokenizer": url(ports["proxy-tokenizer"]),
+            }
+            n = plan.local_max
+            extras = [
+                proxy_process(settings, "proxy-count", ports["proxy-count"], n, [], log_dir),
+                proxy_process(
+                    settings,
+                    "proxy-tokenizer",
+                    ports["proxy-tokenizer"],
+                    n,
+                    cp.proxy_flags("off", model.path),
+                    log_dir,
+                ),
+                proxy_process(
+                    settings,
+                    "proxy-cache",
+                    ports["proxy-cache"],
+                    n,
+                    cp.proxy_flags(cp.CACHE_ROUTING, model.path),
+                    log_dir,
+                ),
+            ]
+            start_all(extras, settings.startup_timeout_s)
+            if "multi-turn" not in skip:
+                data["multi_turn"] = run_multi_turn(urls, model.served_name, plan)
+            if "short" not in skip:
+                data["short"] = run_short(urls, model.served_name, plan)
+            stop_all(extras)
         if "shared" not in skip:
-            for part in ("proxy", "decode", "reference"):
+            for part in set(stack.parts) - {"prefill"}:
                 stack.stop_part(part)
-            data["added_special_tokens"] = clients.added_special_tokens(
-                stack.urls["prefill"], model.served_name
-            )
             urls["decode-a"], urls["decode-b"] = url(ports["decode-a"]), url(ports["decode-b"])
             urls["proxy-events"], urls["proxy-off"] = (
                 url(ports["proxy-events"]),
@@ -416,6 +422,9 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                 for mode in cp.SHARED_MODES
             ]
             start_all(extras, settings.startup_timeout_s)
+            data["added_special_tokens"] = clients.added_special_tokens(
+                urls["decode-a"], model.served_name
+            )
             data["shared"] = run_shared(urls, model, plan, out)
     except Exception as exc:
         log.error("bench cache failed: %s", exc)
