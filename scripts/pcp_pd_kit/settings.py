@@ -295,10 +295,11 @@ def validate(s: StackSettings) -> None:
             f"PREFIX_CACHE_ROUTING={s.prefix_cache_routing!r}: expected one of "
             f"{', '.join(CACHE_ROUTING_MODES)}"
         )
-    if s.prefix_cache_routing != "off" and not s.prefix_caching:
+    if s.prefix_cache_routing in ("events", "approx") and not s.prefix_caching:
+        # auto needs no error: with caching off the stack runs the proxy with routing off.
         raise SettingsError(
             f"PREFIX_CACHE_ROUTING={s.prefix_cache_routing} needs PREFIX_CACHING=true (with "
-            "caching off no replica holds a prefix to route by): set PREFIX_CACHE_ROUTING=off"
+            "caching off no replica holds a prefix to route by): set it to auto or off"
         )
     if s.prefix_caching:
         try:

@@ -161,6 +161,8 @@ def test_proxy_routes_by_cache_with_the_models_tokenizer() -> None:
     assert _flag(argv, "--prefix-cache-routing") == "events"
     assert _flag(argv, "--tokenizer") == "/models/tiny"
     assert "--tokenizer" not in proxy_spec(settings).argv
+    uncached = example_settings(prefix_caching=False, prefix_cache_routing="auto")
+    assert _flag(proxy_spec(uncached).argv, "--prefix-cache-routing") == "off"
 
 
 def test_proxy_points_at_the_pair() -> None:

@@ -213,9 +213,10 @@ def proxy_spec(
         str(settings.kv_lease_s),
         "--local-prefill-max-tokens",
         str(settings.local_prefill_max_tokens),
-        # Route by what each server's prefix cache holds (its KV events, kv_events_config).
+        # Route by what each server's prefix cache holds (its KV events, kv_events_config);
+        # with PREFIX_CACHING off nothing is held, and auto means off (settings refuse the rest).
         "--prefix-cache-routing",
-        settings.prefix_cache_routing,
+        settings.prefix_cache_routing if settings.prefix_caching else "off",
     ]
     if tokenizer is not None:
         argv += ["--tokenizer", tokenizer]
