@@ -255,7 +255,7 @@ def two_decodes(pd_stack: Stack) -> Iterator[TwoDecodes]:
     )
     spec = dataclasses.replace(spec, name="decode-2")
     second = running(spec, pd_stack)
-    proxy_proc = None
+    proxy_proc, two = None, None
     try:
         urls = [pd_stack.urls["decode"], settings.url(settings.decode_port)]
         proxy_proc = running(
@@ -271,11 +271,13 @@ def two_decodes(pd_stack: Stack) -> Iterator[TwoDecodes]:
         proxy = pd_stack.settings.url(TWO_DECODES_PROXY_PORT)
         for url in urls:
             wait_followed(proxy, url)
-        yield TwoDecodes(proxy, urls, second, spec)
+        two = TwoDecodes(proxy, urls, second, spec)
+        yield two
     finally:
         if proxy_proc is not None:
             proxy_proc.stop()
-        second.stop()
+        # The restart test replaces the process: stop the one running now.
+        (second if two is None else two.second).stop()
 
 
 def send_and_count(
