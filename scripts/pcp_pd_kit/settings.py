@@ -12,6 +12,7 @@ any process starts.
 from __future__ import annotations
 
 import io
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -22,6 +23,7 @@ from dotenv.parser import parse_stream
 from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
 from pcp_nixl_connector.extra_connectors import parse_extra_connectors
 from pcp_pd_kit import repo_root
+from pd_proxy.config import CACHE_ROUTING_MODES
 from pd_proxy.timeouts import KIT_NAMES, ProxyLimits, timeout_problems
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -95,6 +97,10 @@ class StackSettings:
     prometheus_port: int
     prefill_side_channel_port: int
     decode_side_channel_port: int
+    prefill_kv_events_port: int
+    prefill_kv_replay_port: int
+    decode_kv_events_port: int
+    decode_kv_replay_port: int
     model: str
     served_model_name: str
     max_model_len: int
@@ -108,6 +114,7 @@ class StackSettings:
     prefill_expert_parallel: bool
     attention_backend: str
     prefix_caching: bool
+    prefix_cache_routing: str
     nixl_progress_delay_us: int
     nixl_early_kv_load: bool
     kv_lease_s: int
@@ -133,6 +140,10 @@ class StackSettings:
             "prometheus": self.prometheus_port,
             "prefill NIXL side channel": self.prefill_side_channel_port,
             "decode NIXL side channel": self.decode_side_channel_port,
+            "prefill KV events": self.prefill_kv_events_port,
+            "prefill KV events replay": self.prefill_kv_replay_port,
+            "decode KV events": self.decode_kv_events_port,
+            "decode KV events replay": self.decode_kv_replay_port,
         }
 
     def url(self, port: int) -> str:
@@ -149,6 +160,10 @@ ENV_KEYS: dict[str, str] = {
     "LOCAL_PROMETHEUS_PORT": "prometheus_port",
     "LOCAL_PREFILL_SIDE_CHANNEL_PORT": "prefill_side_channel_port",
     "LOCAL_DECODE_SIDE_CHANNEL_PORT": "decode_side_channel_port",
+    "LOCAL_PREFILL_KV_EVENTS_PORT": "prefill_kv_events_port",
+    "LOCAL_PREFILL_KV_REPLAY_PORT": "prefill_kv_replay_port",
+    "LOCAL_DECODE_KV_EVENTS_PORT": "decode_kv_events_port",
+    "LOCAL_DECODE_KV_REPLAY_PORT": "decode_kv_replay_port",
     "MODEL": "model",
     "LOCAL_SERVED_MODEL_NAME": "served_model_name",
     "MAX_MODEL_LEN": "max_model_len",
@@ -162,6 +177,7 @@ ENV_KEYS: dict[str, str] = {
     "CPU_PREFILL_EXPERT_PARALLEL": "prefill_expert_parallel",
     "CPU_ATTENTION_BACKEND": "attention_backend",
     "PREFIX_CACHING": "prefix_caching",
+    "PREFIX_CACHE_ROUTING": "prefix_cache_routing",
     "NIXL_PROGRESS_DELAY_US": "nixl_progress_delay_us",
     "NIXL_EARLY_KV_LOAD": "nixl_early_kv_load",
     "NIXL_KV_LEASE_S": "kv_lease_s",
@@ -274,6 +290,25 @@ def validate(s: StackSettings) -> None:
         raise SettingsError("MAX_MODEL_LEN must be at least one block")
     if s.local_prefill_max_tokens < 0:
         raise SettingsError("LOCAL_PREFILL_MAX_TOKENS must be >= 0 (0: every request P/D)")
+    if s.prefix_cache_routing not in CACHE_ROUTING_MODES:
+        raise SettingsError(
+            f"PREFIX_CACHE_ROUTING={s.prefix_cache_routing!r}: expected one of "
+            f"{', '.join(CACHE_ROUTING_MODES)}"
+        )
+    if s.prefix_cache_routing in ("events", "approx") and not s.prefix_caching:
+        # auto needs no error: with caching off the stack runs the proxy with routing off.
+        raise SettingsError(
+            f"PREFIX_CACHE_ROUTING={s.prefix_cache_routing} needs PREFIX_CACHING=true (with "
+            "caching off no replica holds a prefix to route by): set it to auto or off"
+        )
+    if s.prefix_caching:
+        try:
+            ipaddress.IPv4Address(s.host)
+        except ValueError:
+            raise SettingsError(
+                f"LOCAL_HOST={s.host!r}: must be an IPv4 address while PREFIX_CACHING is on (the "
+                "KV-event publishers bind it; commands.kv_events_endpoint)"
+            ) from None
     if s.nixl_progress_delay_us < 0:
         raise SettingsError("NIXL_PROGRESS_DELAY_US must be >= 0")
     if s.kv_lease_s < 6:

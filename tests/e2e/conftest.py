@@ -57,8 +57,12 @@ E2E_PORTS = {
     "proxy_port": 18500,
     "prefill_port": 18510,
     "prefill_side_channel_port": 18511,
+    "prefill_kv_events_port": 18512,
+    "prefill_kv_replay_port": 18513,
     "decode_port": 18520,
     "decode_side_channel_port": 18521,
+    "decode_kv_events_port": 18522,
+    "decode_kv_replay_port": 18523,
     "reference_port": 18530,
     "prometheus_port": 18590,
 }

@@ -27,8 +27,12 @@ PORTS = {
     "proxy_port": 18700,
     "prefill_port": 18710,
     "prefill_side_channel_port": 18711,
+    "prefill_kv_events_port": 18712,
+    "prefill_kv_replay_port": 18713,
     "decode_port": 18720,
     "decode_side_channel_port": 18721,
+    "decode_kv_events_port": 18722,
+    "decode_kv_replay_port": 18723,
     "reference_port": 18730,
     "prometheus_port": 18790,
 }

@@ -54,7 +54,11 @@ def local_proxy(pd_stack: Stack) -> Iterator[tuple[str, int]]:
     follows from its own count, template included)."""
     decode, model = pd_stack.urls["decode"], pd_stack.served_model_name
     n_completions, _ = _texts_around(decode, model, COMPLETIONS)
-    settings = dataclasses.replace(pd_stack.settings, proxy_port=LOCAL_PROXY_PORT)
+    # Routing off: the limit on the prompt's own count (its texts share prefixes, which a
+    # cache-aware proxy would rightly send alone; test_cache_aware_routing covers that).
+    settings = dataclasses.replace(
+        pd_stack.settings, proxy_port=LOCAL_PROXY_PORT, prefix_cache_routing="off"
+    )
     spec = proxy_spec(settings)
     argv = [*spec.argv, "--local-prefill-max-tokens", str(n_completions)]
     proc = ManagedProcess(

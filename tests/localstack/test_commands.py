@@ -138,6 +138,33 @@ def test_prefix_caching_follows_its_one_knob_on_every_server(role: str) -> None:
     assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
 
 
+@pytest.mark.parametrize(("role", "port"), [("prefill", 18102), ("decode", 18202)])
+def test_kv_events_bound_on_loopback_while_caching_is_on(role: str, port: int) -> None:
+    """A PUB and a replay port on LOCAL_HOST, written so that vLLM binds them (not "*": every
+    prompt's token ids on every interface); none with PREFIX_CACHING off, none on the
+    reference."""
+    on = vllm_server_spec(example_settings(), role, "/m", "t", REPO)  # type: ignore[arg-type]
+    config = json.loads(_flag(on.argv, "--kv-events-config"))
+    assert config["enable_kv_cache_events"] is True and config["publisher"] == "zmq"
+    assert config["endpoint"] == f"tcp://[::ffff:127.0.0.1]:{port}"
+    assert config["replay_endpoint"] == f"tcp://[::ffff:127.0.0.1]:{port + 1}"
+    settings = example_settings(prefix_caching=False, prefix_cache_routing="off")
+    off = vllm_server_spec(settings, role, "/m", "t", REPO)  # type: ignore[arg-type]
+    assert "--kv-events-config" not in off.argv
+    reference = vllm_server_spec(example_settings(), "reference", "/m", "t", REPO)
+    assert "--kv-events-config" not in reference.argv
+
+
+def test_proxy_routes_by_cache_with_the_models_tokenizer() -> None:
+    settings = example_settings(prefix_cache_routing="events")
+    argv = proxy_spec(settings, tokenizer="/models/tiny").argv
+    assert _flag(argv, "--prefix-cache-routing") == "events"
+    assert _flag(argv, "--tokenizer") == "/models/tiny"
+    assert "--tokenizer" not in proxy_spec(settings).argv
+    uncached = example_settings(prefix_caching=False, prefix_cache_routing="auto")
+    assert _flag(proxy_spec(uncached).argv, "--prefix-cache-routing") == "off"
+
+
 def test_proxy_points_at_the_pair() -> None:
     argv = proxy_spec(example_settings(proxy_port=18001)).argv
     assert argv[1:3] == ["-m", "pd_proxy"]

@@ -2,7 +2,11 @@ from pathlib import Path
 
 import pytest
 
-from pcp_pd_kit.localstack.model_source import ModelNotAvailableError, resolve_model
+from pcp_pd_kit.localstack.model_source import (
+    ModelNotAvailableError,
+    resolve_model,
+    tokenizer_folder,
+)
 
 
 def _never_build(path: Path) -> Path:
@@ -55,3 +59,16 @@ def test_a_server_side_path_is_not_an_hf_id() -> None:
 
     assert hf_cached("/models/tiny-mla-moe") is False
     assert hf_cached("no-such-org/no-such-model-for-the-kit") is False
+
+
+def test_tokenizer_folder_of_a_directory_or_a_cached_id(tmp_path: Path) -> None:
+    """pd-proxy's --tokenizer: the folder with tokenizer.json, or None (it asks /tokenize)."""
+    model = tmp_path / "m"
+    model.mkdir()
+    assert tokenizer_folder(str(model)) is None
+    (model / "tokenizer.json").write_text("{}")
+    assert tokenizer_folder(str(model)) == str(model)
+    snapshot = tmp_path / "hub" / "snap"
+    cached = {("org/name", "tokenizer.json"): str(snapshot / "tokenizer.json")}
+    assert tokenizer_folder("org/name", lambda i, f: cached.get((i, f))) == str(snapshot)
+    assert tokenizer_folder("org/other", lambda i, f: cached.get((i, f))) is None

@@ -39,8 +39,12 @@ PORTS = {
     "proxy_port": 18800,
     "prefill_port": 18810,
     "prefill_side_channel_port": 18811,
+    "prefill_kv_events_port": 18812,
+    "prefill_kv_replay_port": 18813,
     "decode_port": 18820,
     "decode_side_channel_port": 18821,
+    "decode_kv_events_port": 18822,
+    "decode_kv_replay_port": 18823,
     "reference_port": 18830,
     "prometheus_port": 18890,
 }

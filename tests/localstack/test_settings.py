@@ -67,6 +67,13 @@ def test_empty_model_means_the_tiny_model() -> None:
         ({"LOCAL_PROXY_PORT": "70000"}, "outside 1-65535"),
         ({"LOCAL_STARTUP_TIMEOUT_S": "-1"}, "LOCAL_STARTUP_TIMEOUT_S must be > 0"),
         ({"KV_EXTRA_CONNECTORS": "[{"}, "KV_EXTRA_CONNECTORS is not JSON"),
+        ({"PREFIX_CACHE_ROUTING": "always"}, "PREFIX_CACHE_ROUTING='always': expected one of"),
+        (
+            {"PREFIX_CACHE_ROUTING": "events", "PREFIX_CACHING": "false"},
+            "PREFIX_CACHE_ROUTING=events needs PREFIX_CACHING=true",
+        ),
+        ({"LOCAL_HOST": "localhost"}, "LOCAL_HOST='localhost': must be an IPv4 address"),
+        ({"LOCAL_DECODE_KV_REPLAY_PORT": "18200"}, "both use port 18200"),
         ({"KV_EXTRA_CONNECTORS": '[{"kv_connector":"X"}]'}, "KV_EXTRA_CONNECTORS[0] (X) needs"),
     ],
 )

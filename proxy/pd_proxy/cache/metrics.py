@@ -19,7 +19,14 @@ SHORT = "short"  # uncached tokens within --local-prefill-max-tokens, nothing ca
 CACHED = "cached"  # within the limit only thanks to the decode's cache: decode alone
 LONG = "long"  # too many uncached tokens: P/D
 NO_TOKENS = "no_tokens"  # the prompt's tokens are unknown: P/D
-DECISIONS = (("local", SHORT), ("local", CACHED), ("pd", LONG), ("pd", NO_TOKENS))
+NO_CHOICE = "no_choice"  # one replica per role and no local prefill: P/D, nothing tokenized
+DECISIONS = (
+    ("local", SHORT),
+    ("local", CACHED),
+    ("pd", LONG),
+    ("pd", NO_TOKENS),
+    ("pd", NO_CHOICE),
+)
 TOKEN_SOURCES = ("local", "server", "ids", "none")  # pd_proxy_tokenizer_requests_total's source
 TOKENIZER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)
 
@@ -42,7 +49,8 @@ class CacheMetrics:
         self.decisions = Counter(
             "pd_proxy_path_decisions",
             "P/D-eligible requests by the path chosen and why: local/short, local/cached (decode "
-            "holds enough of the prompt), pd/long, pd/no_tokens (the prompt could not be counted).",
+            "holds enough of the prompt), pd/long, pd/no_tokens (the prompt could not be counted), "
+            "pd/no_choice (one replica per role and no local prefill: nothing to decide).",
             ("path", "reason"),
             registry=reg,
         )

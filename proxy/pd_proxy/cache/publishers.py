@@ -4,13 +4,18 @@ reachable from the proxy.
 vLLM 0.32's API server answers ``{"<dp rank>": KVEventsConfig}`` with each engine's resolved
 publisher config (the port already offset by the DP rank). A wildcard endpoint (``tcp://*:5557``)
 means the publisher binds on every interface of the replica's host, so the proxy connects to the
-host it reaches the API at. A publisher that *connects* (a concrete host in its endpoint) expects
-one subscriber bound at that address: a single-router setup the proxy does not join; such a replica
-is treated as publishing no events. Pure.
+host it reaches the API at. vLLM binds an endpoint with ``*`` or ``::`` in it and *connects* to
+any other; a publisher that connects expects one subscriber bound at that address: a
+single-router setup the proxy does not join, so such a replica is treated as publishing no
+events. An IPv4-mapped address (``tcp://[::ffff:127.0.0.1]:5557``, what the kit's local stack
+uses to keep the events on loopback) is bound on that IPv4 address itself, and the proxy connects
+there when it can reach it: a loopback publisher only from a replica whose API is on loopback.
+The replay endpoint is always bound. Pure.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,15 +38,44 @@ def _tcp_host_port(endpoint: str) -> tuple[str, str] | None:
     return (host, port) if sep and port.isdigit() else None
 
 
-def _reachable(endpoint: str | None, api_host: str) -> str | None:
-    """``endpoint`` with a wildcard host replaced by the API's host; None if not a bound tcp one."""
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def _is_loopback(host: str) -> bool:
+    ip = _ip(host)
+    return host == "localhost" if ip is None else ip.is_loopback
+
+
+def _bound_ipv4(host: str, always_bound: bool) -> ipaddress.IPv4Address | None:
+    """The IPv4 address vLLM binds for an endpoint host that is not a wildcard, if it binds."""
+    ip = _ip(host)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped  # "::" in it: vLLM binds, and ZMQ binds the IPv4 address
+    if always_bound and isinstance(ip, ipaddress.IPv4Address):
+        return ip
+    return None
+
+
+def _reachable(endpoint: str | None, api_host: str, always_bound: bool = False) -> str | None:
+    """Where the proxy connects to a publisher's bound ``endpoint`` (a wildcard host: the API's
+    host); None when vLLM does not bind it, or binds it where the proxy cannot reach it."""
     if not endpoint:
         return None
     parts = _tcp_host_port(endpoint)
-    if parts is None or parts[0] not in WILDCARD_HOSTS:
+    if parts is None:
         return None
-    host = f"[{api_host}]" if ":" in api_host else api_host
-    return f"tcp://{host}:{parts[1]}"
+    host, port = parts
+    if host in WILDCARD_HOSTS:
+        host = f"[{api_host}]" if ":" in api_host else api_host
+        return f"tcp://{host}:{port}"
+    bound = _bound_ipv4(host, always_bound)
+    if bound is None or (bound.is_loopback and not _is_loopback(api_host)):
+        return None
+    return f"tcp://{bound}:{port}"
 
 
 def parse_sources(answer: Any, api_host: str) -> tuple[list[Publisher], list[str]]:
@@ -59,8 +93,8 @@ def parse_sources(answer: Any, api_host: str) -> tuple[list[Publisher], list[str
         endpoint = _reachable(cfg.get("endpoint"), api_host)
         if endpoint is None:
             problems.append(
-                f"rank {rank_text}: endpoint {cfg.get('endpoint')!r} is not a wildcard tcp bind "
-                "(tcp://*:PORT) the proxy can connect to"
+                f"rank {rank_text}: endpoint {cfg.get('endpoint')!r} is not a tcp endpoint vLLM "
+                "binds (tcp://*:PORT, or tcp://[::ffff:IPV4]:PORT) where the proxy can reach it"
             )
             continue
         try:
@@ -68,7 +102,7 @@ def parse_sources(answer: Any, api_host: str) -> tuple[list[Publisher], list[str
         except ValueError:
             problems.append(f"rank {rank_text!r} is not a number")
             continue
-        replay = _reachable(cfg.get("replay_endpoint"), api_host)
+        replay = _reachable(cfg.get("replay_endpoint"), api_host, always_bound=True)
         topic = cfg.get("topic") or ""
         publishers.append(Publisher(rank, endpoint, replay, str(topic)))
     return publishers, problems

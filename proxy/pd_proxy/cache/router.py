@@ -32,7 +32,7 @@ from pd_proxy.cache.approx import ApproxIndex
 from pd_proxy.cache.events import Batch, Cleared
 from pd_proxy.cache.index import NEXT, Health, ReplicaIndex
 from pd_proxy.cache.keys import Key, chain, hit_tokens
-from pd_proxy.cache.metrics import CacheMetrics
+from pd_proxy.cache.metrics import NO_CHOICE, CacheMetrics
 from pd_proxy.cache.pending import PendingIndex
 from pd_proxy.cache.publishers import parse_sources
 from pd_proxy.cache.subscriber import Subscription
@@ -58,6 +58,7 @@ class Plan:
     """Where one request goes. ``ids`` None: its tokens are unknown (P/D, pool's choices)."""
 
     ids: list[int] | None
+    no_choice: bool = False  # nothing to decide: the prompt was not tokenized
     decode: Backend | None = None
     prefill: Backend | None = None
     decode_hit: int = 0  # prompt tokens predicted to be in the decode's cache
@@ -107,6 +108,7 @@ class CacheRouter:
         self.weight = config.cache_overlap_weight
         self.max_imbalance = config.cache_max_imbalance
         self.tokenize_timeout = config.tokenize_timeout
+        self.local_max = config.local_prefill_max_tokens
         self.pools = (legs.prefill_pool, legs.decode_pool)
         self.indexes: dict[str, list[ReplicaIndex]] = {}
         self.subs: dict[str, list[Subscription]] = {}
@@ -126,6 +128,8 @@ class CacheRouter:
     async def plan(
         self, endpoint: str, body: Mapping[str, Any], headers: Fields, trace: Trace
     ) -> Plan:
+        if self.local_max <= 0 and not self.has_choice():
+            return Plan(None, no_choice=True)
         ids = await self.token_ids(endpoint, body, headers, trace)
         plan = Plan(ids)
         if ids is None:
@@ -133,12 +137,21 @@ class CacheRouter:
         plan.decode, plan.decode_hit = self.choose(self.legs.decode_pool, ids, plan)
         return plan
 
+    def has_choice(self) -> bool:
+        """Whether a pool has two healthy replicas to choose between. Without one, and with no
+        ``--local-prefill-max-tokens``, every request goes P/D to the only replicas: the token
+        ids would change nothing, so the hot path pays for no tokenizer."""
+        return any(sum(b.healthy for b in pool.backends) > 1 for pool in self.pools)
+
     def decide(self, plan: Plan, local_max: int) -> tuple[str, str]:
         """The path for ``plan`` under ``--local-prefill-max-tokens`` (for P/D, the prefill is
         chosen now), counted in the metrics; the approximate index learns what the chosen
         replicas will hold."""
         prompt = None if plan.ids is None else len(plan.ids)
-        path, reason = decider.decide(prompt, plan.decode_hit, local_max)
+        if plan.no_choice:
+            path, reason = decider.PD, NO_CHOICE
+        else:
+            path, reason = decider.decide(prompt, plan.decode_hit, local_max)
         if path == decider.PD and plan.ids is not None:
             plan.prefill, plan.prefill_hit = self.choose(self.legs.prefill_pool, plan.ids, plan)
         self.metrics.decisions.labels(path, reason).inc()

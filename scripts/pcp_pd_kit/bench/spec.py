@@ -32,8 +32,12 @@ PORT_OFFSETS = {
     "proxy_port": 0,
     "prefill_port": 10,
     "prefill_side_channel_port": 11,
+    "prefill_kv_events_port": 12,
+    "prefill_kv_replay_port": 13,
     "decode_port": 20,
     "decode_side_channel_port": 21,
+    "decode_kv_events_port": 22,
+    "decode_kv_replay_port": 23,
     "reference_port": 30,
     "prometheus_port": 90,  # never started by the bench; moved so it cannot clash either
 }

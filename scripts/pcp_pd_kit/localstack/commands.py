@@ -6,6 +6,7 @@ without starting vLLM; the process module only executes them.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 from dataclasses import dataclass, field
@@ -57,6 +58,39 @@ def kv_transfer_config(settings: StackSettings, role: Role) -> dict[str, object]
         settings.kv_extra_connectors, kit_connector=settings.kv_connector
     )
     return with_extra_connectors(config, extras)
+
+
+def kv_events_endpoint(host: str, port: int) -> str:
+    """A ZMQ endpoint vLLM's KV-event publisher *binds* on ``host`` (an IPv4 address).
+
+    vLLM binds an endpoint with ``*`` or ``::`` in it and connects to any other
+    (``vllm/distributed/kv_events.py``), and ``tcp://*:PORT`` would publish every prompt's token
+    ids on every interface. Written IPv4-mapped (``tcp://[::ffff:127.0.0.1]:PORT``) vLLM binds it
+    and ZMQ binds the IPv4 address itself, so the events stay on loopback like the rest of the
+    stack; pd-proxy reads it back from ``GET /kv_event_sources`` (pd_proxy.cache.publishers).
+    """
+    if ipaddress.ip_address(host).is_unspecified:
+        return f"tcp://*:{port}"
+    return f"tcp://[::ffff:{ipaddress.IPv4Address(host)}]:{port}"
+
+
+def kv_events_config(settings: StackSettings, role: Role) -> dict[str, object] | None:
+    """The --kv-events-config of a prefill or decode (None with PREFIX_CACHING off: no blocks are
+    kept, nothing to announce): a PUB port and a replay port, from which pd-proxy's cache-aware
+    routing (PREFIX_CACHE_ROUTING) learns what each server's prefix cache holds."""
+    if not settings.prefix_caching or role not in KV_ROLES:
+        return None
+    ports = {
+        "prefill": (settings.prefill_kv_events_port, settings.prefill_kv_replay_port),
+        "decode": (settings.decode_kv_events_port, settings.decode_kv_replay_port),
+    }[role]
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": kv_events_endpoint(settings.host, ports[0]),
+        "replay_endpoint": kv_events_endpoint(settings.host, ports[1]),
+        "topic": "kv",
+    }
 
 
 def vllm_server_spec(
@@ -134,6 +168,9 @@ def vllm_server_spec(
             else settings.decode_side_channel_port
         )
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(settings, role))]
+        events = kv_events_config(settings, role)
+        if events is not None:
+            argv += ["--kv-events-config", json.dumps(events)]
         env.update(
             {
                 "VLLM_NIXL_SIDE_CHANNEL_HOST": settings.host,
@@ -145,9 +182,13 @@ def vllm_server_spec(
     return ProcessSpec(name=role, argv=argv, env=env, health_url=f"{settings.url(port)}/health")
 
 
-def proxy_spec(settings: StackSettings, first_token_port: int | None = None) -> ProcessSpec:
+def proxy_spec(
+    settings: StackSettings, first_token_port: int | None = None, tokenizer: str | None = None
+) -> ProcessSpec:
     """The kit's pd-proxy in front of the pair. With ``first_token_port`` a second one on that
-    port, with ``--first-token-from-prefill`` (token 1 from the prefill leg, decode continues)."""
+    port, with ``--first-token-from-prefill`` (token 1 from the prefill leg, decode continues).
+    ``tokenizer``: the served model's tokenizer folder, so the proxy counts and keys prompts
+    without a ``/tokenize`` round trip (checked against decode's at start)."""
     port = settings.proxy_port if first_token_port is None else first_token_port
     argv = [
         sys.executable,
@@ -172,7 +213,13 @@ def proxy_spec(settings: StackSettings, first_token_port: int | None = None) -> 
         str(settings.kv_lease_s),
         "--local-prefill-max-tokens",
         str(settings.local_prefill_max_tokens),
+        # Route by what each server's prefix cache holds (its KV events, kv_events_config);
+        # with PREFIX_CACHING off nothing is held, and auto means off (settings refuse the rest).
+        "--prefix-cache-routing",
+        settings.prefix_cache_routing if settings.prefix_caching else "off",
     ]
+    if tokenizer is not None:
+        argv += ["--tokenizer", tokenizer]
     if first_token_port is not None:
         argv.append("--first-token-from-prefill")
     return ProcessSpec(

@@ -44,6 +44,32 @@ def hf_cached(model_id: str) -> bool:
     return isinstance(found, str)
 
 
+def tokenizer_folder(
+    model_path: str, cached_file: Callable[[str, str], str | None] | None = None
+) -> str | None:
+    """The folder holding the model's ``tokenizer.json`` (a model directory, or the HF cache's
+    snapshot of a cached id), for pd-proxy's ``--tokenizer``; None when there is none (the proxy
+    then asks decode's ``/tokenize``)."""
+    local = Path(model_path)
+    if local.is_dir():
+        return str(local) if (local / "tokenizer.json").is_file() else None
+    found = (cached_file or _hf_cached_file)(model_path, "tokenizer.json")
+    return str(Path(found).parent) if found else None
+
+
+def _hf_cached_file(model_id: str, filename: str) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.errors import HFValidationError
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(model_id, filename)
+    except HFValidationError:
+        return None
+    return found if isinstance(found, str) else None
+
+
 def resolve_model(
     model: str,
     served_model_name: str,

@@ -19,7 +19,7 @@ from typing import TypeVar
 from pcp_pd_kit import repo_root
 from pcp_pd_kit.localstack import commands, host, prometheus_config, warmup
 from pcp_pd_kit.localstack.host import run_dir
-from pcp_pd_kit.localstack.model_source import ResolvedModel, resolve_model
+from pcp_pd_kit.localstack.model_source import ResolvedModel, resolve_model, tokenizer_folder
 from pcp_pd_kit.localstack.process import (
     ManagedProcess,
     StackProcessError,
@@ -125,17 +125,21 @@ class Stack:
                 self.model.served_name,
                 self.repo,
             )
+        tokenizer = tokenizer_folder(self.model.path)
         if part == "proxy":
-            return commands.proxy_spec(s)
+            return commands.proxy_spec(s, tokenizer=tokenizer)
         if part == FIRST_TOKEN_PROXY:
-            return commands.proxy_spec(s, first_token_port=self.first_token_proxy_port)
+            return commands.proxy_spec(
+                s, first_token_port=self.first_token_proxy_port, tokenizer=tokenizer
+            )
         if part == LOCAL_PREFILL_PROXY:
             local = dataclasses.replace(
                 s,
                 proxy_port=self.local_prefill_proxy_port,
                 local_prefill_max_tokens=self.local_prefill_max_tokens,
             )
-            return dataclasses.replace(commands.proxy_spec(local), name=LOCAL_PREFILL_PROXY)
+            spec = commands.proxy_spec(local, tokenizer=tokenizer)
+            return dataclasses.replace(spec, name=LOCAL_PREFILL_PROXY)
         if part == "prometheus":
             binary = shutil.which("prometheus")
             if binary is None:

@@ -10,10 +10,11 @@ from collections.abc import Callable
 import pytest
 import zmq.asyncio
 
+from pcp_pd_kit.localstack.commands import kv_events_endpoint
 from pcp_pd_kit.localstack.host import free_port
 from pd_proxy.cache.index import ReplicaIndex
 from pd_proxy.cache.keys import chain
-from pd_proxy.cache.publishers import Publisher
+from pd_proxy.cache.publishers import Publisher, parse_sources
 from pd_proxy.cache.subscriber import Subscription
 
 from .vllm_events import BLOCK, batch, blocks, removed, stored
@@ -25,9 +26,14 @@ TOPIC = "kv"
 class Stream:
     """A real publisher on two loopback ports and the proxy's subscriptions to it."""
 
-    def __init__(self, buffer_steps: int = 1000) -> None:
+    def __init__(self, buffer_steps: int = 1000, host: str = "*") -> None:
         self.port, self.replay_port = free_port(), free_port()
         self.buffer_steps = buffer_steps
+        self.endpoint = f"tcp://{host}:{self.port}"
+        self.replay_endpoint = f"tcp://{host}:{self.replay_port}"
+        if host != "*":  # the local stack's form (pcp_pd_kit.localstack.commands)
+            self.endpoint = kv_events_endpoint(host, self.port)
+            self.replay_endpoint = kv_events_endpoint(host, self.replay_port)
         self.pub = self._publisher()
         self.ctx = zmq.asyncio.Context()
         self.index = ReplicaIndex()
@@ -38,8 +44,8 @@ class Stream:
 
         return ZmqEventPublisher(
             0,
-            endpoint=f"tcp://*:{self.port}",
-            replay_endpoint=f"tcp://*:{self.replay_port}",
+            endpoint=self.endpoint,
+            replay_endpoint=self.replay_endpoint,
             buffer_steps=self.buffer_steps,
             topic=TOPIC,
         )
@@ -53,8 +59,8 @@ class Stream:
                 await asyncio.sleep(0.1)
         return self._publisher()
 
-    def connect(self) -> None:
-        where = Publisher(
+    def connect(self, where: Publisher | None = None) -> None:
+        where = where or Publisher(
             0, f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.replay_port}", TOPIC
         )
         self.sub = Subscription("replica", where, self.index, self.ctx, replay_timeout=5.0)
@@ -150,5 +156,44 @@ async def test_publisher_restart_clears_the_index() -> None:
         s.publish(stored([b"b1"], None, b))
         await s.until(lambda: s.index.health.resets >= 1 and s.index.match(keys(b)) == 1)
         assert s.index.match(keys(a)) == 0
+    finally:
+        await s.close()
+
+
+async def test_the_local_stacks_endpoints_stay_on_loopback_and_reach_the_proxy() -> None:
+    """The local stack's endpoint form makes vLLM's publisher bind (not connect), on 127.0.0.1
+    alone; the proxy reads it from /kv_event_sources, follows it from a replica it reaches on
+    loopback, and refuses it from one it reaches elsewhere."""
+    import psutil
+
+    s = Stream(host="127.0.0.1")
+    try:
+        listening = {
+            (c.laddr[0], c.laddr[1])
+            for c in psutil.Process().net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert ("127.0.0.1", s.port) in listening
+        assert ("127.0.0.1", s.replay_port) in listening
+        answer = {
+            "0": {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": s.endpoint,
+                "replay_endpoint": s.replay_endpoint,
+                "topic": TOPIC,
+            }
+        }
+        publishers, problems = parse_sources(answer, "127.0.0.1")
+        assert problems == []
+        assert publishers == [
+            Publisher(0, f"tcp://127.0.0.1:{s.port}", f"tcp://127.0.0.1:{s.replay_port}", TOPIC)
+        ]
+        a = blocks(2)
+        s.publish(stored([b"a1", b"a2"], None, a))  # before anyone listens: replayed
+        s.connect(publishers[0])
+        await s.until(lambda: s.index.match(keys(a)) == 2)
+        elsewhere, problems = parse_sources(answer, "10.1.2.3")
+        assert elsewhere == [] and "where the proxy can reach it" in problems[0]
     finally:
         await s.close()
