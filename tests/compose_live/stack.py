@@ -43,10 +43,10 @@ class ComposeStack:
 
     def up(self, timeout_s: float = UP_TIMEOUT_S, prefills: int = 1) -> str:
         """`up -d`, then wait until the proxy's /health answers 200 with at least ``prefills``
-        healthy prefill backends (the stack's readiness); compose's output, or AssertionError
-        with it and the last /health answer when ``timeout_s`` passes first."""
+        healthy prefill backends (the stack's readiness); compose's output. AssertionError when
+        `up` fails, or with the last /health answer when ``timeout_s`` passes first."""
         deadline = time.monotonic() + timeout_s
-        out = self.compose(*UP, timeout=timeout_s + 120, check=False)
+        out = self.compose(*UP, timeout=timeout_s + 120)  # a refused `up` fails at once
         last = "no answer"
         while time.monotonic() < deadline:
             code, body = self.health()
