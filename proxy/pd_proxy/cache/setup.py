@@ -11,7 +11,6 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pd_proxy.cache.hf_cache import hub_cache, tokenizer_folder
 from pd_proxy.config import ENV_PREFIX, ConfigError
 from pd_proxy.legs import Legs
 
@@ -32,6 +31,7 @@ def cache_router(legs: Legs) -> CacheRouter | None:
     counts = config.local_prefill_max_tokens > 0 and config.tokenizer is not None
     if mode == OFF and not counts:
         return None
+    from pd_proxy.cache.hf_cache import hub_cache, tokenizer_folder
     from pd_proxy.cache.router import CacheRouter
     from pd_proxy.cache.tokens import LocalTokenizer, TokenizerFilesError
 
@@ -57,6 +57,7 @@ def cache_router(legs: Legs) -> CacheRouter | None:
 
 def _downloaded(model_id: str) -> LocalTokenizer | None:
     """``model_id``'s tokenizer once its files are in the cache (a half-written file: next time)."""
+    from pd_proxy.cache.hf_cache import tokenizer_folder
     from pd_proxy.cache.tokens import LocalTokenizer, TokenizerFilesError
 
     folder = tokenizer_folder(model_id, os.environ)
