@@ -90,9 +90,9 @@ bench-cache: install  ## prefix caching: follow-up turns, short prompts, shared 
 bench-xpyd: images  ## compose cpu profile: 1P1D vs 2P1D (PREFILL_REPLICAS) at a prefill-bound load (results/xpyd-*)
 	$(KIT) bench xpyd $(BENCH_XPYD_ARGS)
 
-compose-up:  ## GPU host: preflight, then docker compose up -d
+compose-up:  ## GPU host: preflight, then docker compose up -d, ready when the proxy's /health is 200
 	bash scripts/preflight.sh
-	docker compose up -d
+	bash scripts/compose_up.sh
 
 compose-down:
 	docker compose down

@@ -81,11 +81,13 @@ def placeholder_images(objs: list[Obj]) -> list[str]:
         for where, spec in pod_specs(obj):
             for c in containers(spec):
                 image = str(c.get("image", ""))
-                if image.split("/", 1)[0] == PLACEHOLDER_REGISTRY:
-                    problems.append(
-                        f"{where}: image {image} is the kit's placeholder, which no registry "
-                        f"serves (the pod would stay in ImagePullBackOff): {PUSH_HINT}"
-                    )
+                line = (
+                    f"{where}: image {image} is the kit's placeholder, which no registry "
+                    f"serves (the pod would stay in ImagePullBackOff): {PUSH_HINT}"
+                )
+                # Once per pod and image (pd-proxy's init container runs its image too).
+                if image.split("/", 1)[0] == PLACEHOLDER_REGISTRY and line not in problems:
+                    problems.append(line)
     return problems
 
 

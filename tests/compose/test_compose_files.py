@@ -186,7 +186,9 @@ def test_kv_config_is_the_entrypoints(gpu, cpu) -> None:
             env = service.get("environment") or {}
             ranks = int(env.get("KIT_CPU_PCP_SIZE") or 1)
             topology, _ = entrypoint().cpu_topology(env, list(range(ranks)))
-            assert argv[3:-2] == [*cc.command_args(service), *topology], name
+            # Then the KV events config (tests/compose/test_compose_cache.py), then the KV one.
+            assert argv[3:-4] == [*cc.command_args(service), *topology], name
+            assert argv[-4] == "--kv-events-config", name
             assert argv[-2] == "--kv-transfer-config", name
     # The CPU prefill runs the kit's topology (PCP2 + EP2) through the entrypoint.
     cpu_prefill = cc.exec_argv(cc.vllm_services(cpu)["prefill-cpu"])

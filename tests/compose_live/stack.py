@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +16,9 @@ from tests.support.paths import REPO
 
 PROJECT = "pcp-pd-kit-test"
 UP_TIMEOUT_S = 600
-# What the README says, plus an env file so the developer's .env is never read.
-UP = ["--profile", "cpu", "up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
+# What the docs say: `up -d` (not --wait: one replica waiting for a slot must not block it), then
+# the proxy's /health is the readiness (ComposeStack.up); an env file so .env is never read.
+UP = ["--profile", "cpu", "up", "-d"]
 
 
 @dataclass
@@ -37,6 +40,34 @@ class ComposeStack:
                 f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
             )
         return proc.stdout + proc.stderr
+
+    def up(self, timeout_s: float = UP_TIMEOUT_S, prefills: int = 1) -> str:
+        """`up -d`, then wait until the proxy's /health answers 200 with at least ``prefills``
+        healthy prefill backends (the stack's readiness); compose's output. AssertionError when
+        `up` fails, or with the last /health answer when ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        out = self.compose(*UP, timeout=timeout_s + 120)  # a refused `up` fails at once
+        last = "no answer"
+        while time.monotonic() < deadline:
+            code, body = self.health()
+            last = f"{code} {body}"
+            if code == 200 and sum(json.loads(body).get("prefill", {}).values()) >= prefills:
+                return out
+            time.sleep(2)
+        raise AssertionError(
+            f"the proxy's /health was not ready with {prefills} prefill(s) within "
+            f"{timeout_s:.0f}s: {last}\n{out[-2000:]}"
+        )
+
+    def health(self) -> tuple[int, str]:
+        """The proxy's GET /health (always open, no key): (status, body); (0, why) unanswered."""
+        try:
+            with urllib.request.urlopen(f"{self.proxy_url}/health", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError as exc:
+            return 0, str(exc)
 
     def rendered(self) -> dict[str, Any]:
         """The cpu profile as the real Compose binary resolves it for this stack's env."""

@@ -1,5 +1,5 @@
 """Slots by lease on the live cpu stack (issue 36): PREFILL_REPLICAS=2, then the moves that used
-to break compose's container-number slots. `docker rm -f` of replica 1 then `up -d --wait` (compose
+to break compose's container-number slots. `docker rm -f` of replica 1 then `up -d` (compose
 names the new container 3 of 2, which the old entrypoint refused), scaling down and up again
 (which replicas survive is compose's choice), and `--scale` past the count (the extra replica
 must wait and say so, not start on another replica's share). Each replica's start-up line names
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .stack import UP, ComposeStack
+from .stack import ComposeStack
 from .test_cpu_deployment import PROMPTS, greedy_body, http, text_of
 from .test_replicas import (
     docker,
@@ -86,13 +86,13 @@ def test_rm_then_up_wait_takes_the_freed_slot_and_both_serve(two_prefills) -> No
     gone = slot_of(first)
     docker("rm", "-f", first)
     start = time.monotonic()
-    out = stack.compose(*UP, timeout=900, check=False)
+    out = stack.up(timeout_s=900, prefills=2)
     names = replica_containers(stack)
     assert len(names) == 2 and first not in names, (names, out[-2000:])
     (new,) = set(names) - {second}
     assert new.endswith("-3"), names  # the number 3 of 2 the old entrypoint refused (exit 2)
     assert slot_of(new) == gone and slot_of(second) != gone
-    print(f"\nrm -f + up --wait: {new} on {gone} healthy {time.monotonic() - start:.0f}s later")
+    print(f"\nrm -f + up: {new} on {gone} healthy {time.monotonic() - start:.0f}s later")
     both_serve(stack)
 
 

@@ -227,7 +227,7 @@ def check_network_policies(objs: list[Obj], router_release: str = "pcp-pd-router
         for src in peers:
             for port in ("nixl-side", low, high):
                 expect(_pod(src), dst, port, True, src.owner)
-        for port in ("nixl-side", "http", "kv-events", low, high, 29500):
+        for port in ("nixl-side", "http", "kv-events", "kv-replay", low, high, 29500):
             expect(STRANGER, dst, port, False, "a stranger pod")
             expect(ELSEWHERE, dst, port, False, "a pod of another namespace")
     proxy = proxy_template(objs)
@@ -235,6 +235,9 @@ def check_network_policies(objs: list[Obj], router_release: str = "pcp-pd-router
         for dst in prefills + decodes:
             if dst.role != "worker":
                 expect(_pod(proxy), dst, "http", True, "pd-proxy")
+                # Its cache index subscribes to the KV events (and asks for replays).
+                expect(_pod(proxy), dst, "kv-events", True, "pd-proxy")
+                expect(_pod(proxy), dst, "kv-replay", True, "pd-proxy")
             expect(_pod(proxy), dst, "nixl-side", False, "pd-proxy")
         expect(STRANGER, proxy, "http", True, "a client pod")
         expect(STRANGER, proxy, "metrics", False, "a stranger pod")

@@ -6,7 +6,6 @@ prefix-based-pd-decider, checked against the facts read from the pinned release
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import pytest
@@ -140,18 +139,20 @@ def test_checks_refuse_params_the_config_does_not_follow() -> None:
 @needs_kubectl
 def test_checks_refuse_pods_that_publish_elsewhere() -> None:
     objs, config, facts = rendered("router"), epp_config(), upstream()
-    decode = next(o for o in find(objs, "Deployment") if o["metadata"]["name"] == "pcp-pd-decode")
-    args = decode["spec"]["template"]["spec"]["containers"][0]["args"]
-    i = args.index("--kv-events-config")
-    events = json.loads(args[i + 1])
-    events["endpoint"] = "tcp://epp:5557"
-    events["topic"] = "kv"
-    args[i + 1] = json.dumps(events)
-    args.append("--no-enable-prefix-caching")
+    pods = {o["metadata"]["name"]: o for o in find(objs, "Deployment")}
+    decode = pods["pcp-pd-decode"]["spec"]["template"]["spec"]["containers"][0]
+    # The entrypoint builds the config from these (the params' port, the patch's topic).
+    decode["env"] += [
+        {"name": "KIT_KV_EVENTS_PORT", "value": "6000"},
+        {"name": "KIT_KV_EVENTS_TOPIC", "value": "kv"},
+    ]
+    prefill = pods["pcp-pd-prefill"]["spec"]["template"]["spec"]["containers"][0]
+    prefill["args"].append("--no-enable-prefix-caching")
     assert rc.publisher_problems(objs, config, facts, target_port()) == [
-        "Deployment/pcp-pd-decode: prefix caching is not on "
+        "Deployment/pcp-pd-prefill: prefix caching is not on "
         "(['--enable-prefix-caching', '--no-enable-prefix-caching'])",
-        "Deployment/pcp-pd-decode: tcp://epp:5557 connects instead of binding",
+        "Deployment/pcp-pd-prefill: no --kv-events-config",
+        "Deployment/pcp-pd-decode: publishes on 6000, the EPP dials 5557",
         "Deployment/pcp-pd-decode: topic 'kv', the EPP files "
         "'kv@10.244.1.23:8000@deepseek-ai/DeepSeek-V2-Lite-Chat'",
     ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,7 @@ class CacheRouter:
         mode: str,
         tokenizer: LocalTokenizer | None,
         backend_key: BackendKey | None,
+        pending: Callable[[], LocalTokenizer | None] | None = None,
     ) -> None:
         config = legs.config
         self.legs = legs
@@ -102,6 +103,9 @@ class CacheRouter:
         self.events_on = mode in (EVENTS, AUTO)
         self.approx_on = mode in (APPROX, AUTO)
         self.tokenizer = tokenizer
+        # A tokenizer whose files are not there yet (a model id vLLM is still downloading):
+        # tried each round until it loads, then checked like one given at start.
+        self.pending = pending
         self.trusted: set[str] = set()
         self.validated = tokenizer is None
         self.backend_key = backend_key
@@ -334,6 +338,13 @@ class CacheRouter:
             await self.close()
 
     async def watch(self, session: aiohttp.ClientSession) -> None:
+        if self.pending is not None and self.tokenizer is None:
+            self.tokenizer = self.pending()
+            if self.tokenizer is not None:
+                log.info("local tokenizer: its files arrived; checking it against /tokenize")
+                self.pending, self.validated = None, False
+                for shape in SHAPES:
+                    self.metrics.trusted.labels(shape).set(0)
         if not self.validated:
             await self.validate(session)
         if not self.routes:

@@ -74,6 +74,16 @@ CPU_EP_ENV = "KIT_CPU_EXPERT_PARALLEL"
 # A CPU server's prefix caching, true or false (.env PREFIX_CACHING); unset: vLLM's default.
 PREFIX_CACHING_ENV = "KIT_PREFIX_CACHING"
 KV_ROLES = ("kv_producer", "kv_consumer")
+# KV cache events for pd-proxy's cache index (compose: .env KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT):
+# with the port set and prefix caching on, the entrypoint adds --kv-events-config binding a ZMQ
+# PUB (and a replay ROUTER) on every interface of the container; the proxy finds them at the
+# server's GET /kv_event_sources. Unset: no events. The Kubernetes pods read the same two params;
+# llm-d's router names each pod in the topic (KIT_KV_EVENTS_TOPIC, its kv-events-patch.yaml).
+KV_EVENTS_FLAG = "--kv-events-config"
+KV_EVENTS_PORT_ENV = "KIT_KV_EVENTS_PORT"
+KV_EVENTS_REPLAY_PORT_ENV = "KIT_KV_EVENTS_REPLAY_PORT"
+KV_EVENTS_TOPIC_ENV = "KIT_KV_EVENTS_TOPIC"
+KV_EVENTS_TOPIC = "kv"  # the default: pd-proxy subscribes to the topic /kv_event_sources names
 # The NIXL handshake host vLLM publishes to decode (vllm.envs); see side_channel_host().
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 # KIT_ALL_GPUS value for a container that sees every host GPU.
@@ -558,6 +568,68 @@ def prefix_caching_flags(env: Mapping[str, str], argv: Sequence[str]) -> list[st
     return [prefix_caching_flag(word in SWITCH_ON)]
 
 
+def prefix_caching_on(env: Mapping[str, str], argv: Sequence[str]) -> bool:
+    """Whether vLLM will cache prefixes: KIT_PREFIX_CACHING when set, else the last switch in
+    ``argv``, else vLLM's default (on)."""
+    raw = env.get(PREFIX_CACHING_ENV, "").strip().lower()
+    if raw:
+        return raw in SWITCH_ON
+    from pcp_nixl_connector.cpu_compat.launch import PREFIX_CACHING_FLAGS
+
+    on = True
+    for arg in argv:
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if name in PREFIX_CACHING_FLAGS:
+            on = name == PREFIX_CACHING_FLAGS[0]
+    return on
+
+
+def _port(name: str, value: str, knob: str) -> int:
+    if not (value.isascii() and value.isdigit() and 1 <= int(value) <= 65535):
+        raise ValueError(f"{name}={value!r} ({knob}): want a TCP port, 1-65535")
+    return int(value)
+
+
+def kv_events_flags(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+    """``--kv-events-config`` publishing on KIT_KV_EVENTS_PORT (replay on
+    KIT_KV_EVENTS_REPLAY_PORT) of every interface, when the port is set and prefix caching is on
+    (with it off vLLM stores no block, so a publisher would only make the proxy wait for events
+    that never come). ValueError for a bad port or when ``argv`` gives the flag as well."""
+    raw = env.get(KV_EVENTS_PORT_ENV, "").strip()
+    raw_replay = env.get(KV_EVENTS_REPLAY_PORT_ENV, "").strip()
+    if not raw:
+        if raw_replay:
+            raise ValueError(
+                f"{KV_EVENTS_REPLAY_PORT_ENV} is set without {KV_EVENTS_PORT_ENV} "
+                "(KV_EVENTS_PORT): a replay endpoint needs a publisher"
+            )
+        return []
+    port = _port(KV_EVENTS_PORT_ENV, raw, "KV_EVENTS_PORT")
+    replay = None
+    if raw_replay:
+        replay = _port(KV_EVENTS_REPLAY_PORT_ENV, raw_replay, "KV_EVENTS_REPLAY_PORT")
+    if replay == port:
+        raise ValueError(
+            f"KV_EVENTS_PORT and KV_EVENTS_REPLAY_PORT are both {port}: want two ports"
+        )
+    if any(a.split("=", 1)[0].replace("_", "-").startswith(KV_EVENTS_FLAG) for a in argv):
+        raise ValueError(
+            f"{KV_EVENTS_FLAG} is in the arguments (VLLM_EXTRA_ARGS?): the entrypoint builds it "
+            f"from {KV_EVENTS_PORT_ENV}; set KV_EVENTS_PORT in .env instead, or leave it empty"
+        )
+    if not prefix_caching_on(env, argv):
+        return []
+    config: dict[str, object] = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port}",
+        "topic": env.get(KV_EVENTS_TOPIC_ENV, "").strip() or KV_EVENTS_TOPIC,
+    }
+    if replay is not None:
+        config["replay_endpoint"] = f"tcp://*:{replay}"
+    return [KV_EVENTS_FLAG, json.dumps(config, separators=(",", ":"))]
+
+
 def gives_kv_flag(argv: Sequence[str]) -> bool:
     """Whether argv already sets the kv-transfer-config (vLLM also reads --kv_transfer_config,
     --kv-transfer-config=JSON and the dotted --kv-transfer-config.KEY form)."""
@@ -571,8 +643,8 @@ def gives_kv_flag(argv: Sequence[str]) -> bool:
 def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> list[str]:
     """The command this entrypoint execs for its arguments ``argv`` (vLLM's flags) in ``env``:
     vLLM's API server (``python -m``), or `vllm serve` for a --headless engine, with the
-    --kv-transfer-config from kv_transfer_config() appended (and --enforce-eager when
-    KIT_ENFORCE_EAGER is on). ValueError when argv gives the flag
+    --kv-transfer-config from kv_transfer_config() appended last (after --enforce-eager when
+    KIT_ENFORCE_EAGER is on, and kv_events_flags()). ValueError when argv gives the flag
     itself (it would fight the built one) or the environment is not usable."""
     if gives_kv_flag(argv):
         raise ValueError(
@@ -581,9 +653,10 @@ def vllm_command(argv: Sequence[str], env: Mapping[str, str], python: str) -> li
         )
     config = json.dumps(kv_transfer_config(env), separators=(",", ":"))
     eager = ["--enforce-eager"] if enforce_eager(env) and "--enforce-eager" not in argv else []
+    events = kv_events_flags(env, argv)
     # `python -m API_SERVER` rather than the `vllm` CLI (see API_SERVER).
     program = ["vllm", "serve"] if "--headless" in argv else [python, "-m", API_SERVER]
-    return [*program, *argv, *eager, KV_FLAG, config]
+    return [*program, *argv, *eager, *events, KV_FLAG, config]
 
 
 def exit_status(returncode: int, stop_requested: bool) -> int:
@@ -933,6 +1006,10 @@ def main(argv: Sequence[str]) -> None:
         print(f"vllm_serve: UCX_MODULE_DIR {env['UCX_MODULE_DIR']}")
     if flags:
         print(f"vllm_serve: CPU topology {' '.join(flags)}")
+    if KV_EVENTS_FLAG in cmd:
+        print(f"vllm_serve: {KV_EVENTS_FLAG} {cmd[cmd.index(KV_EVENTS_FLAG) + 1]}")
+    elif env.get(KV_EVENTS_PORT_ENV, "").strip():
+        print("vllm_serve: no KV events: prefix caching is off")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
     sys.stdout.flush()
     try:
