@@ -70,7 +70,8 @@ def test_verification_links_land_on_a_heading() -> None:
 def test_a_link_to_a_missing_heading_is_found(tmp_path: Path) -> None:
     (tmp_path / "b.md").write_text("# Figures: the 2-core CPU machine\n## P/D `make x` (y)\n")
     doc = tmp_path / "a.md"
-    doc.write_text("[a](b.md#figures-the-2-core-cpu-machine) [b](b.md#pd-make-x-y) [c](b.md#gone)\n")
+    links = "[a](b.md#figures-the-2-core-cpu-machine) [b](b.md#pd-make-x-y) [c](b.md#gone)"
+    doc.write_text(links + "\n")
     assert missing_anchors(doc) == ["b.md#gone"]
 
 
