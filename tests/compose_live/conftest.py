@@ -150,7 +150,7 @@ def two_prefills(
         if one_replica_needed(items_after_module(request)):
             compose_stack.compose(*UP, timeout=900, check=False)
         else:
-            print("\nno later test needs one prefill replica: left at two for `down`")
+            print("\nno later test needs one prefill replica: left as it is for `down`")
 
 
 def _prefill_replicas(stack: ComposeStack) -> list[str]:
