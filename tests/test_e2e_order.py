@@ -1,5 +1,6 @@
-"""The e2e package's ordering hook: the prefill-replacing A/B test runs after every other e2e
-test, inside the package's block (its stack is package-scoped)."""
+"""The e2e package's order: the first-request check asks the shared stack first (its first request
+is the one it checks), and the prefill-replacing A/B test runs after every other e2e test, inside
+the package's block (its stack is package-scoped)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ def test_marked_tests_move_to_the_end_of_their_package_block_only() -> None:
     assert last_in_package([a, z], "/t/e2e/", "m") == [a, z]
 
 
-def test_the_stock_connector_ab_is_collected_last_in_the_e2e_suite() -> None:
+def test_the_e2e_suite_opens_with_the_first_request_and_ends_with_the_stock_ab() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "e2e", "tests/e2e"],
         capture_output=True, text=True, timeout=120, check=True, cwd=REPO,
     )  # fmt: skip
     ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert ids[0].endswith("test_first_request.py::test_first_request_after_start_is_answered")
     assert ids[-1].endswith("test_stock_nixl_connector_leaks_the_same_request_the_kit_frees")
     assert any("test_request_shapes" in i for i in ids)

@@ -43,6 +43,38 @@ def test_relative_links_resolve(doc: Path) -> None:
     assert missing_targets(doc) == []
 
 
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def missing_anchors(path: Path) -> list[str]:
+    """``file.md#anchor`` links whose file has no heading with that anchor."""
+    missing = []
+    for target in relative_links(path):
+        name, _, anchor = target.partition("#")
+        if not anchor or not name.endswith(".md"):
+            continue
+        text = (path.parent / name).resolve().read_text()
+        headings = re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)
+        if anchor not in {heading_anchor(h) for h in headings}:
+            missing.append(target)
+    return missing
+
+
+def test_verification_links_land_on_a_heading() -> None:
+    """The verification table's figure links point at sections that exist."""
+    assert missing_anchors(REPO / "docs" / "verification.md") == []
+
+
+def test_a_link_to_a_missing_heading_is_found(tmp_path: Path) -> None:
+    (tmp_path / "b.md").write_text("# Figures: the 2-core CPU machine\n## P/D `make x` (y)\n")
+    doc = tmp_path / "a.md"
+    links = "[a](b.md#figures-the-2-core-cpu-machine) [b](b.md#pd-make-x-y) [c](b.md#gone)"
+    doc.write_text(links + "\n")
+    assert missing_anchors(doc) == ["b.md#gone"]
+
+
 def test_a_broken_link_is_found(tmp_path: Path) -> None:
     doc = tmp_path / "x.md"
     doc.write_text("[ok](x.md) [gone](nope.md#a) [web](https://example.com) [here](#top)\n")

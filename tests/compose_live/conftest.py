@@ -116,9 +116,34 @@ def _unhealthy(stack: ComposeStack) -> bool:
     return not wanted <= healthy
 
 
+# Marks a live compose test that works whatever the number of prefill replicas (the `down` check).
+ANY_PREFILL_REPLICAS = "any_prefill_replicas"
+
+
+def one_replica_needed(later: list[pytest.Item]) -> bool:
+    """Whether a test still to run uses the session stack and expects its one prefill replica
+    (every such test not marked ``any_prefill_replicas``)."""
+    return any(
+        "compose_stack" in item.fixturenames
+        and item.get_closest_marker(ANY_PREFILL_REPLICAS) is None
+        for item in later
+    )
+
+
+def items_after_module(request: pytest.FixtureRequest) -> list[pytest.Item]:
+    """The session's tests after the last one of the requesting module."""
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if getattr(item, "module", None) is request.module]
+    return items[mine[-1] + 1 :] if mine else list(items)
+
+
 @pytest.fixture(scope="module")
-def two_prefills(compose_stack: ComposeStack) -> Iterator[ComposeStack]:
-    """PREFILL_REPLICAS=2 through `up` (per test module), back to one replica at the end."""
+def two_prefills(
+    compose_stack: ComposeStack, request: pytest.FixtureRequest
+) -> Iterator[ComposeStack]:
+    """PREFILL_REPLICAS=2 through `up` (per test module), back to one replica at the end when a
+    later test needs that: scaling back recreates the first prefill (a full start, 1-2 minutes on
+    2 cores), which the `down` check alone does not need."""
     one = dict(compose_stack.env)
     compose_stack.env["PREFILL_REPLICAS"] = "2"
     try:
@@ -131,10 +156,13 @@ def two_prefills(compose_stack: ComposeStack) -> Iterator[ComposeStack]:
     finally:
         compose_stack.env.clear()
         compose_stack.env.update(one)
-        try:
-            compose_stack.up(timeout_s=900)
-        except AssertionError as exc:  # never hide the test's own failure
-            print(f"\nback to one prefill replica: {exc}")
+        if one_replica_needed(items_after_module(request)):
+            try:
+                compose_stack.up(timeout_s=900)
+            except AssertionError as exc:  # never hide the test's own failure
+                print(f"\nback to one prefill replica: {exc}")
+        else:
+            print("\nno later test needs one prefill replica: left as it is for `down`")
 
 
 def _prefill_replicas(stack: ComposeStack) -> list[str]:

@@ -266,9 +266,12 @@ def test_gsm8k_eval_through_the_compose_proxy(compose_stack, tmp_path) -> None:
     assert "verdict" in _json.loads(manifest.read_text()) or manifest.read_text()
 
 
+@pytest.mark.repeat
 def test_a_restarted_prefill_leaves_decode_running_and_serves_again(compose_stack) -> None:
     """Decode shares nothing with prefill's processes (GPU: a holder owns the shared namespaces),
-    so `docker compose restart prefill-cpu` leaves the decode container as it was."""
+    so `docker compose restart prefill-cpu` leaves the decode container as it was. A repeat
+    check: test_faults.py's prefill restart proves the same under load (decode untouched, the
+    right text again, KV back to 0), so `make test` restarts prefill once, there."""
     before = compose_stack.container_state("decode-cpu")
     start = time.monotonic()
     compose_stack.compose("restart", "prefill-cpu", timeout=240)

@@ -6,8 +6,9 @@ other services stay as they are. pd-proxy finds the new
 replica by DNS (the `prefill` alias now has two A records), Prometheus scrapes it by DNS service
 discovery, and 16 concurrent requests through the proxy all answer 200 with each replica having
 prefilled some of them (counted per replica by Prometheus). A replica stopped by hand leaves the
-proxy's pool (requests keep answering 200) and rejoins once started again. The stack is brought
-back to one replica at the end so the files after this one see the session stack they expect.
+proxy's pool (requests keep answering 200); that it rejoins once started again is a repeat check
+(marker ``repeat``: the scale-up already shows a replica joining). The stack goes back to one
+replica at the end only when a later test needs it (conftest.py).
 
 Both prefill replicas run on the prefill's cpuset (PREFILL_CPUS, core 0 by default), the decode
 keeps its own core: a decode sharing a core with spinning PCP ranks stalls (docs/cpu.md). About
@@ -52,8 +53,9 @@ def docker(*args: str) -> None:
     subprocess.run(["docker", *args], capture_output=True, timeout=180, check=True)
 
 
-def replica_containers(stack: ComposeStack) -> list[str]:
-    out = stack.compose("--profile", "cpu", "ps", "--format", "{{.Name}}", "prefill-cpu")
+def replica_containers(stack: ComposeStack, stopped_too: bool = False) -> list[str]:
+    extra = ["-a"] if stopped_too else []
+    out = stack.compose("--profile", "cpu", "ps", *extra, "--format", "{{.Name}}", "prefill-cpu")
     return sorted(line.strip() for line in out.splitlines() if line.strip())
 
 
@@ -115,12 +117,42 @@ def test_sixteen_concurrent_requests_answer_200_and_both_replicas_prefill(two_pr
     assert len(delta) == 2 and all(n > 0 for n in delta.values()), delta
 
 
-def test_a_stopped_replica_leaves_the_pool_and_comes_back(two_prefills) -> None:
+def test_a_stopped_replica_leaves_the_pool(two_prefills) -> None:
+    """The second replica stopped by hand leaves pd-proxy's pool (its DNS record goes) and
+    requests keep answering 200. It stays stopped: `down` removes it, and a later test that
+    needs the stack's replicas gets them back from the fixture's `up`."""
     stack = two_prefills
+    _stop_second_and_serve(stack)
+
+
+@pytest.mark.repeat
+def test_a_stopped_replica_comes_back(two_prefills) -> None:
+    """Started again, the replica rejoins the pool. A repeat check (a full prefill start): the
+    fixture's scale-up already shows a new replica joining the pool by DNS."""
+    stack = two_prefills
+    second = replica_containers(stack, stopped_too=True)[-1]
+    if second in replica_containers(stack):  # running: run alone, not after the stop check
+        _stop_second_and_serve(stack)
+    docker("start", second)
+    wait_until(
+        "the restarted replica rejoins the pool",
+        lambda: sum(proxy_prefill_backends(stack).values()) >= 2,
+        600,
+        every_s=5,
+    )
+    status, answer = http(
+        f"{stack.proxy_url}/v1/completions",
+        greedy_body(PROMPTS["short"]),
+        key=stack.api_key,
+        timeout=120,
+    )
+    assert status == 200, answer
+
+
+def _stop_second_and_serve(stack: ComposeStack) -> None:
     url = f"{stack.proxy_url}/v1/completions"
     body = greedy_body(PROMPTS["short"])
-    second = replica_containers(stack)[-1]
-    docker("stop", second)
+    docker("stop", replica_containers(stack)[-1])
     wait_until(
         "pd-proxy drops the stopped replica",
         lambda: sum(proxy_prefill_backends(stack).values()) == 1,
@@ -129,12 +161,3 @@ def test_a_stopped_replica_leaves_the_pool_and_comes_back(two_prefills) -> None:
     for _ in range(4):
         status, answer = http(url, body, key=stack.api_key, timeout=120)
         assert status == 200, answer
-    docker("start", second)
-    wait_until(
-        "the restarted replica rejoins the pool",
-        lambda: sum(proxy_prefill_backends(stack).values()) >= 2,
-        600,
-        every_s=5,
-    )
-    status, answer = http(url, body, key=stack.api_key, timeout=120)
-    assert status == 200, answer

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.compose
+# Any number of prefill replicas (conftest.ANY_PREFILL_REPLICAS): test_replicas.py leaves two
+# when nothing else follows.
+pytestmark = [pytest.mark.compose, pytest.mark.any_prefill_replicas]
 
 
 def test_down_leaves_no_container_network_or_volume(compose_stack) -> None:

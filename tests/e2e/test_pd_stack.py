@@ -239,9 +239,14 @@ def _served(pd_stack: Stack) -> Callable[[], Output | None]:
     return served
 
 
+@pytest.mark.repeat
 def test_proxy_clear_error_when_decode_stopped_then_recovers(
     references: dict[str, Output], pd_stack: Stack
 ) -> None:
+    """A repeat check (a decode restart, about 80 s on 2 cores): the same pd-proxy's clear error
+    with decode down and its recovery are proven live in `make test` by the compose suite
+    (tests/compose_live: decode killed, then `docker compose start`; the P/D network cut, where
+    decode restarts and the right text comes back)."""
     pd_stack.stop_part("decode")
     assert not pd_stack.processes["decode"].is_running()
     with pytest.raises(HttpError) as info:
