@@ -140,7 +140,10 @@ class ProtoScanner:
     def feed(self, line: str) -> Iterator[Selection]:
         cells = _cells(line)
         if cells is None:
-            if "+--" not in line and self.current is not None:  # the table ended
+            # The table ends at its bottom border (a border after rows) or at any other line:
+            # the pull's table can be the last thing UCX prints for a while.
+            border = "+--" in line
+            if self.current is not None and (not border or self.current.rows):
                 yield from self._close()
             return
         if len(cells) == 1:  # a title line: a new table starts after a finished one
