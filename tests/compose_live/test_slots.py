@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .stack import ComposeStack
+from .stack import UP, ComposeStack
 from .test_cpu_deployment import PROMPTS, greedy_body, http, text_of
 from .test_replicas import (
     docker,
@@ -86,7 +86,10 @@ def test_rm_then_up_wait_takes_the_freed_slot_and_both_serve(two_prefills) -> No
     gone = slot_of(first)
     docker("rm", "-f", first)
     start = time.monotonic()
-    out = stack.up(timeout_s=900, prefills=2)
+    # Exactly the user's command: `up -d --wait` waits for every service's health check, so it
+    # succeeds only when the recreated replica took a slot and started.
+    out = stack.compose(*UP, "--wait", "--wait-timeout", "900", timeout=1020)
+    stack.up(timeout_s=300, prefills=2)  # and the proxy routes to both
     names = replica_containers(stack)
     assert len(names) == 2 and first not in names, (names, out[-2000:])
     (new,) = set(names) - {second}

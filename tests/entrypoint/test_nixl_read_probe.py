@@ -44,6 +44,8 @@ def test_a_cpu_read_is_checked_and_its_table_is_the_one_the_scanner_reads(tmp_pa
 def test_bad_sizes_are_refused() -> None:
     res = subprocess.run(
         [sys.executable, str(PROBE), "--log", "/dev/null", "--mib", "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert res.returncode == 2 and "--mib and --iters must be positive" in res.stderr

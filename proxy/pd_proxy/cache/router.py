@@ -94,7 +94,7 @@ class CacheRouter:
         mode: str,
         tokenizer: LocalTokenizer | None,
         backend_key: BackendKey | None,
-        pending: Callable[[], LocalTokenizer | None] | None = None,
+        tokenizer_later: Callable[[], LocalTokenizer | None] | None = None,
     ) -> None:
         config = legs.config
         self.legs = legs
@@ -105,7 +105,7 @@ class CacheRouter:
         self.tokenizer = tokenizer
         # A tokenizer whose files are not there yet (a model id vLLM is still downloading):
         # tried each round until it loads, then checked like one given at start.
-        self.pending = pending
+        self.tokenizer_later = tokenizer_later
         self.trusted: set[str] = set()
         self.validated = tokenizer is None
         self.backend_key = backend_key
@@ -338,11 +338,11 @@ class CacheRouter:
             await self.close()
 
     async def watch(self, session: aiohttp.ClientSession) -> None:
-        if self.pending is not None and self.tokenizer is None:
-            self.tokenizer = self.pending()
+        if self.tokenizer_later is not None and self.tokenizer is None:
+            self.tokenizer = self.tokenizer_later()
             if self.tokenizer is not None:
                 log.info("local tokenizer: its files arrived; checking it against /tokenize")
-                self.pending, self.validated = None, False
+                self.tokenizer_later, self.validated = None, False
                 for shape in SHAPES:
                     self.metrics.trusted.labels(shape).set(0)
         if not self.validated:

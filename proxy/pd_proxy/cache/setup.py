@@ -36,7 +36,7 @@ def cache_router(legs: Legs) -> CacheRouter | None:
     from pd_proxy.cache.tokens import LocalTokenizer, TokenizerFilesError
 
     tokenizer = None
-    pending = None
+    later = None
     if config.tokenizer is not None:
         try:
             folder = tokenizer_folder(config.tokenizer, os.environ)
@@ -45,14 +45,14 @@ def cache_router(legs: Legs) -> CacheRouter | None:
         except TokenizerFilesError as exc:
             raise ConfigError(f"--tokenizer ({ENV_PREFIX}TOKENIZER): {exc}") from None
         if folder is None:
-            pending = partial(_downloaded, config.tokenizer)
+            later = partial(_downloaded, config.tokenizer)
             log.warning(
                 "local tokenizer: %s is not in the Hugging Face cache (%s) yet; decode's "
                 "/tokenize counts until vLLM has downloaded it (looked for every round)",
                 config.tokenizer,
                 hub_cache(os.environ),
             )
-    return CacheRouter(legs, mode, tokenizer, legs.backend_key, pending)
+    return CacheRouter(legs, mode, tokenizer, legs.backend_key, later)
 
 
 def _downloaded(model_id: str) -> LocalTokenizer | None:

@@ -33,7 +33,7 @@ def test_a_wildcard_bind_is_reached_at_the_replicas_address() -> None:
 
 def test_a_connecting_publisher_is_named_not_followed() -> None:
     publishers, problems = parse_sources(answer(endpoint="tcp://10.0.0.1:5557"), "172.28.0.5")
-    assert publishers == [] and "is not a wildcard tcp bind" in problems[0]
+    assert publishers == [] and "is not a tcp endpoint vLLM binds" in problems[0]
 
 
 def test_events_off_lists_nothing() -> None:
