@@ -155,10 +155,21 @@ def check(args: argparse.Namespace) -> str | None:
 
 # --- processes --------------------------------------------------------------------------------
 def proxy_process(
-    settings: StackSettings, name: str, port: int, local_max: int, flags: list[str], log_dir: Path
+    settings: StackSettings,
+    name: str,
+    port: int,
+    local_max: int,
+    flags: list[str],
+    log_dir: Path,
+    decode_only: bool = False,
 ) -> ManagedProcess:
+    """A pd-proxy for one part. ``decode_only``: every request of the part goes to decode alone
+    and no prefill runs, so the proxy's /health (503 without a healthy prefill) is not its
+    readiness: /metrics answering is (its decodes are awaited beside it)."""
     s = dataclasses.replace(settings, proxy_port=port, local_prefill_max_tokens=local_max)
     built = commands.proxy_spec(s)
+    if decode_only:
+        built = dataclasses.replace(built, health_url=f"{s.url(port)}/metrics")
     return ManagedProcess(cp.with_flags(built, flags, name), log_dir)
 
 
@@ -418,6 +429,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                     everything,
                     cp.proxy_flags(mode, model.path, [urls["decode-b"]]),
                     log_dir,
+                    decode_only=True,
                 )
                 for mode in cp.SHARED_MODES
             ]
