@@ -34,11 +34,7 @@ images-cold: install engine  ## as on a new machine: remove the kit's images, ba
 # The whole suite, the live compose deployment included. A dockerd this kit started is stopped
 # afterwards (by PID), whatever the result.
 test: install  ## the whole suite: lint, unit, real-vLLM connector, compose for real, proxy, end-to-end
-	@status=0; \
-	{ bash scripts/docker_engine.sh ensure && bash scripts/images.sh && \
-	  $(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy && \
-	  $(PY) -m pytest -ra --durations=15; } || status=$$?; \
-	bash scripts/docker_engine.sh stop; exit $$status
+	VENV=$(VENV) bash scripts/run_tests.sh
 
 test-compose: images  ## only the live compose tests (docker compose --profile cpu up for real)
 	$(PY) -m pytest -ra -m compose

@@ -17,6 +17,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -163,3 +164,61 @@ class ProtoScanner:
         done, self.current = self.current, None
         if done is not None and done.rows:
             yield done
+
+
+# ------------------------------------------------------------------ the probe at start
+CHECK_ENV = "KIT_KV_TRANSPORT_CHECK"
+CHECK_MODES = ("warn", "refuse", "off")
+HOST_DETECTED = "detected as host"
+
+
+def check_mode(raw: str | None) -> str:
+    """KV_TRANSPORT_CHECK: warn (default), refuse or off; ValueError otherwise."""
+    mode = (raw or "warn").strip().lower()
+    if mode not in CHECK_MODES:
+        raise ValueError(f"{CHECK_ENV}={raw!r} (KV_TRANSPORT_CHECK): want one of {CHECK_MODES}")
+    return mode
+
+
+@dataclass
+class ProbeVerdict:
+    """What a NIXL READ at start showed. ``problem``: the pull would not be GPU to GPU (the
+    server should warn or refuse); ``unknown``: the probe itself failed, so nothing is known."""
+
+    summary: str
+    problem: str | None = None
+    unknown: bool = False
+
+
+def probe_verdict(returncode: int, stdout: str, stderr: str, ucx_log: str) -> ProbeVerdict:
+    """Judge nixl_read_probe.py's run: its exit, its JSON line, NIXL's errors and UCX's tables."""
+    if HOST_DETECTED in stderr:
+        return ProbeVerdict(
+            "GPU memory could not be registered",
+            "UCX sees GPU memory as host memory (the wrong nixl build's UCX modules loaded?)",
+        )
+    scanner = ProtoScanner()
+    tables = [t for line in ucx_log.splitlines() for t in scanner.feed(line)]
+    pulls = [t for t in [*tables, *scanner.close()] if t.is_remote_read()]
+    result: dict[str, object] = {}
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+            except ValueError:
+                pass
+            break
+    if returncode != 0 or not result:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        return ProbeVerdict(f"the probe failed (exit {returncode}): {last[:300]}", unknown=True)
+    rate = result.get("gb_per_s")
+    speed = f"{rate:.1f} GB/s" if isinstance(rate, (int, float)) else "speed unknown"
+    if not pulls:
+        return ProbeVerdict(
+            f"{speed}; UCX printed no pull table (UCX_PROTO_INFO off?)", unknown=True
+        )
+    for pull in pulls:
+        problem = pull.problem_on_gpu()
+        if problem:
+            return ProbeVerdict(f"{pull.summary()}, {speed}", problem)
+    return ProbeVerdict(f"{pulls[-1].summary()}, {speed}")

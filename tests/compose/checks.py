@@ -389,6 +389,7 @@ PARITY_ENV_ALLOWED = frozenset(
         "KIT_ALL_GPUS",
         "UCX_TLS",
         "UCX_CUDA_IPC_ENABLE_GET_ZCOPY",
+        "KIT_KV_TRANSPORT_CHECK",
         "KIT_KV_BUFFER_DEVICE",
         "KIT_NIXL_PROGRESS_DELAY_US",
         "KIT_NIXL_EARLY_KV_LOAD",
@@ -539,6 +540,15 @@ def check_pd_runtime(compose: Compose) -> list[str]:
             problems.append(f"{name}: UCX_CUDA_IPC_ENABLE_GET_ZCOPY {zcopy!r}, want 'y'")
         if is_cpu(service) and (zcopy or env.get("UCX_PROTO_EMULATION_ENABLE")):
             problems.append(f"{name}: forces UCX GET settings on CPU, where TCP is the only path")
+        # The GPU servers probe the KV pull before vLLM starts (warn by default); the cpu
+        # servers never do: TCP is right there.
+        check = env.get("KIT_KV_TRANSPORT_CHECK")
+        if not is_cpu(service) and check not in ("warn", "refuse", "off"):
+            problems.append(f"{name}: KIT_KV_TRANSPORT_CHECK {check!r}, want warn, refuse or off")
+        if is_cpu(service) and check is not None:
+            problems.append(
+                f"{name}: KIT_KV_TRANSPORT_CHECK set on CPU, where TCP is the only path"
+            )
         # Slot leases: every replica of the project locks its slot in one shared volume.
         mounts = {v.get("target"): v for v in service.get("volumes") or []}
         slots = mounts.get(env.get("KIT_SLOT_DIR", ""), {})

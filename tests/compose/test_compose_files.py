@@ -584,6 +584,8 @@ def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
     services["decode"]["environment"].pop("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
     services["prefill-cpu"]["environment"]["UCX_PROTO_EMULATION_ENABLE"] = "n"
     services["decode-cpu"]["environment"].pop("KIT_SLOT_DIR")
+    services["prefill"]["environment"]["KIT_KV_TRANSPORT_CHECK"] = "loud"
+    services["decode-cpu"]["environment"]["KIT_KV_TRANSPORT_CHECK"] = "warn"
     volumes = services["prefill"]["volumes"]
     services["prefill"]["volumes"] = [v for v in volumes if "huggingface" not in v["target"]]
     problems = cc.check_pd_runtime(broken)
@@ -596,6 +598,8 @@ def test_pd_runtime_check_catches_regressions(tmp_path, everything) -> None:
         "decode: UCX_CUDA_IPC_ENABLE_GET_ZCOPY None",
         "prefill-cpu: forces UCX GET settings",
         "decode-cpu: KIT_SLOT_DIR",
+        "prefill: KIT_KV_TRANSPORT_CHECK 'loud'",
+        "decode-cpu: KIT_KV_TRANSPORT_CHECK set on CPU",
         "prefill: HF cache",
     ):
         assert any(p.startswith(needle) for p in problems), (needle, problems)

@@ -1,13 +1,16 @@
 """The KV transport on a GPU host (compose/entrypoint/kv_transport.py): the nixl CUDA build's UCX
 modules picked to match torch, and UCX's protocol tables read as vLLM runs. Every table is UCX's
-real output (nixl 1.5.1's UCX) for a NIXL READ between two agents by scripts/nixl_read_probe.py:
-over tcp/lo on a CPU machine, and between two processes on one H200 (torch 2.11+cu130, nixl_cu13)
-with cuda_ipc GET zero-copy forced (`y`, what compose sets) and left at UCX's `auto`."""
+real output (nixl 1.5.1's UCX) for a NIXL READ between two agents by nixl_read_probe.py (beside
+the entrypoint): over tcp/lo on a CPU machine, and between two processes on one H200 (torch
+2.11+cu130, nixl_cu13) with cuda_ipc GET zero-copy forced (`y`, what compose sets) and left at
+UCX's `auto`."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,70 @@ def test_supervise_relays_vllms_stdout_and_the_watch_sees_ucx_tables(tmp_path) -
     assert res.returncode == 0, res.stderr
     assert res.stdout == H200_ZCOPY_AUTO  # relayed byte for byte
     assert "SEEN ['the KV pull runs over TCP only (software emulation)']" in res.stderr
+
+
+# --- the probe at start (KV_TRANSPORT_CHECK) ---------------------------------------------------
+H200_RESULT = (
+    '{"device": "cuda", "mib": 256, "iters": 6, "median_s": 0.00024, "gb_per_s": 1105.5, '
+    '"checksum_ok": true, "error": ""}\n'
+)
+CU12_FIRST = (DATA / "nixl_h200_cu12_libucs_first.err").read_text()
+
+
+def test_check_mode_defaults_to_warn_and_refuses_typos() -> None:
+    assert kv.check_mode(None) == "warn" and kv.check_mode(" Refuse ") == "refuse"
+    with pytest.raises(ValueError, match="KV_TRANSPORT_CHECK"):
+        kv.check_mode("loud")
+
+
+def test_verdict_on_the_h200_runs() -> None:
+    good = kv.probe_verdict(0, H200_RESULT, "", H200_ZCOPY_Y)
+    assert good.problem is None and not good.unknown
+    assert "cuda_ipc/cuda" in good.summary and "1105.5 GB/s" in good.summary
+    slow = kv.probe_verdict(0, H200_RESULT.replace("1105.5", "0.6"), "", H200_ZCOPY_AUTO)
+    assert slow.problem == "the KV pull runs over TCP only (software emulation)"
+    assert "tcp/lo" in slow.summary and "0.6 GB/s" in slow.summary
+    # nixl#1628 as the H200 showed it: registration fails, no table, the probe exits 1.
+    host = kv.probe_verdict(1, "", CU12_FIRST + "RuntimeError: the target agent ...\n", "")
+    assert host.problem is not None and "host memory" in host.problem
+
+
+def test_a_probe_that_could_not_run_is_unknown_not_a_verdict() -> None:
+    crashed = kv.probe_verdict(1, "", "Traceback ...\nImportError: no nixl\n", "")
+    assert crashed.unknown and crashed.problem is None and "ImportError: no nixl" in crashed.summary
+    silent = kv.probe_verdict(0, H200_RESULT, "", "")  # UCX_PROTO_INFO off: no table to read
+    assert silent.unknown and silent.problem is None
+
+
+def test_check_kv_transport_warns_refuses_or_stays_quiet(capsys) -> None:
+    tcp = kv.ProbeVerdict("a tcp/lo table", "the KV pull runs over TCP only (software emulation)")
+    calls: list[str] = []
+
+    def probe(env):
+        calls.append(env["CUDA_VISIBLE_DEVICES"])
+        return tcp
+
+    env = {"CUDA_VISIBLE_DEVICES": "3"}
+    assert serve.check_kv_transport(env, "warn", probe) is None
+    err = capsys.readouterr().err
+    assert "KV TRANSPORT WARNING: at start" in err and "[a tcp/lo table]" in err
+    refusal = serve.check_kv_transport(env, "refuse", probe)
+    assert (
+        refusal == "KV_TRANSPORT_CHECK=refuse: the KV pull runs over TCP only (software emulation)"
+    )
+    assert serve.check_kv_transport(env, "off", probe) is None and calls == ["3", "3"]
+    fine = serve.check_kv_transport(env, "refuse", lambda e: kv.ProbeVerdict("cuda_ipc/cuda"))
+    assert fine is None and "KV pull transport at start: cuda_ipc/cuda" in capsys.readouterr().err
+    unknown = kv.ProbeVerdict("the probe failed (exit 1): ImportError", unknown=True)
+    assert serve.check_kv_transport(env, "refuse", lambda e: unknown) is None  # never on a guess
+    assert "KV transport not checked at start" in capsys.readouterr().err
+
+
+def test_the_real_probe_on_this_cpu_machine_is_unknown_not_a_refusal() -> None:
+    """The entrypoint's probe_kv_transport as it runs: `--device cuda` on a machine with no GPU
+    fails in the probe, which must read as "not checked", never as TCP."""
+    start = time.monotonic()
+    verdict = serve.probe_kv_transport({**os.environ, "UCX_TLS": "tcp,self"})
+    assert verdict.unknown and verdict.problem is None, verdict
+    # A side that dies is noticed at once, not after the probe's 60 s wait for its answer.
+    assert time.monotonic() - start < 45, verdict

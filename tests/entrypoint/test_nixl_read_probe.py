@@ -1,7 +1,8 @@
-"""scripts/nixl_read_probe.py, run for real on this CPU machine: two processes, two NIXL agents,
-one READ over UCX's tcp, the data checked. The H200 captures in data/ came from the same script
-with --device cuda; here it proves the script still runs and that what it captures is what the
-entrypoint's scanner reads (the KV pull's table, flagged as TCP when taken for a GPU host)."""
+"""compose/entrypoint/nixl_read_probe.py, run for real on this CPU machine: two processes, two NIXL
+agents, one READ over UCX's tcp, the data checked. The H200 captures in data/ came from the same
+script with --device cuda; here it proves the script still runs and that what it captures is
+what the entrypoint's scanner reads (the KV pull's table, flagged as TCP when taken for a GPU
+host)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from tests.entrypoint.loader import entrypoint
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "scripts" / "nixl_read_probe.py"
+PROBE = ROOT / "compose" / "entrypoint" / "nixl_read_probe.py"
 kv = entrypoint()._sibling("kv_transport")
 
 

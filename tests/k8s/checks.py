@@ -946,6 +946,7 @@ COMPOSE_ONLY_ENV = {
     "KIT_ROLE_REPLICAS",
     "KIT_SLOT_DIR",
     "KIT_GPU_FREE_HEADROOM_GIB",
+    "KIT_KV_TRANSPORT_CHECK",  # the start probe runs with compose's slots (docs/gpu.md)
 }
 COMPOSE_ONLY_MOUNTS = {"/run/kit-slots"}
 # pd-proxy: compose resolves the service names (every replica), Kubernetes watches the

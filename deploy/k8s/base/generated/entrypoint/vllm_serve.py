@@ -41,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -962,6 +963,59 @@ def kv_transport_setup(env: Mapping[str, str]) -> tuple[dict[str, str], Callable
     return extra, watch
 
 
+PROBE_TIMEOUT_S = 180.0
+PROBE_ARGS = ("--device", "cuda", "--mib", "64", "--iters", "3")
+
+
+def probe_kv_transport(env: Mapping[str, str]) -> Any:
+    """One NIXL READ between two processes on this replica's first GPU with the server's own UCX
+    settings (nixl_read_probe.py beside this file), judged by kv_transport.probe_verdict: what
+    UCX will choose for the KV pull, known before the first request."""
+    kv = _sibling("kv_transport")
+    probe = Path(__file__).resolve().with_name("nixl_read_probe.py")
+    with tempfile.TemporaryDirectory(prefix="kit-kv-probe-") as tmp:
+        ucx_log = Path(tmp) / "ucx.txt"
+        cmd = [sys.executable, str(probe), *PROBE_ARGS, "--log", str(ucx_log)]
+        try:
+            proc = subprocess.run(
+                cmd,
+                env={**env, "UCX_PROTO_INFO": "y"},
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            return kv.ProbeVerdict(
+                f"the probe did not finish in {PROBE_TIMEOUT_S:.0f}s", unknown=True
+            )
+        text = ucx_log.read_text(errors="replace") if ucx_log.exists() else ""
+        return kv.probe_verdict(proc.returncode, proc.stdout, proc.stderr, text)
+
+
+def check_kv_transport(
+    env: Mapping[str, str],
+    mode: str,
+    probe: Callable[[Mapping[str, str]], Any] = probe_kv_transport,
+) -> str | None:
+    """KV_TRANSPORT_CHECK at start (GPU servers): probe, log the verdict loudly when the pull
+    would not be GPU to GPU, and return the reason to refuse (mode ``refuse``) or None."""
+    if mode == "off":
+        return None
+    verdict = probe(env)
+    if verdict.problem:
+        log(
+            f"KV TRANSPORT WARNING: at start, a NIXL READ with this server's UCX settings: "
+            f"{verdict.problem}. UCX chose {verdict.summary} (docs/gpu.md, 'KV transport')"
+        )
+        if mode == "refuse":
+            return f"KV_TRANSPORT_CHECK=refuse: {verdict.problem}"
+    elif verdict.unknown:
+        log(f"KV transport not checked at start: {verdict.summary}")
+    else:
+        log(f"KV pull transport at start: {verdict.summary}")
+    return None
+
+
 def main(argv: Sequence[str]) -> None:
     crash_file = Path(os.environ.get(CRASH_FILE_ENV) or CRASH_FILE)
     count, last = read_crashes(crash_file)
@@ -983,9 +1037,12 @@ def main(argv: Sequence[str]) -> None:
         env = {**cpu_env, **env}  # an explicit VLLM_CPU_OMP_THREADS_BIND wins
         cmd = vllm_command([*argv, *flags], env, sys.executable)
         watch: Callable[[str], None] | None = None
+        transport_mode = "off"
         if place.gpus and env.get("KIT_SLOT_DIR", "").strip():  # compose's GPU servers
             ucx, watch = kv_transport_setup(env)
             env.update(ucx)
+            kv = _sibling("kv_transport")
+            transport_mode = kv.check_mode(env.get(kv.CHECK_ENV))
     except ValueError as exc:
         # A refused setting is a crash too: the restart policy would otherwise retry it forever.
         record_exit(crash_file, True, 0.0, str(exc))
@@ -1012,6 +1069,14 @@ def main(argv: Sequence[str]) -> None:
         print("vllm_serve: no KV events: prefix caching is off")
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
     sys.stdout.flush()
+    refusal = check_kv_transport(env, transport_mode)
+    if refusal:
+        record_exit(crash_file, True, 0.0, refusal)
+        log(refusal)
+        sys.exit(USAGE_EXIT)
+    if stop.asked:
+        write_crashes(crash_file, 0, "")
+        sys.exit(0)
     try:
         wait_for_gpus(env, argv, stop)
     except SystemExit:

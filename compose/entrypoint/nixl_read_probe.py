@@ -7,7 +7,7 @@ servers' entrypoint reads UCX's tables as vLLM runs; this probe shows the same c
 model, on any host with nixl and torch (inside the vLLM image on a GPU host, in the kit's venv on
 CPU), so the table format the entrypoint parses is the one this UCX prints.
 
-    python3 scripts/nixl_read_probe.py --device cuda --mib 256 --log ucx.txt
+    python3 compose/entrypoint/nixl_read_probe.py --device cuda --mib 256 --log ucx.txt
 
 Prints one JSON line (transfer times, GB/s, the data checked) and leaves UCX's output in --log
 (the reading side, decode's) and --log.target (the side read from).
@@ -93,6 +93,17 @@ def initiator(conn: Connection, device: str, nbytes: int, iters: int, log: str) 
     conn.send({"seconds": seconds, "error": error, "checksum_ok": got == want})
 
 
+def _answer(conn: Connection, proc: Any, timeout_s: float) -> bool:
+    """Whether ``proc`` answered on ``conn`` within ``timeout_s``; False at once when it died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if conn.poll(0.2):
+            return True
+        if not proc.is_alive():
+            return conn.poll(0)
+    return False
+
+
 def probe(device: str, nbytes: int, iters: int, log: str) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     t_conn, t_child = ctx.Pipe()
@@ -102,10 +113,10 @@ def probe(device: str, nbytes: int, iters: int, log: str) -> dict[str, Any]:
     t.start()
     i.start()
     try:
-        if not t_conn.poll(STATE_TIMEOUT_S):
+        if not _answer(t_conn, t, STATE_TIMEOUT_S):
             raise RuntimeError(f"the target agent did not start (exit {t.exitcode})")
         i_conn.send(t_conn.recv())
-        if not i_conn.poll(STATE_TIMEOUT_S + 30 * iters):
+        if not _answer(i_conn, i, STATE_TIMEOUT_S + 30 * iters):
             raise RuntimeError(f"the initiator did not finish (exit {i.exitcode})")
         result: dict[str, Any] = i_conn.recv()
         t_conn.send("done")
