@@ -1005,7 +1005,7 @@ def check_kv_transport(
     if verdict.problem:
         log(
             f"KV TRANSPORT WARNING: at start, a NIXL READ with this server's UCX settings: "
-            f"{verdict.problem}. UCX chose {verdict.summary} (docs/gpu.md, 'KV transport')"
+            f"{verdict.problem} [{verdict.summary}] (docs/gpu.md, 'KV transport')"
         )
         if mode == "refuse":
             return f"KV_TRANSPORT_CHECK=refuse: {verdict.problem}"
