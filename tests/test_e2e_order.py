@@ -9,7 +9,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from tests.e2e.conftest import last_in_package
+from tests.e2e.conftest import first_in_package, last_in_package
 from tests.support.paths import REPO
 
 
@@ -26,6 +26,14 @@ def test_marked_tests_move_to_the_end_of_their_package_block_only() -> None:
     items = [a, b, stock, shapes, z]
     assert last_in_package(items, "/t/e2e/", "m") == [a, b, shapes, stock, z]
     assert last_in_package([a, z], "/t/e2e/", "m") == [a, z]
+
+
+def test_marked_tests_move_to_the_start_of_their_package_block_only() -> None:
+    a, b = _item("/t/a/x.py"), _item("/t/e2e/1.py")
+    first, shapes = _item("/t/e2e/2.py", marked=True), _item("/t/e2e/3.py")
+    z = _item("/t/z.py")
+    assert first_in_package([a, b, first, shapes, z], "/t/e2e/", "m") == [a, first, b, shapes, z]
+    assert first_in_package([a, z], "/t/e2e/", "m") == [a, z]
 
 
 def test_the_e2e_suite_opens_with_the_first_request_and_ends_with_the_stock_ab() -> None:

@@ -315,8 +315,9 @@ def test_every_grafana_panel_query_returns_data(compose_stack) -> None:
         " PromQL is evaluated against the live Prometheus container instead."
     )
     dashboard = json.loads((REPO / "compose/grafana/dashboards/pcp-pd-kit.json").read_text())
-    # The cache router's series exist only where it runs (PREFIX_CACHE_ROUTING, off by default);
-    # with it off, its queries are the one kind allowed to be empty, and nothing else is.
+    # The cache router's series exist only where it runs (PREFIX_CACHE_ROUTING, auto by default;
+    # they start at 0 even when one replica per role leaves nothing to decide); with it off, its
+    # queries are the one kind allowed to be empty, and nothing else is.
     proxy_env = compose_stack.rendered()["services"]["proxy-cpu"]["environment"]
     routing_off = proxy_env.get("PD_PROXY_PREFIX_CACHE_ROUTING", "off") == "off"
     empty = []

@@ -28,6 +28,7 @@ from .shape_matrix import Reply, reference_replies
 
 log = logging.getLogger("pcp_pd_kit.localstack")
 REPLACES_PREFILL = "replaces_prefill"
+OPENS_STACK = "opens_stack"
 
 
 def last_in_package(items: list[pytest.Item], package_dir: str, marker: str) -> list[pytest.Item]:
@@ -45,11 +46,26 @@ def last_in_package(items: list[pytest.Item], package_dir: str, marker: str) -> 
     return items[: inside[0]] + kept + moved + items[inside[-1] + 1 :]
 
 
+def first_in_package(items: list[pytest.Item], package_dir: str, marker: str) -> list[pytest.Item]:
+    """``items`` with the package's ``marker`` tests moved to the start of the package's own run
+    (the counterpart of ``last_in_package``)."""
+    inside = [i for i, item in enumerate(items) if str(item.path).startswith(package_dir)]
+    if not inside:
+        return items
+    block = items[inside[0] : inside[-1] + 1]
+    moved = [item for item in block if item.get_closest_marker(marker) is not None]
+    kept = [item for item in block if item.get_closest_marker(marker) is None]
+    return items[: inside[0]] + moved + kept + items[inside[-1] + 1 :]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that replaces the kit's prefill in the shared stack (the stock-connector A/B) runs
-    after every other e2e test, whatever the file names sort to: the request-shape matrix reads
-    the kit's own counters from that prefill."""
-    items[:] = last_in_package(items, os.path.dirname(__file__) + os.sep, REPLACES_PREFILL)
+    """The first-request check (marker ``opens_stack``) runs first, whatever the file names sort
+    to: the shared stack's first request is the one it checks. A test that replaces the kit's
+    prefill in the shared stack (the stock-connector A/B) runs after every other e2e test: the
+    request-shape matrix reads the kit's own counters from that prefill."""
+    package = os.path.dirname(__file__) + os.sep
+    items[:] = first_in_package(items, package, OPENS_STACK)
+    items[:] = last_in_package(items, package, REPLACES_PREFILL)
 
 
 # Ports apart from `make up`'s (18000-18300) so the suite runs beside a developer's stack.

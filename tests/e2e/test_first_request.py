@@ -59,6 +59,7 @@ def test_first_request_is_answered_every_start(e2e_settings: StackSettings) -> N
 
 
 @pytest.mark.e2e
+@pytest.mark.opens_stack
 def test_first_request_after_start_is_answered(pd_stack: Stack) -> None:
     """The shared stack's first request, at once, and one after a pause; its logs stay in the
     stack's run folder."""

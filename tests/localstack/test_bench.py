@@ -1285,3 +1285,18 @@ def test_bench_end_to_end_on_the_cpu_stack(
     ]
     busy = [p for p in ports if not port_is_free("127.0.0.1", p)]
     assert not busy, f"bench ports still bound: {busy}"
+
+
+def test_the_serve_bench_runs_with_cache_aware_routing_off(tmp_path: Path) -> None:
+    """Its workloads repeat prompts across targets: with cache-aware routing, the local-prefill
+    proxy would send long prompts decode already holds to decode alone (the live smoke caught
+    it). The serve bench measures prompt length; `bench cache` measures the cache."""
+    from pcp_pd_kit.bench import runner
+    from pcp_pd_kit.settings import parse_env_text, settings_from_env
+    from tests.support.paths import REPO
+
+    example = parse_env_text((REPO / ".env.example").read_text())
+    base = settings_from_env({**example, "PREFIX_CACHE_ROUTING": "auto"})
+    assert base.prefix_cache_routing == "auto"
+    got = runner.prepare_local(base, SMOKE_PORT_BASE + 200, ["single"])
+    assert got.prefix_cache_routing == "off" and got.local_prefill_max_tokens == 0

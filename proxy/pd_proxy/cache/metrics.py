@@ -79,6 +79,11 @@ class CacheMetrics:
             ("role",),
             registry=reg,
         )
+        # Every known label set from the start: a dashboard shows 0, not "No data", until the
+        # router has placed a request (with one replica per role it may never need to).
+        for role in ("prefill", "decode"):
+            self.prompt_tokens.labels(role)
+            self.predicted.labels(role)
         self.events = Counter(
             "pd_proxy_kv_events",
             "KV-event stream counts per replica: batches, events, gaps (sequence skipped or a "
@@ -119,6 +124,8 @@ class CacheMetrics:
             buckets=TOKENIZER_BUCKETS,
             registry=reg,
         )
+        for source in ("local", "server"):
+            self.tokenizer_seconds.labels(source)
         self.trusted = Gauge(
             "pd_proxy_tokenizer_shape_trusted",
             "1 when the local tokenizer matched a decode's /tokenize on the canary set for the "
@@ -134,8 +141,9 @@ class CacheMetrics:
         seen = self._seen.get(backend) or Health()
         for kind in HEALTH_COUNTERS:
             delta = getattr(health, kind) - getattr(seen, kind)
+            counter = self.events.labels(backend, kind)  # 0 from the first call: "no gaps yet"
             if delta > 0:
-                self.events.labels(backend, kind).inc(delta)
+                counter.inc(delta)
         self._seen[backend] = Health(**{k: getattr(health, k) for k in HEALTH_COUNTERS})
         if lag is not None:
             self.lag.labels(backend).set(lag)

@@ -413,13 +413,21 @@ def prepare_local(settings: StackSettings, port_base: int, wanted: Sequence[str]
     Every port of every phase must be free and the model must resolve; a failure raises the
     stack's own error (PortInUseError, ModelNotAvailableError), which the CLI turns into exit 2.
     The normal and first-token proxies get --local-prefill-max-tokens 0 whatever the settings
-    say (LOCAL_PREFILL_MAX_TOKENS): their columns are P/D for every prompt.
+    say (LOCAL_PREFILL_MAX_TOKENS): their columns are P/D for every prompt. Cache-aware routing
+    is off here (PREFIX_CACHE_ROUTING): the workloads repeat their prompts across targets, so
+    with it the local-prefill proxy would send long prompts decode already holds to decode
+    alone, and its table is about prompt length; `bench cache` measures the cache.
     """
     try:
         ports = spec.bench_ports(port_base)
     except spec.BenchSpecError as exc:
         raise BenchError(str(exc)) from None
-    settings = dataclasses.replace(settings, **ports, local_prefill_max_tokens=0)  # type: ignore[arg-type]
+    settings = dataclasses.replace(
+        settings,
+        **ports,  # type: ignore[arg-type]
+        local_prefill_max_tokens=0,
+        prefix_cache_routing="off",
+    )
     parts = {
         p
         for phase, targets in PHASE_TARGETS.items()

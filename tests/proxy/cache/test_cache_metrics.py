@@ -23,3 +23,25 @@ def test_metric_names_are_the_exposed_families() -> None:
     text = generate_latest(reg).decode()
     families = set(re.findall(r"^# TYPE (\S+)", text, re.M))
     assert {f for f in families if not f.endswith("_created")} == set(METRIC_NAMES)
+
+
+def test_every_known_series_exists_at_zero_before_any_request() -> None:
+    """A dashboard shows 0 rather than "No data" while the router has nothing to place (one
+    replica per role, no local prefill: the compose default); the live Grafana check reads them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pd_proxy.cache.index import Health
+    from pd_proxy.cache.metrics import CacheMetrics
+
+    reg = CollectorRegistry()
+    metrics = CacheMetrics(reg)
+    metrics.health("http://decode:8200", Health(), None, 0)
+    text = generate_latest(reg).decode()
+    for line in (
+        'pd_proxy_cache_prompt_tokens_total{role="decode"} 0.0',
+        'pd_proxy_cache_predicted_hit_tokens_total{role="prefill"} 0.0',
+        'pd_proxy_tokenizer_seconds_count{source="local"} 0.0',
+        'pd_proxy_kv_events_total{backend="http://decode:8200",kind="gaps"} 0.0',
+        'pd_proxy_kv_events_total{backend="http://decode:8200",kind="resets"} 0.0',
+    ):
+        assert line in text, line
