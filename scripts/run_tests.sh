@@ -21,7 +21,7 @@ fi
 log "building the images in the background (log: run/images.log)"
 bash scripts/images.sh >run/images.log 2>&1 &
 images=$!
-trap 'kill "$images" 2>/dev/null; bash scripts/docker_engine.sh stop' EXIT
+trap 'kill "$images" 2>/dev/null || true; bash scripts/docker_engine.sh stop || true' EXIT
 
 "$PY" -m ruff check . && "$PY" -m ruff format --check . && "$PY" -m mypy || status=1
 log "lint done ($(elapsed "$t0")); the tests that start no live stack"
