@@ -31,31 +31,28 @@ REPLACES_PREFILL = "replaces_prefill"
 OPENS_STACK = "opens_stack"
 
 
-def last_in_package(items: list[pytest.Item], package_dir: str, marker: str) -> list[pytest.Item]:
-    """``items`` with the package's ``marker`` tests moved to the end of the package's own run.
-
-    The stack is package-scoped, so the moved tests stay inside the package's block (moving them
-    past it would start a second stack); everything else keeps its order.
-    """
+def _move_marked(
+    items: list[pytest.Item], package_dir: str, marker: str, to_start: bool
+) -> list[pytest.Item]:
+    """``items`` with the package's ``marker`` tests moved to the start or the end of the
+    package's own run. The stack is package-scoped, so the moved tests stay inside the package's
+    block (moving them past it would start a second stack); everything else keeps its order."""
     inside = [i for i, item in enumerate(items) if str(item.path).startswith(package_dir)]
     if not inside:
         return items
     block = items[inside[0] : inside[-1] + 1]
     moved = [item for item in block if item.get_closest_marker(marker) is not None]
     kept = [item for item in block if item.get_closest_marker(marker) is None]
-    return items[: inside[0]] + kept + moved + items[inside[-1] + 1 :]
+    ordered = moved + kept if to_start else kept + moved
+    return items[: inside[0]] + ordered + items[inside[-1] + 1 :]
+
+
+def last_in_package(items: list[pytest.Item], package_dir: str, marker: str) -> list[pytest.Item]:
+    return _move_marked(items, package_dir, marker, to_start=False)
 
 
 def first_in_package(items: list[pytest.Item], package_dir: str, marker: str) -> list[pytest.Item]:
-    """``items`` with the package's ``marker`` tests moved to the start of the package's own run
-    (the counterpart of ``last_in_package``)."""
-    inside = [i for i, item in enumerate(items) if str(item.path).startswith(package_dir)]
-    if not inside:
-        return items
-    block = items[inside[0] : inside[-1] + 1]
-    moved = [item for item in block if item.get_closest_marker(marker) is not None]
-    kept = [item for item in block if item.get_closest_marker(marker) is None]
-    return items[: inside[0]] + moved + kept + items[inside[-1] + 1 :]
+    return _move_marked(items, package_dir, marker, to_start=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
