@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Mapping
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from tests.support.paths import COMPOSE_DIR
 
@@ -46,3 +49,13 @@ def effective_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     cores = list(range(int(ranks))) if ranks.isdigit() and int(ranks) > 0 else [0]
     flags, _ = serve.cpu_topology(env, cores)
     return list(serve.vllm_command([*argv[2:], *flags], env, argv[0]))
+
+
+def main_env(monkeypatch: Any, tmp_path: Path, env: Mapping[str, str]) -> None:
+    """The process environment a test's ``main()`` runs in: ``env``, a crash file in
+    ``tmp_path``, and no HF token or vLLM key file (the container's secrets are absent)."""
+    serve = entrypoint()
+    for key, value in {"KIT_CRASH_FILE": str(tmp_path / "crashes.json"), **env}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
+    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.entrypoint.loader import entrypoint
+from tests.entrypoint.loader import entrypoint, main_env
 
 serve = entrypoint()
 CPU_PREFILL = {
@@ -94,13 +94,9 @@ def test_lease_reaches_the_connector_config_on_cpu_and_gpu() -> None:
 
 
 def test_main_runs_the_topology_with_the_containers_own_cores(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
-    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
-    for key, value in CPU_PREFILL.items():
-        monkeypatch.setenv(key, value)
+    main_env(monkeypatch, tmp_path, CPU_PREFILL)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(serve.os, "sched_getaffinity", lambda pid: {5, 4})
-    monkeypatch.setenv("KIT_CRASH_FILE", str(tmp_path / "crashes.json"))
     seen = []
     monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append((cmd, env)) or 0)
     with pytest.raises(SystemExit):

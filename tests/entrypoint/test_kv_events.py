@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.entrypoint.loader import entrypoint
+from tests.entrypoint.loader import entrypoint, main_env
 
 serve = entrypoint()
 BASE = {
@@ -98,11 +98,7 @@ def test_bad_settings_are_refused(change: dict[str, str], argv: list[str], needl
 
 
 def test_main_prints_the_events_config(monkeypatch, tmp_path, capsys) -> None:
-    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
-    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
-    for key, value in EVENTS.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KIT_CRASH_FILE", str(tmp_path / "crashes.json"))
+    main_env(monkeypatch, tmp_path, EVENTS)
     monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: 0)
     with pytest.raises(SystemExit):
         serve.main(["--port", "8200"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pd_proxy.testing.dns import PTR, DnsServer
-from tests.entrypoint.loader import PATH, entrypoint
+from tests.entrypoint.loader import PATH, entrypoint, main_env
 
 serve = entrypoint()
 
@@ -325,11 +325,7 @@ CONNECTOR |= {"KIT_KV_CONNECTOR_MODULE_PATH": "pcp_nixl_connector"}
 def test_start_up_line_names_the_replica_and_its_gpus(monkeypatch, tmp_path, capsys) -> None:
     env = {**CONNECTOR, **PREFILL, "KIT_ROLE_GPUS": "0,1,2,3", "KIT_ROLE_REPLICAS": "2"}
     env |= {"KIT_REPLICA_INDEX": "2", "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.28.0.9"}
-    env |= {"KIT_CRASH_FILE": str(tmp_path / "crashes.json")}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
-    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
+    main_env(monkeypatch, tmp_path, env)
     seen = []
     monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
     with pytest.raises(SystemExit):

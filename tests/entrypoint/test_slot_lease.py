@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.entrypoint.loader import PATH, entrypoint
+from tests.entrypoint.loader import PATH, entrypoint, main_env
 
 serve = entrypoint()
 slots = serve._sibling("slot_lease")
@@ -123,16 +123,14 @@ def start_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def run_main(monkeypatch, tmp_path, env, lookup=None) -> list[dict[str, str]]:
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
-    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
+    main_env(monkeypatch, tmp_path, env)
     if lookup is not None:
         monkeypatch.setattr(serve, "looked_up_index", lookup)
     seen: list[dict[str, str]] = []
     monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
     monkeypatch.setattr(serve, "wait_for_gpus", lambda env, argv, stop: None)
     monkeypatch.setattr(serve, "kv_transport_setup", lambda env: ({}, None))
+    monkeypatch.setattr(serve, "check_kv_transport", lambda env, mode: None)  # its own tests
     with pytest.raises(SystemExit) as done:
         serve.main(PREFILL_ARGV)
     assert done.value.code == 0

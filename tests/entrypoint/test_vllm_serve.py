@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.entrypoint.loader import PATH, effective_argv, entrypoint
+from tests.entrypoint.loader import PATH, effective_argv, entrypoint, main_env
 
 serve = entrypoint()
 
@@ -240,11 +240,7 @@ def test_effective_argv_goes_through_the_entrypoint_only() -> None:
 
 
 def test_main_runs_vllm_with_the_config(monkeypatch, tmp_path, capsys) -> None:
-    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
-    monkeypatch.setattr(serve, "VLLM_KEY_FILE", tmp_path / "absent")
-    for key, value in DECODE_CPU.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KIT_CRASH_FILE", str(tmp_path / "crashes.json"))
+    main_env(monkeypatch, tmp_path, DECODE_CPU)
     seen = []
     monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append((cmd, env)) or 0)
     with pytest.raises(SystemExit) as done:
