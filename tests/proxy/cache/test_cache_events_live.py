@@ -75,8 +75,11 @@ class Stream:
         self.pub.publish(batch(*events))
 
     async def sent(self) -> None:
-        """Let the publisher's thread send what was queued (to no one, while disconnected)."""
-        await asyncio.sleep(0.5)
+        """Wait until the publisher's thread has sent everything queued (to no one, while
+        disconnected). vLLM's thread marks each batch done only after sending it, so this is
+        exact; a sleep was not, on a loaded host (a subscriber that connected first got the
+        batch live and the replay the test is about never happened)."""
+        await asyncio.wait_for(asyncio.to_thread(self.pub._event_queue.join), timeout=30)
 
     async def until(self, done: Callable[[], bool], heartbeat: bool = True) -> None:
         """Publish empty batches (one per engine step, as vLLM's) until ``done``: a SUB socket
@@ -105,6 +108,7 @@ async def test_gap_is_replayed_and_nothing_is_lost() -> None:
     try:
         a, b = blocks(2), blocks(2, start=500)
         s.publish(stored([b"a1", b"a2"], None, a))  # before anyone listens: replayed from 0
+        await s.sent()
         s.connect()
         await s.until(lambda: s.index.match(keys(a)) == 2)
         await s.disconnect()
@@ -191,7 +195,9 @@ async def test_the_local_stacks_endpoints_stay_on_loopback_and_reach_the_proxy()
         ]
         a = blocks(2)
         s.publish(stored([b"a1", b"a2"], None, a))  # before anyone listens: replayed
+        await s.sent()
         s.connect(publishers[0])
+        await s.until(lambda: s.index.health.replays >= 1)
         await s.until(lambda: s.index.match(keys(a)) == 2)
         elsewhere, problems = parse_sources(answer, "10.1.2.3")
         assert elsewhere == [] and "where the proxy can reach it" in problems[0]
