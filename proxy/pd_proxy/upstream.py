@@ -21,13 +21,13 @@ and its connection is closed.
 
 Errors: ``ConnectFailed`` (refused, unreachable, DNS, TLS handshake, connect timeout: the request
 never reached the backend, so another backend may take it), ``UpstreamTimeout`` (the leg's time
-limit, or the backend silent for the silence limit while the proxy waits for it) and
-``UpstreamBroken`` (the connection broke, or the answer is not HTTP/1.x; ``StaleConnection``
-when a reused keep-alive connection closed before any byte of the answer came back: the backend
-most likely closed it as idle, and the same request may go again on a new connection). A
-connection whose answer
-was not read to its end, or that broke or timed out, is closed, never reused, so a client that
-leaves cancels the backend's work (it sees the connection close).
+limit, also when it runs out during the connect, or the backend silent for the silence limit
+while the proxy waits for it) and ``UpstreamBroken`` (the connection broke, or the answer is not
+HTTP/1.x; ``StaleConnection`` when a reused keep-alive connection closed before any byte of the
+answer came back: the backend most likely closed it as idle, and the same request may go again
+on a new connection). A connection whose answer was not read to its end, or that broke or timed
+out, is closed, never reused, so a client that leaves cancels the backend's work (it sees the
+connection close).
 """
 
 from __future__ import annotations
@@ -626,8 +626,14 @@ class Upstream:
     async def _connect(self, address: Address, deadline: float | None) -> Connection:
         host, port, tls = address
         timeout = self.connect_timeout
+        # A connect the leg's own deadline cut short says the leg ran out of time (a loaded
+        # host, a short /tokenize limit), not that the backend is unreachable: that is a
+        # timeout, and must not take a healthy backend out of rotation.
+        cut_by_deadline = False
         if deadline is not None:
-            timeout = min(timeout, max(0.0, deadline - self.loop.time()))
+            left = max(0.0, deadline - self.loop.time())
+            cut_by_deadline = left < timeout
+            timeout = min(timeout, left)
         factory: Callable[[], Connection] = lambda: Connection(self, address)  # noqa: E731
         try:
             if tls:
@@ -640,6 +646,10 @@ class Upstream:
                 connecting = self.loop.create_connection(factory, host, port)
             _, conn = await asyncio.wait_for(connecting, timeout)
         except asyncio.TimeoutError:
+            if cut_by_deadline:
+                raise UpstreamTimeout(
+                    f"the leg's time ran out in {timeout:g}s while connecting to {host}:{port}"
+                ) from None
             raise ConnectFailed(
                 f"cannot connect to {host}:{port}: timed out after {timeout:g}s"
             ) from None

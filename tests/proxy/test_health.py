@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import aiohttp
 import pytest
 
 from pd_proxy.health import BUSY_TIMEOUTS_TOLERATED, Breaker, CheckResult, Verdict, judge
 from pd_proxy.pool import Backend, BackendPool, HealthChecker
+from tests.support.net import unaccepting_port
 
 OK, FAILED, TIMED_OUT = CheckResult.OK, CheckResult.FAILED, CheckResult.TIMED_OUT
 
@@ -88,25 +87,12 @@ async def test_a_connect_timeout_is_a_failure_not_busy():
 
 async def test_a_backend_that_accepts_no_connection_is_down_however_busy():
     """A listener whose accept queue is full drops new SYNs: the connect itself hangs."""
-    with socket.socket() as full:
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        address = full.getsockname()
-        fillers = []
-        try:
-            for _ in range(4):
-                s = socket.socket()
-                s.setblocking(False)
-                s.connect_ex(address)
-                fillers.append(s)
-            b = Backend("prefill", f"http://127.0.0.1:{address[1]}")
-            b.outstanding = 1
-            async with aiohttp.ClientSession() as session:
-                checker = HealthChecker([], session, 30.0, 0.4, lambda b, ok: None)
-                result = await checker.check(b)
-        finally:
-            for s in fillers:
-                s.close()
+    with unaccepting_port() as port:
+        b = Backend("prefill", f"http://127.0.0.1:{port}")
+        b.outstanding = 1
+        async with aiohttp.ClientSession() as session:
+            checker = HealthChecker([], session, 30.0, 0.4, lambda b, ok: None)
+            result = await checker.check(b)
     assert result is FAILED
 
 

@@ -23,7 +23,7 @@ from pd_proxy.upstream import (
     UpstreamBroken,
     UpstreamTimeout,
 )
-from tests.support.net import free_port
+from tests.support.net import free_port, unaccepting_port
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -109,6 +109,17 @@ def answering(*answers: bytes, close: bool = False) -> Callable[[Server], Script
 
 
 JSON_200 = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}'
+
+
+async def settled(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Poll until ``predicate()`` holds: the other end of the socket (the server, or the client's
+    protocol) runs on the same loop but needs a few turns of it, and a loaded host may stall any
+    of them; a fixed sleep there is a race. Fails naming ``what`` after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out after {timeout:g}s waiting for: {what}"
+        await asyncio.sleep(0.01)
 
 
 async def call(server: Server, upstream: Upstream, read: str = "read", **kw) -> tuple[int, bytes]:
@@ -251,6 +262,26 @@ async def test_refused_connection_is_connect_failed():
         await upstream.request(("127.0.0.1", port, False), request_bytes(port))
 
 
+async def test_a_connect_the_legs_deadline_cuts_short_is_a_timeout_not_unreachable():
+    """The leg running out of time during the connect (a loaded host) is the leg's timeout: a
+    ConnectFailed there would take a healthy backend out of rotation. The connect's own limit
+    running out is still ConnectFailed."""
+    with unaccepting_port() as port:
+        address = ("127.0.0.1", port, False)
+        upstream = Upstream(30.0, 30.0)
+        with pytest.raises(UpstreamTimeout, match="while connecting"):
+            await upstream.request(
+                address, request_bytes(port), deadline=upstream.loop.time() + 0.3
+            )
+        upstream.close()
+        upstream = Upstream(0.3, 30.0)
+        with pytest.raises(ConnectFailed, match="timed out after 0.3s"):
+            await upstream.request(
+                address, request_bytes(port), deadline=upstream.loop.time() + 30.0
+            )
+        upstream.close()
+
+
 def hanging(server: Server) -> Script:
     async def script(reader, writer) -> None:
         await server.read_request(reader)
@@ -261,10 +292,12 @@ def hanging(server: Server) -> Script:
 
 async def test_deadline_times_out_and_closes_the_connection():
     async with serving(hanging) as (server, upstream):
-        deadline = upstream.loop.time() + 0.2
+        # It bounds the connect too: 1 s, so a stalled (loaded) host cannot make it a
+        # ConnectFailed before the request is even sent.
+        deadline = upstream.loop.time() + 1.0
         with pytest.raises(UpstreamTimeout, match="in time"):
             await call(server, upstream, deadline=deadline)
-        await asyncio.sleep(0.1)
+        await settled(lambda: server.closed_by_client == 1, "the server to see the close")
         assert server.closed_by_client == 1 and upstream.idle_count() == 0
 
 
@@ -279,12 +312,14 @@ async def test_silence_between_chunks_times_out():
         return script
 
     async with serving(make) as (server, upstream):
+        # The head and first chunk must beat the limit though they need the server's turn on
+        # this loop first: 1 s, not 0.2 s, so a stalled (loaded) host cannot fire it early.
         conn = await upstream.request(
-            ("127.0.0.1", server.port, False), request_bytes(server.port), silence=0.2
+            ("127.0.0.1", server.port, False), request_bytes(server.port), silence=1.0
         )
         try:
             assert await conn.readany() == b"one"
-            with pytest.raises(UpstreamTimeout, match="sent nothing for 0.2s"):
+            with pytest.raises(UpstreamTimeout, match="sent nothing for 1s"):
                 await conn.readany()
         finally:
             conn.release()
@@ -298,7 +333,7 @@ async def test_cancelled_request_closes_its_connection():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.1)
+        await settled(lambda: server.closed_by_client == 1, "the server to see the close")
         assert server.closed_by_client == 1 and upstream.idle_count() == 0
 
 
@@ -321,7 +356,7 @@ async def test_a_body_not_read_to_its_end_closes_instead_of_pooling():
         assert upstream.opened == 2
         # A body that arrived whole may be left unread: the connection is clean.
         conn = await upstream.request(("127.0.0.1", server.port, False), request_bytes(server.port))
-        await asyncio.sleep(0.3)
+        await settled(lambda: conn._done, "the rest of the body to arrive")
         conn.release()
         assert await call(server, upstream) == (200, b'{"a":1}')
         assert upstream.opened == 2
@@ -340,8 +375,8 @@ async def test_idle_connections_expire():
 async def test_a_backend_closing_an_idle_connection_is_noticed():
     async with serving(answering(JSON_200, close=True)) as (server, upstream):
         await call(server, upstream)
-        await asyncio.sleep(0.1)
-        assert upstream.idle_count() == 0  # closed by the server: not offered again
+        # closed by the server: not offered again
+        await settled(lambda: upstream.idle_count() == 0, "the server's close to be noticed")
         await call(server, upstream)
 
 

@@ -53,3 +53,24 @@ def busy_port() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def unaccepting_port() -> Iterator[int]:
+    """A loopback port whose accept queue is full: the kernel drops new SYNs, so a connect to it
+    hangs (as to a backend whose host is saturated or whose packets are dropped)."""
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        address = full.getsockname()
+        fillers: list[socket.socket] = []
+        try:
+            for _ in range(4):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(address)
+                fillers.append(s)
+            yield int(address[1])
+        finally:
+            for s in fillers:
+                s.close()
