@@ -763,6 +763,9 @@ def supervise(
     return status
 
 
+RELAY_DRAIN_S = 10.0  # how long vLLM's last stdout lines may take to pass through at its exit
+
+
 def _supervise(
     cmd: Sequence[str],
     env: Mapping[str, str],
@@ -775,8 +778,10 @@ def _supervise(
     at_start = interfaces()
     out = subprocess.PIPE if watch else None
     child = subprocess.Popen(list(cmd), env=dict(env), pass_fds=tuple(pass_fds), stdout=out)
+    relayer = None
     if watch and child.stdout is not None:
-        threading.Thread(target=relay, args=(child.stdout, watch), daemon=True).start()
+        relayer = threading.Thread(target=relay, args=(child.stdout, watch), daemon=True)
+        relayer.start()
     stop_requested = False
 
     def forward(signum: int, _frame: object) -> None:
@@ -802,7 +807,9 @@ def _supervise(
                 )
                 child.send_signal(signal.SIGTERM)
                 child.wait()
+                drain(relayer)
                 return 1, True, f"network interfaces changed ({change})"
+    drain(relayer)
     status = exit_status(returncode, stop_requested)
     if status != returncode:
         print(
@@ -911,6 +918,13 @@ def wait_for_gpus(env: Mapping[str, str], argv: Sequence[str], stop: StopFlag) -
     if not free.wait_with_nvml(gpus, share, headroom, stop.wait, log):
         log("stopped while waiting for GPU memory")
         raise SystemExit(0)
+
+
+def drain(relayer: threading.Thread | None) -> None:
+    """Let the relay pass on what vLLM printed last (its crash's traceback, UCX's last table)
+    before the container exits; bounded, since a worker vLLM left behind may hold the pipe."""
+    if relayer is not None:
+        relayer.join(RELAY_DRAIN_S)
 
 
 def relay(stream: IO[bytes], watch: Callable[[str], None]) -> None:

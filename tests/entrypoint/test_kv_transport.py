@@ -8,6 +8,7 @@ UCX's `auto`."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -128,14 +129,47 @@ def test_supervise_relays_vllms_stdout_and_the_watch_sees_ucx_tables(tmp_path) -
         "    for t in scanner.feed(line):\n"
         "        if t.is_remote_read(): seen.append(t.problem_on_gpu())\n"
         f"cmd = [sys.executable, '-c', {PRINT_FILE!r}, {str(capture)!r}]\n"
+        # No wait here: supervise() returns only once the relay has passed on the last line.
         "code = s.supervise(cmd, {}, interfaces=frozenset, poll_s=0.1, watch=watch)\n"
-        "import time; time.sleep(0.3)\n"
         "print('SEEN', seen, file=sys.stderr)\n"
     )
     res = subprocess.run([sys.executable, "-c", runner], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout == H200_ZCOPY_AUTO  # relayed byte for byte
     assert "SEEN ['the KV pull runs over TCP only (software emulation)']" in res.stderr
+
+
+def test_supervise_returns_after_the_relay_passed_on_vllms_last_lines(monkeypatch) -> None:
+    """vLLM's last lines (a crash's traceback, UCX's last table) reach the log before the
+    container exits, even when the watcher is slower than vLLM's exit; and a worker left holding
+    the pipe delays the exit by the bound alone."""
+    monkeypatch.setattr(serve.signal, "signal", lambda *args: None)  # keep pytest's handlers
+    watched: list[str] = []
+
+    def slow_watch(line: str) -> None:
+        time.sleep(0.3)
+        watched.append(line.strip())
+
+    printer = "print('one'); print('two'); print('three')"
+    code = serve.supervise([sys.executable, "-c", printer], dict(os.environ), watch=slow_watch)
+    assert code == 1 and watched == ["one", "two", "three"]  # exit 0 unasked: status 1
+    monkeypatch.setattr(serve, "RELAY_DRAIN_S", 0.5)
+    leaves_a_worker = (
+        "import subprocess, sys; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('worker', w.pid, flush=True)"
+    )
+    watched.clear()
+    started = time.monotonic()
+    try:
+        serve.supervise(
+            [sys.executable, "-c", leaves_a_worker], dict(os.environ), watch=watched.append
+        )
+        assert time.monotonic() - started < 5  # the 0.5 s bound, not the worker's 60 s
+    finally:
+        for line in watched:
+            os.kill(int(line.split()[1]), signal.SIGKILL)
+    assert len(watched) == 1 and watched[0].startswith("worker ")
 
 
 # --- the probe at start (KV_TRANSPORT_CHECK) ---------------------------------------------------
