@@ -265,21 +265,41 @@ def test_exit_status_makes_an_unasked_exit_a_failure(returncode, stopped, status
     assert serve.exit_status(returncode, stopped) == status
 
 
+# For the runners below: SIGTERM to this process once supervise() forwards it (its handler is
+# in place) and, given a path, once the child has its own (it creates the file). Not after a
+# fixed second: a loaded host may not have started the child by then, and a SIGTERM that kills
+# it before its handler exists is not the stop under test.
+STOP_WHEN_SUPERVISING = (
+    "def stop_when_supervising(ready=None):\n"
+    "    deadline = time.monotonic() + 30\n"
+    "    while time.monotonic() < deadline and (\n"
+    "        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+    "        or (ready is not None and not ready.exists())\n"
+    "    ):\n"
+    "        time.sleep(0.01)\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+)
+
+
 def test_supervise_forwards_sigterm_and_reports_an_unasked_exit(tmp_path) -> None:
     """For real: a child that exits 0 by itself is a failure; one stopped by SIGTERM is not."""
     script = tmp_path / "child.py"
     script.write_text(
-        "import signal, sys, time\n"
+        "import pathlib, signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+        "pathlib.Path(sys.argv[2]).touch()  # its handler is in place\n"
         "time.sleep(float(sys.argv[1]))\n"
     )
     runner = (
-        "import os, signal, sys, threading, time\n"
+        "import os, pathlib, signal, sys, threading, time\n"
         f"sys.path.insert(0, {str(PATH.parent)!r})\n"
         "import vllm_serve\n"
+        f"ready = pathlib.Path({str(tmp_path)!r}) / ('ready-' + sys.argv[1])\n"
+        f"{STOP_WHEN_SUPERVISING}"
         "if sys.argv[1] == 'stop':\n"
-        "    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
-        f"cmd = [sys.executable, {str(script)!r}, '30' if sys.argv[1] == 'stop' else '0']\n"
+        "    threading.Thread(target=stop_when_supervising, args=(ready,), daemon=True).start()\n"
+        f"cmd = [sys.executable, {str(script)!r}, '30' if sys.argv[1] == 'stop' else '0', "
+        "str(ready)]\n"
         "sys.exit(vllm_serve.supervise(cmd, dict(os.environ)))\n"
     )
     stopped = subprocess.run(
@@ -346,20 +366,28 @@ def test_supervise_stops_vllm_and_exits_1_when_an_interface_goes(tmp_path, monke
     """For real: the child gets SIGTERM (vLLM drains) once the interfaces differ from the start,
     and the container's status is 1 for the restart policy, though the child exited 0."""
     monkeypatch.setattr(serve.signal, "signal", lambda *args: None)  # keep pytest's handlers
-    marker = tmp_path / "terminated"
+    marker, ready = tmp_path / "terminated", tmp_path / "ready"
     script = tmp_path / "child.py"
     script.write_text(
         "import pathlib, signal, sys, time\n"
         f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).touch(), "
         "sys.exit(0)))\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
         "time.sleep(60)\n"
     )
-    views = iter([frozenset({(1, "eth0")}), frozenset({(1, "eth0")})])
+    views: list[int] = []
+
+    def interfaces() -> frozenset[tuple[int, str]]:
+        """The start's view and one poll's alike; a change once the child has its handler (a
+        loaded host may take longer than a few polls to start it, and a SIGTERM before its
+        handler exists would kill it, untouched)."""
+        views.append(len(views))
+        if len(views) <= 2 or not ready.exists():
+            return frozenset({(1, "eth0")})
+        return frozenset({(9, "eth1")})
+
     status = serve.supervise(
-        [sys.executable, str(script)],
-        dict(os.environ),
-        interfaces=lambda: next(views, frozenset({(9, "eth1")})),
-        poll_s=0.2,
+        [sys.executable, str(script)], dict(os.environ), interfaces=interfaces, poll_s=0.2
     )
     assert status == 1 and marker.exists()
 
@@ -435,10 +463,11 @@ def test_supervise_counts_unasked_exits_and_a_stop_clears_them(tmp_path, monkeyp
         assert serve.supervise(crash, dict(os.environ), crash_file=crashes) == 1
         assert serve.read_crashes(crashes) == (want, "vLLM exited with 0")
     runner = (
-        "import os, signal, sys, threading\n"
+        "import os, signal, sys, threading, time\n"
         f"sys.path.insert(0, {str(PATH.parent)!r})\n"
         "import vllm_serve\n"
-        "threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
+        f"{STOP_WHEN_SUPERVISING}"
+        "threading.Thread(target=stop_when_supervising, daemon=True).start()\n"
         "cmd = [sys.executable, '-c', 'import time; time.sleep(30)']\n"
         f"sys.exit(vllm_serve.supervise(cmd, dict(os.environ), crash_file=__import__('pathlib')"
         f".Path({str(crashes)!r})))\n"

@@ -155,6 +155,7 @@ def test_conversations_run_concurrently_and_return_follow_up_ttfts_in_order() ->
     sent: list[tuple[int, int]] = []
     active, peak = [0], [0]
     lock = threading.Lock()
+    overlapped = threading.Event()
 
     def send(url: str, body: dict[str, object]) -> float:
         prompt = body["prompt"]
@@ -163,6 +164,11 @@ def test_conversations_run_concurrently_and_return_follow_up_ttfts_in_order() ->
             active[0] += 1
             peak[0] = max(peak[0], active[0])
             sent.append((len(prompt), prompt[0]))
+            if active[0] == 2:
+                overlapped.set()
+        # Until two sends have overlapped, each waits for that (30 s at most): 20 ms alone let a
+        # loaded host start the pool's second thread only after the first had done everything.
+        overlapped.wait(timeout=30)
         time.sleep(0.02)
         with lock:
             active[0] -= 1

@@ -125,7 +125,9 @@ async def test_unreachable_decode_is_502():
 
 
 async def test_slow_prefill_is_504():
-    async with pd_stack(prefill_timeout=0.2) as s:
+    # The limit bounds the leg's connect too; 1 s, not less, so that a stalled (loaded) host
+    # cannot end it there (a 502 "unreachable") before the request was sent.
+    async with pd_stack(prefill_timeout=1.0) as s:
         s.prefill.knobs.delay = 30
         status, _, raw = await s.post("/v1/completions", {"prompt": "x"})
         assert status == 504
@@ -161,7 +163,9 @@ async def test_decode_dying_mid_stream_ends_with_an_error_event_and_a_clean_clos
 
 
 async def test_decode_going_silent_mid_stream_ends_with_a_504_event():
-    async with pd_stack(decode_timeout=0.3) as s:
+    # The first token must beat the limit (the fake's turn on this loop comes first): 1 s, so
+    # that a stalled (loaded) host cannot fire it before " t0".
+    async with pd_stack(decode_timeout=1.0) as s:
         s.decode.knobs.token_delay = 30
         async with s.session.post(
             s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 4, "stream": True}

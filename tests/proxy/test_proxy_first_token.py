@@ -104,10 +104,12 @@ async def both_modes(path: str, body: dict[str, Any], **knobs: Any) -> tuple[dic
 async def test_completion_stream_sends_token_1_before_decode_answers():
     body = body_for(COMPLETIONS, max_tokens=6, stream=True, temperature=0)
     async with pd_stack(**FIRST) as s:
-        s.decode.knobs.delay = 0.5  # decode holds its answer back
+        # Decode holds its answer back, long enough that a stalled (loaded) host still gets
+        # token 1 out before it: the bound below stays under it.
+        s.decode.knobs.delay = 2.0
         async with s.session.post(s.url + COMPLETIONS, json=body) as resp:
             assert resp.status == 200
-            first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 0.4)
+            first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 1.5)
             assert s.decode.completed == 0  # token 1 came from the prefill
             rest = await resp.read()
         events = sse_events(first + rest)

@@ -331,7 +331,7 @@ async def test_scale_down_through_the_watch_loses_no_request(tmp_path, monkeypat
         assert record["in_flight"] >= 1  # it was busy when it started terminating ...
         assert leaving.cancelled == []  # ... and those requests finished whole
         assert len(leaving.seen) == record["seen"] > 0  # nothing new after the event
-        assert record["react_s"] < 2.0, record  # the watch, not the 60 s poll, reacted
+        assert record["react_s"] < 10.0, record  # the watch, not the 60 s poll, reacted
         assert sum(f.completed for f in decodes.values()) == total
         assert watch_of(s, "decode").lists == 1  # one LIST, then the watch carried everything
         logs = "\n".join(r.getMessage() for r in caplog.records)
@@ -346,7 +346,12 @@ async def test_scale_up_joins_once_ready_and_healthy(tmp_path, monkeypatch):
         _prefills, decodes, dp = _rest
         new = url(DECODE_IPS["10.244.4.24"], dp)
         pool = s.proxy.decode_pool
+        watch = watch_of(s, "decode")
         c.apply(EVENTS["decode_scale_up"][0])  # created, not ready yet
+        # The watch has the event (on a loaded host it may take longer than the wait below, which
+        # would then prove nothing); the discovery round it wakes runs right after.
+        version = str(c.api.version)
+        await until(lambda: watch.resource_version == version, "the not-ready event")
         await asyncio.sleep(0.3)
         assert find(pool, new) is None
         c.apply(EVENTS["decode_scale_up"][1])  # ready
@@ -507,8 +512,9 @@ async def test_backoff_resets_after_a_successful_list(tmp_path, monkeypatch, cap
         c.api.token = "refused"
         c.api.end_watches()
         before, seen = requests(), len(retries())
-        # Reset: 0.01, 0.02, 0.04 s; without it the first retry alone would wait 2.56 s.
-        await until(lambda: requests() >= before + 3, "three quick retries", timeout=1.0)
+        # Reset: 0.01, 0.02, 0.04 s; without it the first retry alone would wait 2.56 s. The
+        # logged delays below prove it, whatever a loaded host does to the wall time.
+        await until(lambda: requests() >= before + 3, "three quick retries")
         c.api.token = good
         assert retries()[:3] == [0.01, 0.02, 0.04] and retries()[seen] == 0.01, retries()
 
@@ -559,12 +565,14 @@ async def test_a_server_that_is_always_gone_is_listed_with_backoff(
         await until(lambda: find(s.proxy.decode_pool, gone_url) is None, "the removal, listed")
         before = watch.lists
         await asyncio.sleep(1.0)
-        # 0.05 + 0.1 + 0.2 + 0.4 s: about 4 more LISTs, not hundreds.
-        assert 2 <= watch.lists - before <= 8, watch.lists - before
+        # 0.05 + 0.1 + 0.2 + 0.4 s: about 4 more LISTs, not hundreds (a loaded host only makes
+        # fewer; it may take longer than the second to have two).
+        assert watch.lists - before <= 8, watch.lists - before
+        await until(lambda: watch.lists - before >= 2, "the LISTs to go on")
         found = warnings_about(caplog, "answers 410 Gone")
         assert len(found) == 2, found  # once per role
         c.api.always_gone = False
-        await until(lambda: c.api.watching == 2, "the watches to be open again", timeout=5)
+        await until(lambda: c.api.watching == 2, "the watches to be open again")
 
 
 async def test_a_watch_that_dies_before_its_first_list_is_restarted_at_once(

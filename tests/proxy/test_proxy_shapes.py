@@ -156,7 +156,7 @@ async def test_fanout_first_failing_leg_ends_the_request_at_once_with_its_own_er
         elapsed = time.perf_counter() - start
         assert status == 400, raw
         assert json.loads(raw)["error"]["message"] == "injected failure 400"
-        assert elapsed < 1.0
+        assert elapsed < 3.0  # not the decodes' 5 s
         failed = prefill.seen[0].headers["X-Request-Id"]  # the first prefill leg got the 400
         others = {seen.headers["X-Request-Id"] for seen in prefill.seen} - {failed}
         assert len(others) == 2
@@ -177,7 +177,7 @@ async def test_fanout_stream_ends_at_once_when_a_decode_leg_fails() -> None:
         start = time.perf_counter()
         status, _, raw = await stack.post(COMPLETIONS, body)
         elapsed = time.perf_counter() - start
-        assert elapsed < 1.0, elapsed
+        assert elapsed < 3.0, elapsed  # not the 5 s of the other legs' 20 tokens
         text = raw.decode()
         assert "injected failure 500" in text
         if status == 200:  # the other legs' first events went out before the failure

@@ -133,9 +133,10 @@ async def test_approximate_index_learns_from_the_proxys_own_routing() -> None:
         router = s.running.flow.cache_router
         shared = text(300)  # a few of the fakes' 128-token blocks
         await s.post(COMPLETIONS, {"prompt": text(300, start=1000), "max_tokens": 2})
-        for _ in range(100):  # the block sizes come from each decode's /metrics
-            if all(router.block_sizes.known(b) for b in s.proxy.decode_pool.backends):
-                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30  # the block sizes come from each decode's /metrics
+        while not all(router.block_sizes.known(b) for b in s.proxy.decode_pool.backends):
+            assert loop.time() < deadline, "the decodes' block sizes were never learnt"
             await asyncio.sleep(0.05)
         await s.post(COMPLETIONS, {"prompt": shared, "max_tokens": 2})
         first = served(s)
