@@ -104,7 +104,7 @@ class ProxyConfig:
     local_prefill_max_tokens: int = 0
     # Cache-aware routing (pd_proxy.cache): off, events, approx or auto; its scorer's settings.
     prefix_cache_routing: str = "off"
-    cache_overlap_weight: float = 2.0
+    cache_overlap_weight: float = 4.0
     cache_max_imbalance: int = 4
     cache_approx_blocks: int = 20000
     # The served model's tokenizer files (a folder), for token ids without a /tokenize round trip.
@@ -558,7 +558,7 @@ _OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "CACHE_OVERLAP_WEIGHT",
         float,
         "cost of computing the whole prompt, in requests in flight: a replica holding the prompt "
-        "wins over an idle one until it has this many more requests (default 2)",
+        "wins over an idle one until it has this many more requests (default 4)",
     ),
     (
         "cache_max_imbalance",

@@ -1,12 +1,16 @@
 """The routing rules that make shared prefixes fit: requests just sent count as held where they
 went (pending, until events confirm or a TTL), new prefixes go where there is room, and the
-imbalance guard scales with the load in flight. Pure: no proxy, no clock."""
+imbalance guard keeps a holder its prefix up to max_imbalance above the others. Pure: no proxy,
+no clock."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from pd_proxy.cache.keys import chain
 from pd_proxy.cache.pending import PendingIndex
-from pd_proxy.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose, guard_slack
+from pd_proxy.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose
+from pd_proxy.config import ProxyConfig
 
 BLOCK = 4
 
@@ -64,14 +68,27 @@ def test_equal_cost_goes_to_the_emptier_replica() -> None:
     assert choose([a, b], 10, weight=2, max_imbalance=4) == Choice("b", 10, CACHE)
 
 
-def test_the_guard_scales_with_the_load_in_flight() -> None:
-    # Four requests over two replicas: the hot one may be 2 above the other, not 4.
+def test_the_guard_is_the_same_at_any_load() -> None:
+    """Four requests over two replicas (the shared-prefix bench's c=4): the holder keeps its
+    prefix up to max_imbalance above the other, so the prefix is not copied onto both caches;
+    one more and the guard sends the request elsewhere."""
     hot = Candidate("hot", cached_blocks=10, outstanding=4)
     cold = Candidate("cold", cached_blocks=0, outstanding=0)
-    assert guard_slack([hot, cold], max_imbalance=4) == 2
-    assert choose([hot, cold], 10, weight=100, max_imbalance=4) == Choice("cold", 0, GUARD)
-    warm = Candidate("hot", cached_blocks=10, outstanding=3)
-    assert choose([warm, Candidate("cold", 0, 1)], 10, weight=100, max_imbalance=4).name == "hot"
-    # Many in flight: max_imbalance caps the slack; one request alone still has 1.
-    assert guard_slack([Candidate("x", 0, 30), Candidate("y", 0, 10)], max_imbalance=4) == 4
-    assert guard_slack([Candidate("x", 0, 1), Candidate("y", 0, 0)], max_imbalance=4) == 1
+    assert choose([hot, cold], 10, weight=100, max_imbalance=4) == Choice("hot", 10, CACHE)
+    hotter = Candidate("hot", cached_blocks=10, outstanding=5)
+    assert choose([hotter, cold], 10, weight=100, max_imbalance=4) == Choice("cold", 0, GUARD)
+    many = Candidate("hot", cached_blocks=10, outstanding=34)
+    assert choose([many, Candidate("cold", 0, 30)], 10, 100, 4).name == "hot"
+    assert choose([many, Candidate("cold", 0, 29)], 10, 100, 4).reason == GUARD
+
+
+def test_the_default_weight_keeps_a_prefix_on_its_holder_at_three_above() -> None:
+    """With the proxy's default weight, a holder 3 requests above an idle replica still wins
+    (computing the whole prompt costs more than 3 requests' wait); 5 above, it does not."""
+    weight = next(f.default for f in fields(ProxyConfig) if f.name == "cache_overlap_weight")
+    assert isinstance(weight, float)
+    cold = Candidate("cold", cached_blocks=0, outstanding=0)
+    held = Candidate("hot", cached_blocks=10, outstanding=3)
+    assert choose([held, cold], 10, weight, max_imbalance=8) == Choice("hot", 10, CACHE)
+    busy = Candidate("hot", cached_blocks=10, outstanding=5)
+    assert choose([busy, cold], 10, weight, max_imbalance=8) == Choice("cold", 0, LOAD)
