@@ -3,9 +3,8 @@ fake backends on loopback addresses sharing one port, and a completion checked e
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -16,16 +15,6 @@ from tests.proxy.proxy_harness import Stack, sse_events
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 WAIT_S = 10.0  # bound of every wait below; the conditions normally hold within a few polls
-
-
-async def until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    """Poll ``predicate`` until it holds; fail the test naming ``what`` after ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for: {what}")
-        await asyncio.sleep(0.01)
 
 
 @asynccontextmanager

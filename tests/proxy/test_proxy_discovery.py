@@ -42,8 +42,9 @@ from pd_proxy.testing.dns import (
 )
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL
 from pd_proxy.validate import validate
-from tests.proxy.discovery_helpers import HOSTS, WAIT_S, complete, find, fleet, until, url
+from tests.proxy.discovery_helpers import HOSTS, WAIT_S, complete, find, fleet, url
 from tests.proxy.proxy_harness import Stack
+from tests.support.waits import until
 
 P_NAME, D_NAME = "prefill.pd.test", "decode.pd.test"
 FAST = {"health_interval": 0.1, "discovery_interval": 0.05}

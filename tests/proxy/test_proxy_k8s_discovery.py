@@ -36,9 +36,10 @@ from pd_proxy.k8s_endpoints import (
 from pd_proxy.kube_api import InCluster, KubeConfigError
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL
 from pd_proxy.validate import validate
-from tests.proxy.discovery_helpers import complete, find, fleet, until, url
+from tests.proxy.discovery_helpers import complete, find, fleet, url
 from tests.proxy.fake_kube_api import FakeKubeApi
 from tests.proxy.proxy_harness import Stack
+from tests.support.waits import until
 
 EVENTS = json.loads((Path(__file__).parent / "data" / "endpointslices.json").read_text())
 NAMESPACE = EVENTS["namespace"]

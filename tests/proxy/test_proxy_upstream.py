@@ -24,6 +24,7 @@ from pd_proxy.upstream import (
     UpstreamTimeout,
 )
 from tests.support.net import free_port, unaccepting_port
+from tests.support.waits import until
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -109,17 +110,6 @@ def answering(*answers: bytes, close: bool = False) -> Callable[[Server], Script
 
 
 JSON_200 = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}'
-
-
-async def settled(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    """Poll until ``predicate()`` holds: the other end of the socket (the server, or the client's
-    protocol) runs on the same loop but needs a few turns of it, and a loaded host may stall any
-    of them; a fixed sleep there is a race. Fails naming ``what`` after ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, f"timed out after {timeout:g}s waiting for: {what}"
-        await asyncio.sleep(0.01)
 
 
 async def call(server: Server, upstream: Upstream, read: str = "read", **kw) -> tuple[int, bytes]:
@@ -297,7 +287,7 @@ async def test_deadline_times_out_and_closes_the_connection():
         deadline = upstream.loop.time() + 1.0
         with pytest.raises(UpstreamTimeout, match="in time"):
             await call(server, upstream, deadline=deadline)
-        await settled(lambda: server.closed_by_client == 1, "the server to see the close")
+        await until(lambda: server.closed_by_client == 1, "the server to see the close", timeout=30)
         assert server.closed_by_client == 1 and upstream.idle_count() == 0
 
 
@@ -333,7 +323,7 @@ async def test_cancelled_request_closes_its_connection():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await settled(lambda: server.closed_by_client == 1, "the server to see the close")
+        await until(lambda: server.closed_by_client == 1, "the server to see the close", timeout=30)
         assert server.closed_by_client == 1 and upstream.idle_count() == 0
 
 
@@ -356,7 +346,7 @@ async def test_a_body_not_read_to_its_end_closes_instead_of_pooling():
         assert upstream.opened == 2
         # A body that arrived whole may be left unread: the connection is clean.
         conn = await upstream.request(("127.0.0.1", server.port, False), request_bytes(server.port))
-        await settled(lambda: conn._done, "the rest of the body to arrive")
+        await until(lambda: conn._done, "the rest of the body to arrive", timeout=30)
         conn.release()
         assert await call(server, upstream) == (200, b'{"a":1}')
         assert upstream.opened == 2
@@ -376,7 +366,9 @@ async def test_a_backend_closing_an_idle_connection_is_noticed():
     async with serving(answering(JSON_200, close=True)) as (server, upstream):
         await call(server, upstream)
         # closed by the server: not offered again
-        await settled(lambda: upstream.idle_count() == 0, "the server's close to be noticed")
+        await until(
+            lambda: upstream.idle_count() == 0, "the server's close to be noticed", timeout=30
+        )
         await call(server, upstream)
 
 

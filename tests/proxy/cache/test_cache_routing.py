@@ -12,6 +12,7 @@ from pd_proxy.cache.events import decode as decode_frames
 from pd_proxy.cache.index import ReplicaIndex
 from pd_proxy.rewrite import COMPLETIONS
 from pd_proxy.testing.fake_vllm import tokenize
+from tests.support.waits import until
 
 from .vllm_events import frames, stored
 
@@ -125,7 +126,6 @@ async def test_lost_events_degrade_to_todays_routing() -> None:
 async def test_approximate_index_learns_from_the_proxys_own_routing() -> None:
     """Backends without KV events (the fakes answer 404 at /kv_event_sources): the proxy
     remembers where it sent each prompt and sends the same prefix there again."""
-    import asyncio
 
     from tests.proxy.proxy_harness import pd_stack
 
@@ -133,11 +133,11 @@ async def test_approximate_index_learns_from_the_proxys_own_routing() -> None:
         router = s.running.flow.cache_router
         shared = text(300)  # a few of the fakes' 128-token blocks
         await s.post(COMPLETIONS, {"prompt": text(300, start=1000), "max_tokens": 2})
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30  # the block sizes come from each decode's /metrics
-        while not all(router.block_sizes.known(b) for b in s.proxy.decode_pool.backends):
-            assert loop.time() < deadline, "the decodes' block sizes were never learnt"
-            await asyncio.sleep(0.05)
+        await until(  # the block sizes come from each decode's /metrics
+            lambda: all(router.block_sizes.known(b) for b in s.proxy.decode_pool.backends),
+            "the decodes' block sizes",
+            timeout=30,
+        )
         await s.post(COMPLETIONS, {"prompt": shared, "max_tokens": 2})
         first = served(s)
         target = 0 if first[0] > first[1] else 1
