@@ -2,10 +2,10 @@
 prefill leg, the normal decode leg, and the one mapping from a decode answer's status to the error
 the client gets.
 
-``Legs.exchange`` is a leg's whole life (pd_proxy.upstream does the HTTP): a refused connection
+``Legs.exchange`` is a leg's whole life (pd_proxy.http.upstream does the HTTP): a refused connection
 marks the backend down and goes to another once; the prefill leg also moves once when its backend
-goes down while it waits (a hung replica, pd_proxy.health) or its connection breaks before an
-answer, and goes once more when a reused connection closed before any answer; every other
+goes down while it waits (a hung replica, pd_proxy.routing.breaker) or its connection breaks
+before an answer, and goes once more when a reused connection closed before any answer; every other
 upstream failure becomes a ``ProxyError`` (502, or 504 for a time limit). A mode
 (pd_proxy.modes) is a strategy with the ``Mode`` signature, chosen once at start-up, that runs a
 request's legs.
@@ -17,29 +17,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 
-from pd_proxy.auth import BackendKey
+from pd_proxy.api.auth import BackendKey
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError
-from pd_proxy.health import Breaker
-from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.pool import Backend, BackendPool
-from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
-from pd_proxy.shapes import PD
-from pd_proxy.sse import MEDIA_TYPE
-from pd_proxy.sse_relay import relay_stream
-from pd_proxy.upstream import (
+from pd_proxy.http.connection import (
     ConnectFailed,
-    Fields,
     Reply,
     StaleConnection,
-    Upstream,
     UpstreamBroken,
     UpstreamTimeout,
 )
+from pd_proxy.http.relay import relay_stream
+from pd_proxy.http.sse import MEDIA_TYPE
+from pd_proxy.http.upstream import Fields, Upstream
+from pd_proxy.metrics import ProxyMetrics
+from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
+from pd_proxy.route import PD, Route
+from pd_proxy.routing.breaker import Breaker
+from pd_proxy.routing.pool import Backend, BackendPool
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -55,8 +55,24 @@ class Move(NamedTuple):
     reason: str  # pd_proxy_retries_total's label
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Call:
+    """One client request as the pipeline parsed it: what every stage after parsing reads.
+
+    ``body`` is the client's bytes, ``client_body`` their JSON object, ``headers`` the fields both
+    legs add (``Legs.backend_headers``).
+    """
+
+    request: web.Request
+    endpoint: str
+    body: bytes
+    client_body: dict[str, Any]
+    headers: Fields
+
+
 class Trace:
-    """Per-request facts for the log line."""
+    """What happened to one request, for its log line and metrics: filled in as it goes, never
+    read to decide anything (the decision is the ``Route``)."""
 
     __slots__ = (
         "rid",
@@ -67,7 +83,6 @@ class Trace:
         "prefill_s",
         "ttfb_s",
         "status",
-        "want",
     )
 
     def __init__(self, rid: str, start: float = 0.0) -> None:
@@ -79,26 +94,13 @@ class Trace:
         self.prefill_s = -1.0
         self.ttfb_s = -1.0
         self.status = 500
-        # Backends chosen ahead by role (pd_proxy.cache.router): the legs go there if healthy.
-        self.want: dict[str, Backend | None] | None = None
 
 
 class Mode(Protocol):
-    """How a request's legs run (pd_proxy.modes): the answer to the client, or an error raised.
+    """How a request's legs run (pd_proxy.modes) along its route: the answer to the client, or
+    an error raised."""
 
-    ``body`` is the client's bytes, ``client_body`` their JSON object, ``headers`` the fields
-    both legs add (``Legs.backend_headers``).
-    """
-
-    async def __call__(
-        self,
-        request: web.Request,
-        endpoint: str,
-        body: bytes,
-        client_body: dict[str, Any],
-        headers: Fields,
-        trace: Trace,
-    ) -> web.StreamResponse: ...
+    async def __call__(self, call: Call, route: Route, trace: Trace) -> web.StreamResponse: ...
 
 
 def is_event_stream(resp: Reply) -> bool:
@@ -150,7 +152,7 @@ def backend_refused_key(
 
 class Legs:
     """The legs of one app's requests, through its ``upstream`` client (built when the app
-    starts: it needs a running loop, see pd_proxy.app)."""
+    starts: it needs a running loop, see pd_proxy.api.app)."""
 
     def __init__(
         self,
@@ -187,6 +189,7 @@ class Legs:
         trace: Trace,
         consume: Callable[[Backend, Reply], Awaitable[T]],
         movable: bool = False,
+        want: Backend | None = None,
     ) -> T:
         """POST to a backend of ``pool`` (``pick``) and hand its answer to ``consume``.
 
@@ -196,20 +199,21 @@ class Legs:
         - a refused connection (the request never left) marks the backend down and goes to
           another, for every leg;
         - a ``movable`` leg (the prefill's: it has no answer to lose) also goes again when its
-          backend goes down while it waits (pd_proxy.pool ``Backend.went_down``: a hung
+          backend goes down while it waits (pd_proxy.routing.pool ``Backend.went_down``: a hung
           replica), or the connection broke before an answer (to another backend), or a reused
           connection closed before any answer (the same backend, on a new connection). What the
           first attempt may hold on its backend is freed there: the closed connection aborts
           the request, and KV already handed out expires with its lease.
 
-        Each retry is counted in ``pd_proxy_retries_total``. Other upstream errors become a
-        ``ProxyError`` (502, or 504 for a time limit). ``total`` bounds each attempt (connect
-        included), ``silence`` each wait for the backend.
+        ``want`` is the backend the route chose ahead; it takes the leg while it is healthy and
+        not draining, else the pool picks. Each retry is counted in ``pd_proxy_retries_total``.
+        Other upstream errors become a ``ProxyError`` (502, or 504 for a time limit). ``total``
+        bounds each attempt (connect included), ``silence`` each wait for the backend.
         """
         upstream = self.upstream
         stage = pool.role
-        want = trace.want.get(stage) if trace.want else None
-        backend = want if want is not None and want.healthy and not want.draining else pick(pool)
+        chosen = want is not None and want.healthy and not want.draining
+        backend = want if chosen and want is not None else pick(pool)
         task = asyncio.current_task() if movable else None
         moved = resent = False  # at most one move to another backend, one resend on a new conn
         while True:
@@ -283,7 +287,12 @@ class Legs:
         )
 
     async def prefill_leg(
-        self, endpoint: str, payload: bytes, headers: Fields, trace: Trace
+        self,
+        endpoint: str,
+        payload: bytes,
+        headers: Fields,
+        trace: Trace,
+        want: Backend | None = None,
     ) -> tuple[Backend, bytes]:
         """POST ``payload`` to a prefill backend; its 200 answer's body, or the error it is."""
         start = time.perf_counter()
@@ -297,6 +306,7 @@ class Legs:
             trace,
             read_whole,
             movable=True,
+            want=want,
         )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
@@ -319,6 +329,7 @@ class Legs:
         headers: Fields,
         trace: Trace,
         consume: Callable[[Backend, Reply], Awaitable[T]],
+        want: Backend | None = None,
     ) -> T:
         """``payload`` to a decode backend, its answer to ``consume``; ``decode_timeout`` bounds
         the silence (before the headers and between stream chunks), not the total."""
@@ -331,28 +342,7 @@ class Legs:
             self.config.decode_timeout,
             trace,
             consume,
-        )
-
-    async def side_call(
-        self,
-        path: str,
-        payload: bytes,
-        headers: Fields,
-        trace: Trace,
-        consume: Callable[[Backend, Reply], Awaitable[T]],
-    ) -> T:
-        """A call to a decode backend on the request's path that is not a leg (``/tokenize``):
-        the whole of it bounded by ``side_call_timeout``, so a slow one costs little and its
-        caller falls back."""
-        return await self.exchange(
-            self.decode_pool,
-            path,
-            payload,
-            headers,
-            self.config.side_call_timeout,
-            None,
-            trace,
-            consume,
+            want=want,
         )
 
     async def decode_leg(
@@ -362,6 +352,7 @@ class Legs:
         payload: bytes,
         headers: Fields,
         trace: Trace,
+        want: Backend | None = None,
     ) -> web.StreamResponse:
         """The normal decode leg: ``payload`` to a decode backend, its answer relayed."""
         start = time.perf_counter()
@@ -401,6 +392,7 @@ class Legs:
             self.config.decode_timeout,
             trace,
             answer,
+            want=want,
         )
 
     def release_kv(

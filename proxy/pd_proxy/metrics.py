@@ -9,7 +9,8 @@ front are created once so the request path does no label lookups for them.
 process-wide switch, so proxies with either setting can share a process.
 
 With ``--workers N`` each worker process runs with ``PROMETHEUS_MULTIPROC_DIR`` set by the parent
-(pd_proxy.workers), so prometheus_client keeps every value in a per-process file there, and
+(pd_proxy.workers.supervisor), so prometheus_client keeps every value in a per-process file there,
+and
 ``render()`` merges the files of all workers: counters and histograms are summed (a worker that
 died keeps its counts), in-flight requests are summed over live workers, and the per-backend and
 per-role gauges show the most recent worker's value. Values a function computes at scrape time in
@@ -36,7 +37,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from pd_proxy.shapes import LOCAL, PD
+from pd_proxy.route import LOCAL, PD
 
 # Names other tools read (the kit's demo report and eval manifest) import these, not a copy.
 REQUESTS_TOTAL = "pd_proxy_requests_total"
@@ -62,7 +63,8 @@ METRIC_NAMES: tuple[str, ...] = (
 BACKEND_STATES = ("healthy", "unhealthy", "draining")
 # Why a leg went again (pd_proxy.legs.Legs.exchange).
 RETRY_REASONS = ("unreachable", "unhealthy", "broken", "stale_connection")
-# How a completions request was served: through a prefill, or by decode alone (pd_proxy.shapes,
+# How a completions request was served: through a prefill, or by decode alone
+# (pd_proxy.routing.shapes,
 # --local-prefill-max-tokens).
 PATHS = (PD, LOCAL)
 
@@ -121,7 +123,7 @@ class _WithoutCreated:
 
 
 class CountedPool(Protocol):
-    """What the backends gauge reads from a pool (pd_proxy.pool.BackendPool)."""
+    """What the backends gauge reads from a pool (pd_proxy.routing.pool.BackendPool)."""
 
     role: str
 
@@ -235,7 +237,7 @@ class ProxyMetrics:
         self.refused = Counter(
             "pd_proxy_refused",
             "Requests refused before any backend was touched, by the shape that P/D cannot "
-            "serve (reason: its name in pd_proxy/shapes.yaml).",
+            "serve (reason: its name in pd_proxy/routing/shapes.yaml).",
             ("reason",),
             registry=reg,
         )

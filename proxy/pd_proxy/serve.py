@@ -2,9 +2,9 @@
 
 On a signal the listening socket closes at once, ``/health`` turns 503, and in-flight requests
 (streams included) get up to ``--drain-timeout`` seconds to finish. The parts (pools, metrics, keys,
-upstream client, discovery, flow, side endpoints, canary) are built once by pd_proxy.app; this
+upstream client, discovery, flow, side endpoints, canary) are built once by pd_proxy.api.app; this
 module opens the listeners, settles the garbage collector and waits for the signal. pd_proxy.cli
-runs it for one process, pd_proxy.worker for each ``--workers`` process.
+runs it for one process, pd_proxy.workers.child for each ``--workers`` process.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from pd_proxy.app import build_app, build_metrics_app, make_runner
+from pd_proxy.api.app import build_app, build_metrics_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig
-from pd_proxy.listen import ListenError
+from pd_proxy.http.listen import ListenError
 from pd_proxy.logs import flush_periodically
 
 log = logging.getLogger("pd_proxy")

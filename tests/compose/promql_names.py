@@ -43,9 +43,9 @@ def vllm_metric_bases() -> set[str]:
 
 def kit_metric_bases() -> set[str]:
     from pcp_nixl_connector.metric_names import DEDUP_METRIC_NAMES, HANDOVER_METRIC_NAMES
-    from pd_proxy.cache.metrics import METRIC_NAMES as CACHE_METRIC_NAMES
-    from pd_proxy.canary import METRIC_NAMES as CANARY_METRIC_NAMES
+    from pd_proxy.api.canary import METRIC_NAMES as CANARY_METRIC_NAMES
     from pd_proxy.metrics import METRIC_NAMES
+    from pd_proxy.routing.cache.metrics import METRIC_NAMES as CACHE_METRIC_NAMES
 
     names = (
         *DEDUP_METRIC_NAMES,

@@ -131,7 +131,7 @@ def test_alerts_cover_dedup_nixl_failures_and_targets(alert_rules) -> None:
 def test_alerts_cover_the_signs_of_wrong_or_lost_answers(alert_rules) -> None:
     """Issue 20: expired leases, reads after expiry, failed transfers and notifications, a decode
     whose KV pulls hang, and the proxy's canary."""
-    from pd_proxy.canary import METRIC_NAMES as CANARY_METRIC_NAMES
+    from pd_proxy.api.canary import METRIC_NAMES as CANARY_METRIC_NAMES
 
     reads = {r["alert"]: mn.metrics_in_query(r["expr"]) for r in alert_rules}
     assert reads["NixlKvLeaseExpired"] == {"vllm:nixl_num_kv_expired_reqs_total"}

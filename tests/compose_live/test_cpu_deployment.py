@@ -26,7 +26,7 @@ import pytest
 
 from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
 from pcp_pd_kit.localstack.report import dedup_invariants, failed, format_report
-from pd_proxy.cache.metrics import METRIC_NAMES as CACHE_METRIC_NAMES
+from pd_proxy.routing.cache.metrics import METRIC_NAMES as CACHE_METRIC_NAMES
 from tests.support.paths import REPO
 
 from .stack import ComposeStack, settled_prefill_view

@@ -1,4 +1,5 @@
-"""The request-shape matrix of pd_proxy/shapes.yaml as live requests: each row's example on each
+"""The request-shape matrix of pd_proxy/routing/shapes.yaml as live requests: each row's example on
+each
 of its endpoints, streamed and not, and the answer reduced to what must equal a single
 instance's (status, each choice's text and finish reason, usage)."""
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pd_proxy.rewrite import COMPLETIONS
-from pd_proxy.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, Shape, fanout_size
+from pd_proxy.routing.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, Shape, fanout_size
 
 PROMPT = "James has 3 apples and buys 5 more. How many"
 MESSAGES = [{"role": "user", "content": "Mary has 12 cookies and gives half away. How many left?"}]

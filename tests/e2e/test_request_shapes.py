@@ -1,4 +1,5 @@
-"""Every request shape of pd_proxy/shapes.yaml through the real P/D stack: served with the single
+"""Every request shape of pd_proxy/routing/shapes.yaml through the real P/D stack: served with the
+single
 instance's answer (greedy, so token for token) or refused with a 400 naming the parameter, and
 the prefill holding exactly the requests the route should, each freed at once: held == freed
 after every case, no request expired, and no decode leg left waiting on KV that never comes.
@@ -14,7 +15,7 @@ import pytest
 from pcp_pd_kit.localstack.live import scrape, settle_prefill
 from pcp_pd_kit.localstack.report import total
 from pcp_pd_kit.localstack.stack import Stack
-from pd_proxy.shapes import REFUSE
+from pd_proxy.routing.shapes import REFUSE
 
 from .conftest import ReferenceRun
 from .shape_matrix import MatrixCase, cases, send

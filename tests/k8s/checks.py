@@ -547,7 +547,7 @@ def proxy_template(objs: list[Obj]) -> PodTemplate | None:
 
 
 PROXY_ACCOUNT = "pcp-pd-proxy"
-# The one permission pd-proxy's discovery needs (pd_proxy.k8s_endpoints: LIST, then WATCH).
+# The one permission pd-proxy's discovery needs (pd_proxy.discovery.k8s_service: LIST, then WATCH).
 PROXY_RULES = [
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
 ]

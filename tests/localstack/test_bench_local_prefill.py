@@ -309,8 +309,8 @@ def test_cli_bad_short_plan_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_tokenize_body_is_what_the_proxy_sends() -> None:
-    from pd_proxy.local_prefill import tokenize_body
     from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+    from pd_proxy.routing.token_count import tokenize_body
 
     text = tokenize_cost.prompt_text(5)
     assert text == "the farmer sold seven eggs"

@@ -1,6 +1,6 @@
 """A Kubernetes API server for EndpointSlices only, speaking the protocol kube-apiserver speaks.
 
-What pd_proxy.k8s_endpoints relies on, and nothing else:
+What pd_proxy.discovery.k8s_service relies on, and nothing else:
 
 - ``GET /apis/discovery.k8s.io/v1/namespaces/NS/endpointslices?labelSelector=K=V``: an
   ``EndpointSliceList`` whose ``metadata.resourceVersion`` is the store's version;

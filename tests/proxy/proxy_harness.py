@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from pd_proxy.app import PROXY_KEY, RUNNING_KEY, build_app, build_metrics_app, make_runner
+from pd_proxy.api.app import PROXY_KEY, RUNNING_KEY, build_app, build_metrics_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
 from tests.support.net import closed_port_url
@@ -59,7 +59,7 @@ class Stack:
 
     @property
     def running(self):
-        """The parts built when the proxy started (pd_proxy.app.Running)."""
+        """The parts built when the proxy started (pd_proxy.api.app.Running)."""
         return self.app[RUNNING_KEY]
 
     @property

@@ -1,4 +1,5 @@
-"""The canary (pd_proxy.canary): the pure comparison, runs against fake backends (an honest decode,
+"""The canary (pd_proxy.api.canary): the pure comparison, runs against fake backends (an honest
+decode,
 a corrupted one, failing legs), and its wiring into the app (metrics, start, stop, workers)."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pd_proxy.app import PROXY_KEY, build_app
-from pd_proxy.canary import (
+from pd_proxy.api.app import PROXY_KEY, build_app
+from pd_proxy.api.canary import (
     ERROR,
     MATCH,
     METRIC_NAMES,
@@ -99,7 +100,7 @@ def test_the_prompt_spans_several_kv_blocks() -> None:
 def canary_for(stack: Stack, timeout: float = 10.0) -> Canary:
     for fake in stack.prefills:
         fake.knobs.plain_requests = True
-    return Canary(stack.running.flow, CollectorRegistry(), 3600.0, timeout)
+    return Canary(stack.running.pipeline.legs, CollectorRegistry(), 3600.0, timeout)
 
 
 def counts(canary: Canary) -> tuple[float, float, float]:

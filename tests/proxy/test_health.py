@@ -1,12 +1,13 @@
-"""The circuit breaker's rules (pd_proxy.health) and how the pool and checker apply them."""
+"""The circuit breaker's rules (pd_proxy.routing.breaker) and how the pool and checker apply
+them."""
 
 from __future__ import annotations
 
 import aiohttp
 import pytest
 
-from pd_proxy.health import BUSY_TIMEOUTS_TOLERATED, Breaker, CheckResult, Verdict, judge
-from pd_proxy.pool import Backend, BackendPool, HealthChecker
+from pd_proxy.routing.breaker import BUSY_TIMEOUTS_TOLERATED, Breaker, CheckResult, Verdict, judge
+from pd_proxy.routing.pool import Backend, BackendPool, HealthChecker
 from tests.support.net import unaccepting_port
 
 OK, FAILED, TIMED_OUT = CheckResult.OK, CheckResult.FAILED, CheckResult.TIMED_OUT

@@ -1,19 +1,23 @@
-"""Conditional disaggregation's pure parts: what to count, how, and the threshold."""
+"""Conditional disaggregation's pure parts: the prompt's ids, the /tokenize body and answer, and
+the threshold (pd_proxy.routing.decider)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pd_proxy.local_prefill import count_from_answer, direct_count, goes_local, tokenize_body
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.route import LOCAL, PD
+from pd_proxy.routing.decider import decide
+from pd_proxy.routing.token_count import direct_ids, ids_from_answer, tokenize_body
 
 
-def test_token_ids_are_counted_without_a_tokenizer() -> None:
-    assert direct_count({"prompt": [5, 6, 7]}, COMPLETIONS) == 3
-    assert direct_count({"prompt": [[5, 6]]}, COMPLETIONS) == 2
-    assert direct_count({"prompt": "text"}, COMPLETIONS) is None
-    assert direct_count({"prompt": [True, 2]}, COMPLETIONS) is None
-    assert direct_count({"prompt": [[1], [2]]}, COMPLETIONS) is None  # a list: fan-out's
+def test_token_ids_are_taken_from_the_request_without_a_tokenizer() -> None:
+    assert direct_ids({"prompt": [5, 6, 7]}, COMPLETIONS) == [5, 6, 7]
+    assert direct_ids({"prompt": [[5, 6]]}, COMPLETIONS) == [5, 6]
+    assert direct_ids({"prompt": "text"}, COMPLETIONS) is None
+    assert direct_ids({"prompt": [True, 2]}, COMPLETIONS) is None
+    assert direct_ids({"prompt": [[1], [2]]}, COMPLETIONS) is None  # a list: fan-out's
+    assert direct_ids({"prompt": [5, 6]}, CHAT_COMPLETIONS) is None
 
 
 def test_tokenize_body_completions() -> None:
@@ -45,19 +49,19 @@ def test_tokenize_body_chat_keeps_what_renders_the_prompt() -> None:
     assert tokenize_body({"messages": "nope"}, CHAT_COMPLETIONS) is None
 
 
-def test_count_from_answer() -> None:
-    assert count_from_answer(b'{"count": 7, "max_model_len": 64, "tokens": [1]}') == 7
-    for bad in (b'{"tokens": []}', b'{"count": -1}', b'{"count": true}', b"[]"):
+def test_ids_from_answer() -> None:
+    assert ids_from_answer(b'{"count": 2, "max_model_len": 64, "tokens": [1, 9]}') == [1, 9]
+    for bad in (b'{"count": 2}', b'{"tokens": [1, true]}', b'{"tokens": "12"}', b"[]"):
         with pytest.raises(ValueError):
-            count_from_answer(bad)
+            ids_from_answer(bad)
 
 
 @pytest.mark.parametrize(
-    ("count", "limit", "local"),
-    [(31, 32, True), (32, 32, True), (33, 32, False), (1, 0, False), (None, 32, False)],
+    ("count", "limit", "path"),
+    [(31, 32, LOCAL), (32, 32, LOCAL), (33, 32, PD), (1, 0, PD), (None, 32, PD)],
 )
-def test_goes_local(count: int | None, limit: int, local: bool) -> None:
-    assert goes_local(count, limit) is local
+def test_the_limit_sends_short_prompts_local(count: int | None, limit: int, path: str) -> None:
+    assert decide(count, 0, limit)[0] == path
 
 
 # ---------------------------------------------------------------- through the proxy, on fakes
@@ -134,7 +138,7 @@ async def test_tokenize_failure_takes_p_d() -> None:
         assert len(s.prefill.seen) == 1  # P/D, not an error
 
 
-async def test_a_slow_tokenize_takes_p_d_after_the_side_call_timeout() -> None:
+async def test_a_slow_tokenize_takes_p_d_after_the_tokenize_timeout() -> None:
     """``/tokenize`` has its own short limit, not the decode's (300 s by default)."""
     import time
 
@@ -142,7 +146,7 @@ async def test_a_slow_tokenize_takes_p_d_after_the_side_call_timeout() -> None:
 
     # The limit bounds the side call's connect too, and a connect cut short marks the decode
     # down: 1 s, so a stalled (loaded) host cannot end it there; the 5 s delay dwarfs it.
-    async with pd_stack(local_prefill_max_tokens=100, side_call_timeout=1.0) as s:
+    async with pd_stack(local_prefill_max_tokens=100, tokenize_timeout=1.0) as s:
         s.decode.knobs.tokenize_delay = 5.0
         start = time.perf_counter()
         status, _, raw = await s.post(COMPLETIONS, {"prompt": "a b", "max_tokens": 2})

@@ -1,4 +1,5 @@
-"""pd_proxy.app builds its parts once, in order: the loop-free ones with the app, the rest when it
+"""pd_proxy.api.app builds its parts once, in order: the loop-free ones with the app, the rest when
+it
 starts, each complete when built (no part set on another later), all closed in reverse on stop."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from pd_proxy import app as app_module
-from pd_proxy.app import PROXY_KEY, RUNNING_KEY, build_app, make_runner
+from pd_proxy.api import app as app_module
+from pd_proxy.api.app import PROXY_KEY, RUNNING_KEY, build_app, make_runner
 from pd_proxy.config import ProxyConfig
 from tests.proxy.proxy_harness import pd_stack
 from tests.support.net import closed_port_url
@@ -19,10 +20,10 @@ async def test_started_parts_are_complete_frozen_and_closed_on_stop() -> None:
     async with pd_stack(canary_minutes=60.0) as s:
         running = s.running
         # One session and one upstream client, handed to every part that uses them at its birth.
-        assert running.flow.legs.upstream is running.upstream
+        assert running.pipeline.legs.upstream is running.upstream
         assert running.side.session is running.session
         assert running.checker.session is running.session
-        assert running.canary is not None and running.canary.legs is running.flow.legs
+        assert running.canary is not None and running.canary.legs is running.pipeline.legs
         with pytest.raises(dataclasses.FrozenInstanceError):
             running.checker = None  # type: ignore[misc]
         with pytest.raises(dataclasses.FrozenInstanceError):

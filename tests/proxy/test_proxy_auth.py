@@ -12,10 +12,10 @@ import pytest
 
 from pd_proxy import cli
 from pd_proxy import serve as serve_module
-from pd_proxy.auth import INVALID_KEY, MISSING_KEY, BackendKey, ClientKeys, parse_keys
+from pd_proxy.api.auth import INVALID_KEY, MISSING_KEY, BackendKey, ClientKeys, parse_keys
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
+from pd_proxy.config.validate import validate
 from pd_proxy.metrics import METRIC_NAMES
-from pd_proxy.validate import validate
 from tests.proxy.proxy_harness import pd_stack
 from tests.support.net import closed_port_url, free_port
 
@@ -136,7 +136,7 @@ async def test_health_stays_open_without_a_key(tmp_path):
 
 async def test_rotated_key_file_is_reloaded_without_restart(tmp_path, caplog):
     """The default one-second check: the new key starts working, the old one stops."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.auth")
+    caplog.set_level(logging.INFO, logger="pd_proxy.api.auth")
     path = write_keys(tmp_path, "sk-old")
     async with pd_stack(api_key_file=path) as s:
         status, _, _ = await s.post("/v1/completions", PLAIN, bearer("sk-old"))

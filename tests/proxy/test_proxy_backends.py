@@ -8,9 +8,9 @@ import socket
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.app import RUNNING_KEY, build_app, make_runner
+from pd_proxy.api.app import RUNNING_KEY, build_app, make_runner
 from pd_proxy.config import ProxyConfig
-from pd_proxy.pool import BackendPool
+from pd_proxy.routing.pool import BackendPool
 from pd_proxy.testing.fake_vllm import DECODE, FakeVLLM
 from tests.proxy.proxy_harness import pd_stack
 
@@ -144,8 +144,8 @@ async def test_a_slow_health_check_on_a_busy_backend_is_not_a_death():
     out mid-prefill. A backend with requests in flight stays through BUSY_TIMEOUTS_TOLERATED such
     checks and is down at the next; an idle one is down at once; an answer resets the count; a
     refused connection is down at once however busy."""
-    from pd_proxy.health import BUSY_TIMEOUTS_TOLERATED
-    from pd_proxy.pool import HealthChecker
+    from pd_proxy.routing.breaker import BUSY_TIMEOUTS_TOLERATED
+    from pd_proxy.routing.pool import HealthChecker
 
     results: list[tuple[str, bool]] = []
     with socket.socket() as hung, socket.socket() as closed:

@@ -34,10 +34,10 @@ def test_env_sets_every_option():
         "PD_PROXY_METRICS": "false",
         "PD_PROXY_HEALTH_FAILURES": "3",
         "PD_PROXY_HEALTH_SUCCESSES": "4",
-        "PD_PROXY_SIDE_CALL_TIMEOUT": "0.5",
+        "PD_PROXY_TOKENIZE_TIMEOUT": "0.5",
     }
     c = load_config([], env)
-    assert (c.health_failures, c.health_successes, c.side_call_timeout) == (3, 4, 0.5)
+    assert (c.health_failures, c.health_successes, c.tokenize_timeout) == (3, 4, 0.5)
     assert (c.host, c.port) == ("127.0.0.1", 9001)
     assert c.prefill == (P, "http://127.0.0.1:16803")
     assert c.decode == (D, "http://127.0.0.1:16804")
@@ -69,7 +69,8 @@ def test_a_repeated_backend_flag_adds_to_the_list():
     ("env", "message"),
     [
         ({"PD_PROXY_HEALTH_FAILURES": "0"}, "health_failures must be >= 1"),
-        ({"PD_PROXY_SIDE_CALL_TIMEOUT": "0"}, "side_call_timeout must be > 0"),
+        ({"PD_PROXY_TOKENIZE_TIMEOUT": "0"}, "tokenize_timeout must be > 0"),
+        ({"PD_PROXY_SIDE_CALL_TIMEOUT": "2"}, "PD_PROXY_SIDE_CALL_TIMEOUT is gone"),
         ({"PD_PROXY_PORT": "eighty"}, "PD_PROXY_PORT"),
         ({"PD_PROXY_PREFILL_TIMEOUT": "-1"}, "prefill_timeout"),
         ({"PD_PROXY_MAX_BODY_BYTES": "lots"}, "PD_PROXY_MAX_BODY_BYTES"),
@@ -122,7 +123,7 @@ def test_help_documents_every_option_and_its_variable():
         ("--health-timeout", "PD_PROXY_HEALTH_TIMEOUT"),
         ("--health-failures", "PD_PROXY_HEALTH_FAILURES"),
         ("--health-successes", "PD_PROXY_HEALTH_SUCCESSES"),
-        ("--side-call-timeout", "PD_PROXY_SIDE_CALL_TIMEOUT"),
+        ("--tokenize-timeout", "PD_PROXY_TOKENIZE_TIMEOUT"),
         ("--drain-timeout", "PD_PROXY_DRAIN_TIMEOUT"),
         ("--log-level", "PD_PROXY_LOG_LEVEL"),
         ("--no-metrics", "PD_PROXY_METRICS"),
@@ -171,7 +172,7 @@ async def test_busy_port_still_closes_the_session_and_health_task():
 def test_settings_are_data_and_validate_lists_every_file_problem(tmp_path, capsys):
     """Parsing reads no file (a missing one is fine until ``validate``), which then names each
     problem at once; ``main`` prints one error line per problem and exits 2."""
-    from pd_proxy.validate import validate
+    from pd_proxy.config.validate import validate
 
     missing, empty = str(tmp_path / "absent"), tmp_path / "empty"
     empty.write_text("# no key\n")

@@ -24,11 +24,12 @@ import pytest
 from aiohttp import web
 
 from pd_proxy import cli
-from pd_proxy.app import build_app, make_runner
+from pd_proxy.api.app import build_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
-from pd_proxy.discovery import DiscoveryError, DnsWatch, system_resolver
-from pd_proxy.endpoints import EndpointsFileError, parse_endpoints
-from pd_proxy.pool import BackendPool
+from pd_proxy.config.validate import validate
+from pd_proxy.discovery.endpoints_file import EndpointsFileError, parse_endpoints
+from pd_proxy.discovery.watch import DiscoveryError, DnsWatch, system_resolver
+from pd_proxy.routing.pool import BackendPool
 from pd_proxy.testing.dns import (
     AAAA,
     A,
@@ -41,7 +42,6 @@ from pd_proxy.testing.dns import (
     parse_response,
 )
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL
-from pd_proxy.validate import validate
 from tests.proxy.discovery_helpers import HOSTS, WAIT_S, complete, find, fleet, url
 from tests.proxy.proxy_harness import Stack
 from tests.support.waits import until
@@ -283,7 +283,7 @@ async def test_scale_up_new_address_gets_traffic_once_healthy():
 
 async def test_scale_down_mid_load_loses_no_request(caplog):
     """200 requests at concurrency 16; one address of each role leaves half-way."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.pool")
+    caplog.set_level(logging.INFO, logger="pd_proxy.routing.pool")
     total, concurrency, remove_after, gated_from = 200, 16, 40, 120
     async with (
         fleet(PREFILL) as (pp, prefills),
@@ -352,7 +352,7 @@ async def test_scale_down_mid_load_loses_no_request(caplog):
 
 
 async def test_name_that_stops_resolving_keeps_the_pool(caplog):
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
     async with (
         fleet(PREFILL, HOSTS[:1]) as (pp, _),
         fleet(DECODE, HOSTS[:2]) as (dp, decodes),
@@ -400,7 +400,7 @@ async def test_name_that_stops_resolving_keeps_the_pool(caplog):
 
 async def test_name_missing_at_start_is_not_fatal_and_joins_later(caplog):
     """Kubernetes may start the proxy before any decode pod is ready (NXDOMAIN until then)."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
     async with (
         fleet(PREFILL, HOSTS[:1]) as (pp, _),
         fleet(DECODE, HOSTS[:1]) as (dp, _),
@@ -444,7 +444,7 @@ def endpoints_yaml(prefill: list[str], decode: list[str]) -> str:
 
 
 async def test_endpoints_file_add_remove_and_bad_edits(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
     async with fleet(PREFILL, HOSTS[:1]) as (pp, _), fleet(DECODE, HOSTS[:2]) as (dp, decodes):
         p0, d0, d1 = url(HOSTS[0], pp), url(HOSTS[0], dp), url(HOSTS[1], dp)
         path = tmp_path / "endpoints.yaml"

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.app import PROXY_KEY, build_app, make_runner
+from pd_proxy.api.app import PROXY_KEY, build_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
 

@@ -550,7 +550,7 @@ async def test_off_by_default_the_legs_are_the_normal_ones():
         status, _, _ = await s.post(COMPLETIONS, body_for(COMPLETIONS, max_tokens=2))
         assert status == 200
         assert "return_token_ids" not in s.prefill.seen[0].body
-        assert s.running.flow.first_token is None
+        assert s.running.pipeline.first_token is None
         text = s.metrics.render().decode()
         assert "# TYPE pd_proxy_first_token_requests_total counter" in text
         assert "pd_proxy_first_token_requests_total{" not in text

@@ -1,4 +1,5 @@
-"""pd_proxy.rewrite_first_token's pure rules: which requests and answers allow the continuation,
+"""pd_proxy.modes.first_token_rewrite's pure rules: which requests and answers allow the
+continuation,
 the KV block arithmetic, the bodies of the legs, and the stream rewriting."""
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from pd_proxy import rewrite_first_token as ft
-from pd_proxy.block_size import parse_block_size
+from pd_proxy.modes import first_token_rewrite as ft
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, release_body
+from pd_proxy.routing.block_size import parse_block_size
 
 KV = {
     "do_remote_prefill": True,

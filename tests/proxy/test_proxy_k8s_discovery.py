@@ -24,18 +24,18 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from pd_proxy import kube_api
-from pd_proxy.app import build_app, make_runner
+from pd_proxy.api.app import build_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
-from pd_proxy.k8s_endpoints import (
+from pd_proxy.config.validate import validate
+from pd_proxy.discovery import kube_api
+from pd_proxy.discovery.k8s_service import (
     EndpointSliceWatch,
     ServiceRef,
     parse_service_ref,
     slice_endpoints,
 )
-from pd_proxy.kube_api import InCluster, KubeConfigError
+from pd_proxy.discovery.kube_api import InCluster, KubeConfigError
 from pd_proxy.testing.fake_vllm import DECODE, PREFILL
-from pd_proxy.validate import validate
 from tests.proxy.discovery_helpers import complete, find, fleet, url
 from tests.proxy.fake_kube_api import FakeKubeApi
 from tests.proxy.proxy_harness import Stack
@@ -410,14 +410,14 @@ async def test_address_reused_by_another_pod_is_checked_before_traffic(tmp_path,
 async def test_missing_rbac_then_granted(tmp_path, monkeypatch, caplog):
     """Started before its Role exists: one warning naming the refusal, /health 503, and the
     backends join once the API lets the proxy list."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
     async with (
         fleet(PREFILL, ("127.0.0.2", "127.0.0.3")) as (pp, _),
         fleet(DECODE, DECODE_HOSTS[:3]) as (dp, _),
         cluster(tmp_path, monkeypatch, {"pcp-pd-prefill": pp, "pcp-pd-decode": dp}) as c,
     ):
         c.api.forbidden = True
-        monkeypatch.setattr("pd_proxy.k8s_endpoints.FIRST_SYNC_S", 1.0)
+        monkeypatch.setattr("pd_proxy.discovery.k8s_service.FIRST_SYNC_S", 1.0)
         async with proxy(discovery_interval=0.1) as s:
             status, raw = await s.get("/health")
             assert status == 503
@@ -436,8 +436,8 @@ async def test_missing_rbac_then_granted(tmp_path, monkeypatch, caplog):
 async def test_api_outage_keeps_the_backends_and_the_token_is_read_again(
     tmp_path, monkeypatch, caplog
 ):
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
-    monkeypatch.setattr("pd_proxy.k8s_endpoints.RETRY_MIN_S", 0.05)
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
+    monkeypatch.setattr("pd_proxy.discovery.k8s_service.RETRY_MIN_S", 0.05)
     async with deployment(tmp_path, monkeypatch, discovery_interval=0.1) as (s, c, _p, _d, dp):
         pool = s.proxy.decode_pool
         gone_url = url(DECODE_IPS["10.244.2.22"], dp)
@@ -466,7 +466,7 @@ async def test_api_outage_keeps_the_backends_and_the_token_is_read_again(
 async def test_http_410_lists_again_without_an_outage(tmp_path, monkeypatch, caplog):
     """A server that answers a too-old watch with the HTTP status 410 (not an ERROR event): the
     watch lists again at once, as for the event; no outage is logged or counted."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
     async with deployment(tmp_path, monkeypatch) as (s, c, _p, _d, dp):
         watch = watch_of(s, "decode")
         gone_url = url(DECODE_IPS["10.244.2.22"], dp)
@@ -485,8 +485,8 @@ async def test_http_410_lists_again_without_an_outage(tmp_path, monkeypatch, cap
 async def test_backoff_resets_after_a_successful_list(tmp_path, monkeypatch, caplog):
     """Refused for a while, the retries space out (0.01 s doubling); once a LIST succeeds, the
     next failure is retried after the shortest delay again, not after the grown one."""
-    caplog.set_level(logging.DEBUG, logger="pd_proxy.discovery")
-    monkeypatch.setattr("pd_proxy.k8s_endpoints.RETRY_MIN_S", 0.01)
+    caplog.set_level(logging.DEBUG, logger="pd_proxy.discovery.watch")
+    monkeypatch.setattr("pd_proxy.discovery.k8s_service.RETRY_MIN_S", 0.01)
     async with deployment(tmp_path, monkeypatch) as (s, c, _p, _d, _dp):
         watch = watch_of(s, "decode")
         good = c.api.token
@@ -524,7 +524,7 @@ async def test_a_dead_watch_task_is_logged_and_restarted(tmp_path, monkeypatch, 
     """A bug that ends the watch task (an exception nobody expected) must not freeze the pool:
     the next poll logs it with its traceback, starts the watch again (a new LIST) and the
     changes since then arrive."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
     apply = EndpointSliceWatch._apply
     bugs = [RuntimeError("a bug in the event handling")]
 
@@ -554,8 +554,8 @@ async def test_a_server_that_is_always_gone_is_listed_with_backoff(
     """410 Gone to a watch from the version the LIST just returned cannot be fixed by listing
     again at once: that would loop as fast as the server answers. The watch backs off (and
     says so once), keeps following the LISTs, and watches again once the server does."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
-    monkeypatch.setattr("pd_proxy.k8s_endpoints.RETRY_MIN_S", 0.05)
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
+    monkeypatch.setattr("pd_proxy.discovery.k8s_service.RETRY_MIN_S", 0.05)
     async with deployment(tmp_path, monkeypatch) as (s, c, _p, _d, dp):
         watch = watch_of(s, "decode")
         gone_url = url(DECODE_IPS["10.244.2.22"], dp)
@@ -581,7 +581,7 @@ async def test_a_watch_that_dies_before_its_first_list_is_restarted_at_once(
 ):
     """The first poll waits for the first LIST at most FIRST_SYNC_S (5 s), but not for a task
     that already died: it restarts it and the backends join without that wait."""
-    caplog.set_level(logging.INFO, logger="pd_proxy.discovery")
+    caplog.set_level(logging.INFO, logger="pd_proxy.discovery.watch")
     list_ = EndpointSliceWatch._list
     bugs = [KeyError("metadata")]
 

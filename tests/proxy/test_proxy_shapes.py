@@ -1,4 +1,5 @@
-"""The request-shape matrix (pd_proxy/shapes.yaml) through a real proxy and the fake backends.
+"""The request-shape matrix (pd_proxy/routing/shapes.yaml) through a real proxy and the fake
+backends.
 
 The fakes enforce what vLLM would get wrong: a prefill leg with ``n`` above 1 or several prompts
 (KV held nobody reads) and a decode leg with ``prompt_logprobs`` on remote KV (a hang) are
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
-from pd_proxy.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, Shape, fanout_size
+from pd_proxy.routing.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, Shape, fanout_size
 from tests.proxy.proxy_harness import pd_stack, sse_events
 
 

@@ -1,4 +1,5 @@
-"""pd_proxy.upstream, the legs' HTTP/1.1 client, on scripted servers: framing, reuse, errors."""
+"""pd_proxy.http.upstream, the legs' HTTP/1.1 client, on scripted servers: framing, reuse,
+errors."""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from pd_proxy.pool import Backend
-from pd_proxy.upstream import (
+from pd_proxy.http.connection import (
     HIGH_WATER,
     ConnectFailed,
     Connection,
     Reply,
     StaleConnection,
-    Upstream,
     UpstreamBroken,
     UpstreamTimeout,
 )
+from pd_proxy.http.upstream import Upstream
+from pd_proxy.routing.pool import Backend
 from tests.support.net import free_port, unaccepting_port
 from tests.support.waits import until
 

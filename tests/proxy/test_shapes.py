@@ -1,4 +1,4 @@
-"""The request-shape table (pd_proxy/shapes.yaml) and the classifier that reads it."""
+"""The request-shape table (pd_proxy/routing/shapes.yaml) and the classifier that reads it."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pd_proxy import shapes
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
-from pd_proxy.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, classify, parse_table
+from pd_proxy.routing import shapes
+from pd_proxy.routing.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, classify, parse_table
 
 ROOT = Path(__file__).resolve().parents[2]
-YAML = (ROOT / "proxy" / "pd_proxy" / "shapes.yaml").read_text()
+YAML = (ROOT / "proxy" / "pd_proxy" / "routing" / "shapes.yaml").read_text()
 
 
 def base(endpoint: str) -> dict:

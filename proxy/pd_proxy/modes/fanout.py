@@ -2,7 +2,8 @@
 
 vLLM runs such a request as several engine requests but a prefill answers one
 ``kv_transfer_params``: the other copies' KV would stay held until their lease ends. Here each
-choice is its own normal P/D request (pd_proxy.rewrite_fanout splits the body), all at once, each
+choice is its own normal P/D request (pd_proxy.modes.fanout_rewrite splits the body), all at once,
+each
 under its own ``X-Request-Id`` (the client's plus ``-k``: vLLM's NIXL pairs a prefill and a
 decode by it), and their answers are merged.
 
@@ -22,11 +23,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from pd_proxy import rewrite_fanout
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, Legs, Trace, is_event_stream
+from pd_proxy.http.connection import Reply
+from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse
+from pd_proxy.http.sse import SSE_TYPE
+from pd_proxy.legs import CLIENT_GONE, Call, Legs, Trace, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.pool import Backend
+from pd_proxy.modes import fanout_rewrite as rewrite_fanout
 from pd_proxy.rewrite import (
     JSON_TYPE,
     decode_body,
@@ -35,10 +38,8 @@ from pd_proxy.rewrite import (
     prefill_body,
     usage_options,
 )
-from pd_proxy.shapes import Shape, samples
-from pd_proxy.sse import SSE_TYPE
-from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse
-from pd_proxy.upstream import Fields, Reply
+from pd_proxy.routing.pool import Backend
+from pd_proxy.routing.shapes import Shape, samples
 
 T = TypeVar("T")
 # What consumes one leg's decode answer: (backend, reply, taken) -> its result; it calls
@@ -51,22 +52,17 @@ class ClientGone(Exception):
 
 
 class FanoutMode:
-    """Called by pd_proxy.modes.by_shape with the shape that asked for it (the counters' label)."""
+    """Called by pd_proxy.pipeline for a request whose shape asked for a fan-out."""
 
     def __init__(self, legs: Legs, metrics: ProxyMetrics) -> None:
         self.legs = legs
         self._requests = metrics.fanout_requests
         self._legs = metrics.fanout_legs
 
-    async def __call__(
-        self,
-        request: web.Request,
-        endpoint: str,
-        client_body: dict[str, Any],
-        headers: Fields,
-        trace: Trace,
-        shape: Shape,
-    ) -> web.StreamResponse:
+    async def __call__(self, call: Call, shape: Shape, trace: Trace) -> web.StreamResponse:
+        """Serve ``call``, whose ``shape`` asked for a fan-out (the counters' label); each choice
+        is planned by the pool at its own legs."""
+        request, endpoint, client_body = call.request, call.endpoint, call.client_body
         bodies = rewrite_fanout.split(client_body, endpoint)
         self._requests.labels(shape.name).inc()
         self._legs.labels(shape.name).inc(len(bodies))

@@ -1,5 +1,5 @@
 """First token from prefill (``--first-token-from-prefill``) as a mode of the flow: the legs of
-the protocol whose pure parts live in pd_proxy.rewrite_first_token.
+the protocol whose pure parts live in pd_proxy.modes.first_token_rewrite.
 
 1. The request's parameters decide first: one the continuation cannot reproduce exactly
    (``first_token.request_fallback``) takes the normal mode, unchanged.
@@ -9,7 +9,7 @@ the protocol whose pure parts live in pd_proxy.rewrite_first_token.
    the prefill's alone, and a one-token decode request in the background takes the KV, so
    the prefill frees its blocks at once rather than when their lease ends.
 4. Otherwise, when decode can continue exactly and safely (``continuation_problem``, with the
-   prefill's KV block size from pd_proxy.block_size): a stream gets token 1 at once and then
+   prefill's KV block size from pd_proxy.routing.block_size): a stream gets token 1 at once and then
    decode's continuation (prompt + token 1, one token fewer); a JSON answer is decode's with
    token 1 put back in front. If decode cannot continue so, the normal decode leg runs.
 
@@ -24,16 +24,18 @@ from typing import Any
 
 from aiohttp import web
 
-from pd_proxy import rewrite_first_token as ft
-from pd_proxy.block_size import BlockSizes
 from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
-from pd_proxy.legs import CLIENT_GONE, Legs, Trace, is_event_stream
+from pd_proxy.http.connection import Reply
+from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse, relay_events
+from pd_proxy.http.sse import SSE_TYPE
+from pd_proxy.http.upstream import Fields
+from pd_proxy.legs import CLIENT_GONE, Call, Legs, Trace, is_event_stream
+from pd_proxy.modes import first_token_rewrite as ft
 from pd_proxy.modes.normal import NormalMode
-from pd_proxy.pool import Backend
 from pd_proxy.rewrite import JSON_TYPE, decode_payload, dumps, loads
-from pd_proxy.sse import SSE_TYPE
-from pd_proxy.sse_relay import CLIENT_LEFT, RelayResponse, relay_events
-from pd_proxy.upstream import Fields, Reply
+from pd_proxy.route import Route
+from pd_proxy.routing.block_size import BlockSizes
+from pd_proxy.routing.pool import Backend
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -59,23 +61,17 @@ class FirstTokenMode:
             child = self._counters[key] = self.legs.metrics.first_token.labels(outcome, reason)
         child.inc()
 
-    async def __call__(
-        self,
-        request: web.Request,
-        endpoint: str,
-        body: bytes,
-        client_body: dict[str, Any],
-        headers: Fields,
-        trace: Trace,
-    ) -> web.StreamResponse:
+    async def __call__(self, call: Call, route: Route, trace: Trace) -> web.StreamResponse:
         legs = self.legs
+        request, endpoint, body = call.request, call.endpoint, call.body
+        client_body, headers, want = call.client_body, call.headers, route.decode
         reason = ft.request_fallback(endpoint, client_body)
         if reason is not None:
             self._count(NORMAL, reason)
-            return await self.normal(request, endpoint, body, client_body, headers, trace)
+            return await self.normal(call, route, trace)
         self.block_sizes.prefetch(b for b in legs.prefill_pool.backends if b.healthy)
         payload = dumps(ft.prefill_body_first_token(client_body))
-        backend, data = await legs.prefill_leg(endpoint, payload, headers, trace)
+        backend, data = await legs.prefill_leg(endpoint, payload, headers, trace, route.prefill)
         try:
             answer = loads(data)
         except (ValueError, UnicodeDecodeError):
@@ -86,7 +82,7 @@ class FirstTokenMode:
         first = ft.parse_first_token(endpoint, answer)
         if isinstance(first, str):
             return await self._normal(
-                request, endpoint, body, client_body, kv, headers, trace, first
+                request, endpoint, body, client_body, kv, headers, trace, first, want
             )
         if ft.finished_at_first(endpoint, client_body, first):
             self._count(FINISHED)
@@ -98,15 +94,15 @@ class FirstTokenMode:
         reason = ft.continuation_problem(first, size)
         if reason is not None:
             return await self._normal(
-                request, endpoint, body, client_body, kv, headers, trace, reason
+                request, endpoint, body, client_body, kv, headers, trace, reason, want
             )
         self._count(CONTINUED)
         payload = dumps(ft.continuation_body(endpoint, client_body, first))
         if client_body.get("stream"):
             return await self._stream(
-                request, endpoint, client_body, first, payload, headers, trace
+                request, endpoint, client_body, first, payload, headers, trace, want
             )
-        return await self._json(endpoint, first, payload, headers, trace)
+        return await self._json(endpoint, first, payload, headers, trace, want)
 
     async def _normal(
         self,
@@ -118,11 +114,12 @@ class FirstTokenMode:
         headers: Fields,
         trace: Trace,
         reason: str,
+        want: Backend | None,
     ) -> web.StreamResponse:
         """The normal decode leg after this mode's prefill leg (nothing was sent yet)."""
         self._count(NORMAL, reason)
         payload = decode_payload(body, client_body, kv)
-        return await self.legs.decode_leg(request, endpoint, payload, headers, trace)
+        return await self.legs.decode_leg(request, endpoint, payload, headers, trace, want)
 
     def _finished(
         self, endpoint: str, client_body: dict[str, Any], first: ft.FirstToken, trace: Trace
@@ -143,6 +140,7 @@ class FirstTokenMode:
         payload: bytes,
         headers: Fields,
         trace: Trace,
+        want: Backend | None,
     ) -> web.StreamResponse:
         legs = self.legs
         start = time.perf_counter()
@@ -167,7 +165,7 @@ class FirstTokenMode:
                 body=merged, headers={"Content-Type": JSON_TYPE, "X-Request-Id": trace.rid}
             )
 
-        return await legs.decode_to(endpoint, payload, headers, trace, answer)
+        return await legs.decode_to(endpoint, payload, headers, trace, answer, want)
 
     async def _stream(
         self,
@@ -178,6 +176,7 @@ class FirstTokenMode:
         payload: bytes,
         headers: Fields,
         trace: Trace,
+        want: Backend | None,
     ) -> web.StreamResponse:
         """Token 1 now, then decode's continuation; once sent, failures end the stream."""
         legs = self.legs
@@ -226,7 +225,7 @@ class FirstTokenMode:
             )
 
         try:
-            client_left = await legs.decode_to(endpoint, payload, headers, trace, answer)
+            client_left = await legs.decode_to(endpoint, payload, headers, trace, answer, want)
         except ProxyError as exc:
             log.warning("rid=%s after token 1: %s", trace.rid, exc.message)
             try:

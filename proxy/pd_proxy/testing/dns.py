@@ -4,7 +4,7 @@
 questions from the same table (``<reversed address>.in-addr.arpa`` -> names), which a test
 changes while the proxy runs: a name missing from it gets NXDOMAIN, one in ``silent`` gets no
 answer at all (a timeout), one in ``servfail`` gets SERVFAIL. ``UdpResolver`` is a resolver for
-pd_proxy.discovery that asks such a server directly, so tests need neither root, nor
+pd_proxy.discovery.watch that asks such a server directly, so tests need neither root, nor
 ``/etc/resolv.conf``, nor a DNS library. Only what those two need is implemented: one question per
 message, no TCP fallback, no EDNS; names in answers may be compressed.
 """
@@ -217,7 +217,7 @@ class _ClientProtocol(asyncio.DatagramProtocol):
 
 
 class UdpResolver:
-    """A pd_proxy.discovery resolver asking one DNS server for A and AAAA records."""
+    """A pd_proxy.discovery.watch resolver asking one DNS server for A and AAAA records."""
 
     def __init__(
         self, server: tuple[str, int], timeout: float = 1.0, qtypes: tuple[int, ...] = (A, AAAA)

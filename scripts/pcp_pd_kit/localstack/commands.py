@@ -67,7 +67,8 @@ def kv_events_endpoint(host: str, port: int) -> str:
     (``vllm/distributed/kv_events.py``), and ``tcp://*:PORT`` would publish every prompt's token
     ids on every interface. Written IPv4-mapped (``tcp://[::ffff:127.0.0.1]:PORT``) vLLM binds it
     and ZMQ binds the IPv4 address itself, so the events stay on loopback like the rest of the
-    stack; pd-proxy reads it back from ``GET /kv_event_sources`` (pd_proxy.cache.publishers).
+    stack; pd-proxy reads it back from ``GET /kv_event_sources``
+    (pd_proxy.routing.cache.publishers).
     """
     if ipaddress.ip_address(host).is_unspecified:
         return f"tcp://*:{port}"

@@ -41,11 +41,12 @@ def test_environment_and_flags() -> None:
 
 
 def _started(config: ProxyConfig):
-    """The running parts ``pd_proxy.app.start`` builds for ``config`` (the flow needs a loop)."""
+    """The running parts ``pd_proxy.api.app.start`` builds for ``config`` (the flow needs a
+    loop)."""
     import asyncio
     import contextlib
 
-    from pd_proxy.app import PROXY_KEY, build_app, start
+    from pd_proxy.api.app import PROXY_KEY, build_app, start
 
     async def build():
         async with contextlib.AsyncExitStack() as stack:
@@ -62,4 +63,4 @@ def test_a_tokenizer_folder_without_files_stops_the_start(tmp_path) -> None:
 
 def test_off_builds_no_router() -> None:
     running = _started(ProxyConfig(**URLS, local_prefill_max_tokens=8))
-    assert running.flow.cache_router is None
+    assert running.pipeline.planner.cache is None

@@ -12,10 +12,10 @@ import zmq.asyncio
 
 from pcp_pd_kit.localstack.commands import kv_events_endpoint
 from pcp_pd_kit.localstack.host import free_port
-from pd_proxy.cache.index import ReplicaIndex
-from pd_proxy.cache.keys import chain
-from pd_proxy.cache.publishers import Publisher, parse_sources
-from pd_proxy.cache.subscriber import Subscription
+from pd_proxy.routing.cache.index import ReplicaIndex
+from pd_proxy.routing.cache.keys import chain
+from pd_proxy.routing.cache.publishers import Publisher, parse_sources
+from pd_proxy.routing.cache.subscriber import Subscription
 
 from .vllm_events import BLOCK, batch, blocks, removed, stored
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from pd_proxy.cache.approx import ApproxIndex
-from pd_proxy.cache.decider import decide
-from pd_proxy.cache.events import BadBatch, Cleared, Removed, Stored, decode
-from pd_proxy.cache.index import GAP, NEXT, RESET, ReplicaIndex
-from pd_proxy.cache.keys import chain, hit_tokens
-from pd_proxy.cache.scorer import CACHE, GUARD, LOAD, Candidate, choose
+from pd_proxy.routing.cache.approx import ApproxIndex
+from pd_proxy.routing.cache.events import BadBatch, Cleared, Removed, Stored, decode
+from pd_proxy.routing.cache.index import GAP, NEXT, RESET, ReplicaIndex
+from pd_proxy.routing.cache.keys import chain, hit_tokens
+from pd_proxy.routing.cache.scorer import CACHE, GUARD, LOAD, Candidate, choose
+from pd_proxy.routing.decider import decide
 
 from .vllm_events import BLOCK, blocks, cleared, frames, removed, stored
 
@@ -171,7 +171,7 @@ def test_imbalance_guard_overrides_a_hot_prefix() -> None:
 
 
 def choose_result(name: str, blocks_: int, reason: str):
-    from pd_proxy.cache.scorer import Choice
+    from pd_proxy.routing.cache.scorer import Choice
 
     return Choice(name, blocks_, reason)
 

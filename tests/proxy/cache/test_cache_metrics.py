@@ -10,8 +10,8 @@ def test_metric_names_are_the_exposed_families() -> None:
 
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from pd_proxy.cache.index import Health
-    from pd_proxy.cache.metrics import METRIC_NAMES, CacheMetrics
+    from pd_proxy.routing.cache.index import Health
+    from pd_proxy.routing.cache.metrics import METRIC_NAMES, CacheMetrics
 
     reg = CollectorRegistry()
     metrics = CacheMetrics(reg)
@@ -30,8 +30,8 @@ def test_every_known_series_exists_at_zero_before_any_request() -> None:
     replica per role, no local prefill: the compose default); the live Grafana check reads them."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from pd_proxy.cache.index import Health
-    from pd_proxy.cache.metrics import CacheMetrics
+    from pd_proxy.routing.cache.index import Health
+    from pd_proxy.routing.cache.metrics import CacheMetrics
 
     reg = CollectorRegistry()
     metrics = CacheMetrics(reg)

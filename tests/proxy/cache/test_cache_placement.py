@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from pd_proxy.cache.keys import chain
-from pd_proxy.cache.pending import PendingIndex
-from pd_proxy.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose
 from pd_proxy.config import ProxyConfig
+from pd_proxy.routing.cache.keys import chain
+from pd_proxy.routing.cache.pending import PendingIndex
+from pd_proxy.routing.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose
 
 BLOCK = 4
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from pd_proxy.cache.publishers import Publisher, parse_sources
+from pd_proxy.routing.cache.publishers import Publisher, parse_sources
 
 pytestmark = pytest.mark.vllm  # the answer is built from vLLM's own config class
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from pd_proxy.cache.events import decode as decode_frames
-from pd_proxy.cache.index import ReplicaIndex
 from pd_proxy.rewrite import COMPLETIONS
+from pd_proxy.routing.cache.events import decode as decode_frames
+from pd_proxy.routing.cache.index import ReplicaIndex
 from pd_proxy.testing.fake_vllm import tokenize
 from tests.support.waits import until
 
@@ -33,7 +33,7 @@ def hold(stack, decode_index: int, prompt: str, role: str = "decode") -> Replica
     index = ReplicaIndex()
     index.apply(decode_frames(frames(0, event)))
     replicas = stack.decodes if role == "decode" else stack.prefills
-    stack.running.flow.cache_router.indexes[replicas[decode_index].url] = [index]
+    stack.running.pipeline.planner.cache.known.indexes[replicas[decode_index].url] = [index]
     return index
 
 
@@ -94,7 +94,7 @@ async def test_a_replica_seen_down_forgets_its_cache() -> None:
         s.decode.knobs.plain_requests = True
         history = text(60)
         hold(s, 0, history)
-        router = s.running.flow.cache_router
+        router = s.running.pipeline.planner.cache.known
         backend = s.proxy.decode_pool.backends[0]
         async with aiohttp.ClientSession() as session:
             backend.healthy = False
@@ -130,7 +130,7 @@ async def test_approximate_index_learns_from_the_proxys_own_routing() -> None:
     from tests.proxy.proxy_harness import pd_stack
 
     async with pd_stack(decodes=2, prefix_cache_routing="auto") as s:
-        router = s.running.flow.cache_router
+        router = s.running.pipeline.planner.cache
         shared = text(300)  # a few of the fakes' 128-token blocks
         await s.post(COMPLETIONS, {"prompt": text(300, start=1000), "max_tokens": 2})
         await until(  # the block sizes come from each decode's /metrics
@@ -165,7 +165,7 @@ async def test_the_prefill_holding_the_prefix_computes_the_rest() -> None:
 
 def subscribed(stack) -> None:
     """Both decodes follow KV events (indexes known to hold nothing yet), as after subscribing."""
-    router = stack.running.flow.cache_router
+    router = stack.running.pipeline.planner.cache.known
     for d in stack.decodes:
         index = ReplicaIndex()
         index.block_size = BLOCK
@@ -195,13 +195,13 @@ async def test_a_new_prefix_arriving_together_follows_the_first_before_events_te
 async def test_pending_blocks_lapse_and_a_restart_clears_them() -> None:
     """Events that never confirm what was sent (lost, or the request failed): after the TTL the
     prefix counts nowhere again; a replica whose event stream restarted holds nothing pending."""
-    from pd_proxy.cache.events import Batch, Cleared
-    from pd_proxy.cache.index import NEXT, RESET
+    from pd_proxy.routing.cache.events import Batch, Cleared
+    from pd_proxy.routing.cache.index import NEXT, RESET
     from tests.proxy.proxy_harness import pd_stack
 
     async with pd_stack(decodes=2, prefix_cache_routing="events") as s:
         subscribed(s)
-        router = s.running.flow.cache_router
+        router = s.running.pipeline.planner.cache.known
         router.pending.ttl_s = 0.0  # every entry lapses at once
         shared = text(40)
         for i in range(4):

@@ -1,0 +1,194 @@
+"""The request path of ``/v1/completions`` and ``/v1/chat/completions``, top to bottom in one place:
+
+    authenticate -> parse -> shape -> plan -> admit -> legs -> relay
+
+- authenticate: the client key (pd_proxy.api.auth), before the body is read, so a caller without
+  a key costs no parsing;
+- parse: the body read within ``--max-body-bytes``, checked as vLLM reads it (pd_proxy.rewrite,
+  pd_proxy.fields), and the request id;
+- shape: the body's shape picks the way (pd_proxy.routing.shapes): refused with a 400, decode
+  alone, one P/D request per choice (fan-out), or planned;
+- plan: a P/D-eligible request's ``Route`` (pd_proxy.routing.planner): the path, the replicas,
+  the token ids and the predicted cache hits, decided once;
+- admit: the point where a request waits for room before any backend hears of it;
+- legs and relay: the mode for the route (pd_proxy.modes) runs the legs and relays the answer.
+
+What the stages raise becomes the client's error here; the request is counted and logged once,
+from its ``Trace`` and its ``Route``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pd_proxy.api.auth import BackendKey, ClientKeys
+from pd_proxy.config import ProxyConfig
+from pd_proxy.errors import Passthrough, ProxyError, error_response, unauthorized_response
+from pd_proxy.fields import read_fields
+from pd_proxy.http.upstream import Upstream
+from pd_proxy.legs import CLIENT_GONE, Call, Legs, Trace
+from pd_proxy.metrics import ProxyMetrics
+from pd_proxy.modes.decode_alone import DecodeAloneMode
+from pd_proxy.modes.fanout import FanoutMode
+from pd_proxy.modes.first_token import FirstTokenMode
+from pd_proxy.modes.normal import NormalMode
+from pd_proxy.rewrite import BadRequest, parse_request
+from pd_proxy.route import LOCAL, Route
+from pd_proxy.routing.planner import Planner, build_planner
+from pd_proxy.routing.pool import BackendPool
+from pd_proxy.routing.shapes import FANOUT, REFUSE, classify
+
+log = logging.getLogger("pd_proxy.request")
+
+# A background job of the pipeline's parts, run by the app while it serves: (name, work).
+Job = tuple[str, Callable[[aiohttp.ClientSession], Coroutine[Any, Any, None]]]
+
+
+def _ms(seconds: float) -> str:
+    return "-" if seconds < 0 else f"{seconds * 1e3:.1f}"
+
+
+class Pipeline:
+    """The completions endpoints of one app, built when the app starts (pd_proxy.api.app)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        metrics: ProxyMetrics,
+        prefill: BackendPool,
+        decode: BackendPool,
+        upstream: Upstream,
+        backend_key: BackendKey | None = None,
+        client_keys: ClientKeys | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.client_keys = client_keys
+        self.legs = legs = Legs(config, metrics, prefill, decode, upstream, backend_key)
+        self.planner: Planner = build_planner(legs)
+        self.local = DecodeAloneMode(legs)
+        self.fanout = FanoutMode(legs, metrics)
+        # The P/D mode the settings chose; the first-token one keeps its block sizes and counters.
+        self.first_token = FirstTokenMode(legs) if config.first_token_from_prefill else None
+        self.pd = self.first_token or NormalMode(legs)
+
+    def jobs(self) -> list[Job]:
+        """The background work the pipeline's parts need while the app serves."""
+        return self.planner.jobs()
+
+    async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        """Serve one request to ``endpoint`` (``COMPLETIONS`` or ``CHAT_COMPLETIONS``)."""
+        if self.client_keys is not None:
+            problem = self.client_keys.check(request.headers.get("Authorization"))
+            if problem is not None:
+                return self._unauthorized(request, endpoint, problem)
+        start = time.perf_counter()
+        metrics = self.metrics
+        metrics.in_flight_count += 1
+        # 32 hex chars like uuid4().hex, for a fraction of its cost.
+        trace = Trace(request.headers.get("X-Request-Id") or os.urandom(16).hex(), start)
+        try:
+            try:
+                call = await self._parse(request, endpoint, trace)
+                response = await self._serve(call, trace)
+                if trace.status != CLIENT_GONE:
+                    trace.status = response.status
+                return response
+            except ProxyError as exc:
+                trace.status = exc.status
+                return error_response(exc.status, exc.message, trace.rid, exc.param)
+            except Passthrough as exc:
+                trace.status = exc.status
+                return web.Response(
+                    status=exc.status,
+                    body=exc.body,
+                    headers={"Content-Type": exc.content_type, "X-Request-Id": trace.rid},
+                )
+            except Exception:  # a bug must still answer in JSON, with the trace in our log only
+                log.exception("rid=%s unexpected error", trace.rid)
+                trace.status = 500
+                return error_response(500, "internal proxy error", trace.rid)
+        except asyncio.CancelledError:
+            trace.status = CLIENT_GONE
+            raise
+        finally:
+            self._done(endpoint, trace, time.perf_counter() - start)
+
+    async def _parse(self, request: web.Request, endpoint: str, trace: Trace) -> Call:
+        body = await self._read_body(request)
+        try:
+            client_body = parse_request(body, endpoint)
+        except BadRequest as exc:
+            raise ProxyError(400, str(exc)) from None
+        read_fields(client_body)
+        rid = trace.rid
+        if "\r" in rid or "\n" in rid:  # aiohttp's parser lets none through
+            raise ProxyError(400, "X-Request-Id must not contain line breaks")
+        return Call(request, endpoint, body, client_body, self.legs.backend_headers(rid))
+
+    async def _serve(self, call: Call, trace: Trace) -> web.StreamResponse:
+        """shape -> plan -> admit -> legs -> relay."""
+        decision = classify(call.client_body, call.endpoint)
+        way = decision.route
+        if way == REFUSE:
+            self.metrics.refused.labels(decision.shape.name).inc()
+            raise ProxyError(400, decision.refusal(), decision.shape.param)
+        if way == LOCAL:
+            return await self.local(call, Route(LOCAL, decision.shape.name), trace)
+        if way == FANOUT:
+            return await self.fanout(call, decision.shape, trace)
+        route = await self.planner.plan(call, trace)
+        mode = self.local if route.path == LOCAL else self.pd
+        return await mode(call, route, trace)
+
+    def _done(self, endpoint: str, trace: Trace, elapsed: float) -> None:
+        """Count and log a finished request, once."""
+        metrics = self.metrics
+        metrics.in_flight_count -= 1
+        metrics.count_request(endpoint, trace.status, trace.path)
+        metrics.request_duration.observe(elapsed)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "rid=%s %s status=%d path=%s prefill=%s decode=%s prefill_ms=%s ttfb_ms=%s "
+                "total_ms=%.1f",
+                trace.rid,
+                endpoint,
+                trace.status,
+                trace.path,
+                trace.prefill,
+                trace.decode,
+                _ms(trace.prefill_s),
+                _ms(trace.ttfb_s),
+                elapsed * 1e3,
+            )
+
+    def _unauthorized(self, request: web.Request, endpoint: str, problem: str) -> web.Response:
+        """A bad or missing key: a 401, counted and logged, and no backend touched."""
+        self.metrics.count_request(endpoint, 401)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "rid=- %s %s status=401 from=%s: %s",
+                request.method,
+                request.path,
+                request.remote,
+                problem,
+            )
+        return unauthorized_response(problem)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise ProxyError(413, f"request body of {length} bytes exceeds the {limit} byte limit")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ProxyError(413, f"request body exceeds the {limit} byte limit") from None

@@ -1,0 +1,54 @@
+"""Where one request goes, decided once before any leg: a frozen ``Route``.
+
+The pipeline (pd_proxy.pipeline) plans each P/D-eligible request with pd_proxy.routing.planner
+and hands the route to the legs: they go to the replicas it names when those are still healthy,
+else to the pool's choice. The log line and the metrics read the same value, so what was decided,
+what was sent and what was logged cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pd_proxy.routing.pool import Backend
+
+LOCAL, PD = "local", "pd"  # the two paths: decode alone, or a prefill leg then a decode leg
+PATHS = (LOCAL, PD)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One request's plan.
+
+    ``path`` is ``LOCAL`` or ``PD``; ``reason`` says why (pd_proxy.routing.decider's reasons, or a
+    request shape's name). ``decode`` and ``prefill`` are the replicas chosen ahead (None: the
+    pool picks when the leg starts). ``token_ids`` are the prompt's ids when they were needed
+    (None: unknown or not asked for); ``decode_hit`` and ``prefill_hit`` the prompt tokens
+    predicted to be in each chosen replica's prefix cache.
+    """
+
+    path: str
+    reason: str
+    decode: Backend | None = None
+    prefill: Backend | None = None
+    token_ids: tuple[int, ...] | None = None
+    decode_hit: int = 0
+    prefill_hit: int = 0
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.token_ids is None else len(self.token_ids)
+
+    @property
+    def uncached_tokens(self) -> int | None:
+        """Prompt tokens the path's first replica must compute (the prefill's on P/D)."""
+        if self.token_ids is None:
+            return None
+        hit = self.prefill_hit if self.path == PD else self.decode_hit
+        return len(self.token_ids) - min(hit, len(self.token_ids))
+
+
+# Routes that need no planning: every shape that goes one fixed way.
+DEFAULT_PD = Route(PD, "default")

@@ -1,0 +1,189 @@
+"""What each replica's prefix cache holds, kept in step with the pools: the KV-event indexes
+(one per engine behind a replica's API server), the proxy's own record of what it sent where
+(pending entries, and the approximate index for replicas without events), and the watch loop
+that follows replicas joining, leaving, going down and coming back.
+
+Event discovery: each replica's ``GET /kv_event_sources`` (vLLM 0.32's API server), looked up when
+the replica is first seen healthy and again after it was down; a replica that answers none
+(events off, an older vLLM) uses the approximate index when the mode allows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import zmq.asyncio
+
+from pd_proxy.api.auth import BackendKey
+from pd_proxy.routing.cache.approx import ApproxIndex
+from pd_proxy.routing.cache.events import Batch, Cleared
+from pd_proxy.routing.cache.index import NEXT, Health, ReplicaIndex
+from pd_proxy.routing.cache.metrics import CacheMetrics
+from pd_proxy.routing.cache.pending import PendingIndex
+from pd_proxy.routing.cache.publishers import parse_sources
+from pd_proxy.routing.cache.subscriber import Subscription
+from pd_proxy.routing.pool import Backend, BackendPool
+
+log = logging.getLogger("pd_proxy.cache")
+
+WATCH_INTERVAL_S = 1.0  # pools, health and gauges are looked at this often
+SOURCES_RETRY_S = 30.0  # a replica that answered no event source is asked again after this
+REPLAY_TIMEOUT_S = 2.0  # a gap's replay must come back within this, else the entries go
+
+
+class CacheFollower:
+    """The proxy's knowledge of each replica's cache; ``run`` keeps it current."""
+
+    def __init__(
+        self,
+        pools: tuple[BackendPool, ...],
+        events_on: bool,
+        approx_on: bool,
+        approx_blocks: int,
+        backend_key: BackendKey | None,
+        health_timeout: float,
+        metrics: CacheMetrics,
+    ) -> None:
+        self.pools = pools
+        self.events_on = events_on
+        self.approx_on = approx_on
+        self.backend_key = backend_key
+        self.health_timeout = health_timeout
+        self.metrics = metrics
+        self.indexes: dict[str, list[ReplicaIndex]] = {}
+        self.subs: dict[str, list[Subscription]] = {}
+        self.no_events: dict[str, float] = {}  # url -> monotonic time to ask again
+        self.was_down: set[str] = set()
+        self.approx = ApproxIndex(approx_blocks)
+        self.pending = PendingIndex()
+        self.ctx: zmq.asyncio.Context | None = None
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Watch until cancelled; a failing round is logged, never fatal."""
+        try:
+            while True:
+                try:
+                    await self.watch(session)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("cache-aware routing: watch round failed")
+                await asyncio.sleep(WATCH_INTERVAL_S)
+        finally:
+            await self.close()
+
+    async def watch(self, session: aiohttp.ClientSession) -> None:
+        listed: set[str] = set()
+        for pool in self.pools:
+            for b in pool.backends:
+                listed.add(b.url)
+                await self._follow(session, b)
+        for url in (
+            set(self.indexes)
+            | set(self.approx.replicas)
+            | set(self.pending.replicas)
+            | set(self.no_events)
+        ):
+            if url not in listed:
+                log.info("cache-aware routing: %s left; its entries go", url)
+                await self.forget(url)
+                self.no_events.pop(url, None)
+                self.was_down.discard(url)
+                self.metrics.forget(url)
+        for url, indexes in self.indexes.items():
+            self.metrics.blocks.labels(url, "events").set(min(len(i) for i in indexes))
+        for url in self.approx.replicas:
+            self.metrics.blocks.labels(url, "approx").set(self.approx.size(url))
+
+    async def _follow(self, session: aiohttp.ClientSession, b: Backend) -> None:
+        url = b.url
+        if not b.healthy:
+            if url not in self.was_down:
+                # It may come back restarted, with an empty cache: forget what it held.
+                self.was_down.add(url)
+                await self.forget(url)
+                self.no_events.pop(url, None)
+            return
+        self.was_down.discard(url)
+        if not self.events_on or url in self.subs:
+            return
+        if time.monotonic() < self.no_events.get(url, 0.0):
+            return
+        await self.subscribe(session, b)
+
+    async def subscribe(self, session: aiohttp.ClientSession, b: Backend) -> None:
+        """Look up ``b``'s event publishers and subscribe to each."""
+        headers = {} if self.backend_key is None else {"Authorization": self.backend_key.header()}
+        try:
+            async with session.get(
+                b.endpoint("/kv_event_sources"),
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.health_timeout),
+            ) as resp:
+                answer = await resp.json(content_type=None) if resp.status == 200 else None
+                status = resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            log.info("cache-aware routing: %s/kv_event_sources: %s", b.url, exc)
+            return  # asked again next round
+        host = b.base.raw_host or ""
+        publishers, problems = parse_sources(answer, host) if answer is not None else ([], [])
+        for problem in problems:
+            log.warning("cache-aware routing: %s: %s", b.url, problem)
+        if not publishers:
+            self.no_events[b.url] = time.monotonic() + SOURCES_RETRY_S
+            fallback = "the approximate index" if self.approx_on else "load alone"
+            log.warning(
+                "cache-aware routing: %s publishes no KV events (GET /kv_event_sources: %s); "
+                "routing there by %s",
+                b.url,
+                status if answer is None else "none enabled",
+                fallback,
+            )
+            return
+        if self.ctx is None:
+            self.ctx = zmq.asyncio.Context()
+        indexes = [ReplicaIndex() for _ in publishers]
+        subs = [
+            Subscription(b.url, p, idx, self.ctx, REPLAY_TIMEOUT_S, self._on_batch)
+            for p, idx in zip(publishers, indexes, strict=True)
+        ]
+        self.approx.forget(b.url)
+        self.indexes[b.url] = indexes
+        self.subs[b.url] = subs
+        for sub in subs:
+            sub.start()
+        log.info(
+            "cache-aware routing: %s: following KV events at %s",
+            b.url,
+            ", ".join(p.endpoint for p in publishers),
+        )
+
+    def _on_batch(self, url: str, batch: Batch, verdict: str) -> None:
+        if verdict != NEXT or any(isinstance(ev, Cleared) for ev in batch.events):
+            # A restart or a reset emptied the replica, or a gap hid what it stored and
+            # evicted: what was sent there is no longer a safe guess.
+            self.pending.forget(url)
+        indexes = self.indexes.get(url)
+        if not indexes:
+            return
+        total = Health.total(i.health for i in indexes)  # one series per API server
+        lag = max(0.0, time.time() - batch.ts)
+        self.metrics.health(url, total, lag, min(len(i) for i in indexes))
+
+    async def forget(self, url: str) -> None:
+        """Drop what is known of ``url``'s cache (it left, or went down)."""
+        for sub in self.subs.pop(url, []):
+            await sub.close()
+        self.indexes.pop(url, None)
+        self.approx.forget(url)
+        self.pending.forget(url)
+
+    async def close(self) -> None:
+        for url in list(self.subs):
+            await self.forget(url)
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None

@@ -1,0 +1,86 @@
+"""Blocks the proxy has just sent to a replica and that its KV events have not announced yet.
+
+A replica announces a prompt's blocks only after their prefill, so requests for a new prefix that
+arrive together would all see it cached nowhere and scatter (each computing it again). As NVIDIA
+Dynamo's KV router tracks the blocks of the requests it routed until events confirm them, the
+router counts a routed prompt's keys as held where it sent them, for ``ttl_s`` seconds at most:
+its events then say the truth (the entries are dropped once the index holds them), or the
+replica never stored them (lost events, a failed request, an eviction) and the entries lapse.
+At most ``capacity`` keys per replica, oldest out first; a replica down or gone forgets its own.
+
+Only the routing choice reads these: the path decision (decode alone or P/D) counts what the
+events confirm, since a pending prefix may still be computing. Pure: the caller passes times.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from pd_proxy.routing.cache.keys import Key
+
+PENDING_TTL_S = 10.0  # a prefill and its events' arrival take far less, even queued on a CPU
+PENDING_CAPACITY = 4096  # keys per replica: many prompts in flight, bounded memory
+
+
+class PendingIndex:
+    """Per replica, keys routed there and their expiry times, in order of routing."""
+
+    def __init__(self, ttl_s: float = PENDING_TTL_S, capacity: int = PENDING_CAPACITY) -> None:
+        self.ttl_s = ttl_s
+        self.capacity = capacity
+        self.replicas: dict[str, OrderedDict[Key, float]] = {}
+
+    def record(self, replica: str, keys: Sequence[Key], now: float) -> None:
+        """The proxy sent a prompt of these keys to ``replica`` at ``now``."""
+        if not keys:
+            return
+        entries = self.replicas.setdefault(replica, OrderedDict())
+        expiry = now + self.ttl_s
+        for key in keys:
+            entries[key] = expiry
+            entries.move_to_end(key)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def match(self, replica: str, keys: Sequence[Key], now: float) -> int:
+        """How many of ``keys`` lead what was routed to ``replica`` and has not lapsed."""
+        entries = self._live(replica, now)
+        n = 0
+        for key in keys:
+            if key not in entries:
+                break
+            n += 1
+        return n
+
+    def confirm(self, replica: str, keys: Sequence[Key]) -> None:
+        """The replica's events now announce these keys: they need no pending entry."""
+        entries = self.replicas.get(replica)
+        if entries is None:
+            return
+        for key in keys:
+            entries.pop(key, None)
+        if not entries:
+            del self.replicas[replica]
+
+    def size(self, replica: str, now: float) -> int:
+        return len(self._live(replica, now))
+
+    def forget(self, replica: str) -> None:
+        self.replicas.pop(replica, None)
+
+    def _live(self, replica: str, now: float) -> OrderedDict[Key, float]:
+        """``replica``'s entries, the lapsed ones dropped (recorded in order, so from the front;
+        a key recorded again moves to the back with its new expiry)."""
+        entries = self.replicas.get(replica)
+        if entries is None:
+            return OrderedDict()
+        while entries:
+            key, expiry = next(iter(entries.items()))
+            if expiry > now:
+                break
+            entries.popitem(last=False)
+        if not entries:
+            del self.replicas[replica]
+            return OrderedDict()
+        return entries

@@ -1,0 +1,170 @@
+"""Cache-aware routing on the request path: for a prompt's token ids, the decode (and, for P/D,
+the prefill) each role's scorer picks, the cache hit predicted there, and the path under
+``--local-prefill-max-tokens`` (pd_proxy.routing.decider), as one ``Route``.
+
+What the replicas hold comes from pd_proxy.routing.cache.follow. Without token ids, or with nothing
+cached anywhere, the choice is the pool's own (least outstanding, round-robin ties).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from pd_proxy.route import PD, Route
+from pd_proxy.routing import decider
+from pd_proxy.routing.block_size import BlockSizes
+from pd_proxy.routing.cache import scorer
+from pd_proxy.routing.cache.follow import CacheFollower
+from pd_proxy.routing.cache.keys import Key, chain, hit_tokens
+from pd_proxy.routing.cache.metrics import CacheMetrics
+from pd_proxy.routing.pool import Backend, BackendPool
+
+DEFAULT_BLOCK_SIZE = 16  # the prompt's block count when no replica has told its block size
+
+
+class _Keys:
+    """A prompt's block-key chains, computed once per block size."""
+
+    __slots__ = ("ids", "keys")
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = ids
+        self.keys: dict[int, list[Key]] = {}
+
+
+class CacheRouter:
+    def __init__(
+        self,
+        prefill: BackendPool,
+        decode: BackendPool,
+        known: CacheFollower,
+        block_sizes: BlockSizes,
+        metrics: CacheMetrics,
+        weight: float,
+        max_imbalance: int,
+    ) -> None:
+        self.prefill_pool = prefill
+        self.decode_pool = decode
+        self.known = known
+        self.block_sizes = block_sizes
+        self.metrics = metrics
+        self.weight = weight
+        self.max_imbalance = max_imbalance
+
+    def has_choice(self) -> bool:
+        """Whether a pool has two healthy replicas to choose between. Without one, and with no
+        ``--local-prefill-max-tokens``, every request goes P/D to the only replicas: the token
+        ids would change nothing, so the hot path pays for no tokenizer."""
+        pools = (self.prefill_pool, self.decode_pool)
+        return any(sum(b.healthy for b in pool.backends) > 1 for pool in pools)
+
+    def route(self, ids: Sequence[int] | None, local_max: int) -> Route:
+        """The route for a prompt of ``ids`` (None: unknown): the decode first, the path on the
+        tokens it does not hold, then (P/D) the prefill; the chosen replicas' records learn
+        what they will hold."""
+        if ids is None:
+            path, reason = decider.decide(None, 0, local_max)
+            return Route(path, reason)
+        plan = _Keys(ids)
+        decode, decode_hit = self.choose(self.decode_pool, ids, plan)
+        path, reason = decider.decide(len(ids), decode_hit, local_max)
+        prefill, prefill_hit = None, 0
+        roles = [("decode", decode, decode_hit)]
+        if path == PD:
+            prefill, prefill_hit = self.choose(self.prefill_pool, ids, plan)
+            roles.append(("prefill", prefill, prefill_hit))
+        for role, backend, hit in roles:
+            self.metrics.prompt_tokens.labels(role).inc(len(ids))
+            self.metrics.predicted.labels(role).inc(hit)
+            if backend is not None:
+                self._routed(backend, plan)
+        return Route(path, reason, decode, prefill, tuple(ids), decode_hit, prefill_hit)
+
+    def choose(
+        self, pool: BackendPool, ids: Sequence[int], plan: _Keys
+    ) -> tuple[Backend | None, int]:
+        """The backend of ``pool`` for ``ids`` and its predicted hit tokens (what its events or
+        the approximate index say it holds: not what is only pending there)."""
+        backends = [b for b in pool.backends if b.healthy]
+        if not backends:
+            return None, 0
+        sizes = {b.url: self._block_size(b) for b in backends}
+        size = next((s for s in sizes.values() if s), DEFAULT_BLOCK_SIZE)
+        now = time.monotonic()
+        held = {b.url: self._cached_blocks(b, plan, sizes[b.url], now) for b in backends}
+        candidates = [
+            scorer.Candidate(b.url, held[b.url][1], b.outstanding, self._fill(b, now))
+            for b in backends
+        ]
+        choice = scorer.choose(candidates, len(ids) // size, self.weight, self.max_imbalance)
+        if choice is None:
+            backend = pool.pick()
+            if backend is not None:
+                self.metrics.choices.labels(pool.role, scorer.LOAD).inc()
+            return backend, 0
+        self.metrics.choices.labels(pool.role, choice.reason).inc()
+        backend = next(b for b in backends if b.url == choice.name)
+        bs = sizes[backend.url] or size
+        return backend, hit_tokens(held[backend.url][0], bs, len(ids))
+
+    def _routed(self, backend: Backend, plan: _Keys) -> None:
+        """``backend`` will hold ``plan``'s blocks: the approximate index learns them (no
+        events there), or they count as pending until its events announce them."""
+        if backend.url in self.known.indexes:
+            size = self._block_size(backend)
+            if size is not None:
+                self.known.pending.record(backend.url, self._keys(plan, size), time.monotonic())
+        elif self.known.approx_on:
+            size = self.block_sizes.known(backend)
+            if size is not None:
+                self.known.approx.record(backend.url, self._keys(plan, size))
+
+    def _fill(self, backend: Backend, now: float) -> int:
+        """The blocks ``backend`` holds in all (pending ones included), as far as known."""
+        indexes = self.known.indexes.get(backend.url)
+        if indexes is not None:
+            return min(len(i) for i in indexes) + self.known.pending.size(backend.url, now)
+        return self.known.approx.size(backend.url) if self.known.approx_on else 0
+
+    def _keys(self, plan: _Keys, size: int) -> list[Key]:
+        keys = plan.keys.get(size)
+        if keys is None:
+            assert plan.ids is not None
+            keys = plan.keys[size] = chain(plan.ids, size)
+        return keys
+
+    def _block_size(self, backend: Backend) -> int | None:
+        indexes = self.known.indexes.get(backend.url)
+        if indexes is not None:
+            told = next((i.block_size for i in indexes if i.block_size), None)
+            if told is not None:
+                return told
+            # No block stored since the proxy subscribed: its /metrics tell the size, so the
+            # first requests of a new prefix can already count as pending there.
+        if indexes is not None or self.known.approx_on:
+            size = self.block_sizes.known(backend)
+            if size is None:
+                self.block_sizes.prefetch([backend])
+            return size
+        return None
+
+    def _cached_blocks(
+        self, backend: Backend, plan: _Keys, size: int | None, now: float
+    ) -> tuple[int, int]:
+        """Leading blocks of the prompt ``backend`` holds: (confirmed, for routing), where
+        routing also counts what the proxy sent there and its events have not announced yet."""
+        if size is None:
+            return 0, 0
+        keys = self._keys(plan, size)
+        indexes = self.known.indexes.get(backend.url)
+        if indexes is not None:
+            # Several engines behind one API server (DP): it picks one, so count the least.
+            known = min(i.match(keys) for i in indexes)
+            if known:
+                self.known.pending.confirm(backend.url, keys[:known])
+            return known, max(known, self.known.pending.match(backend.url, keys, now))
+        if self.known.approx_on:
+            n = self.known.approx.match(backend.url, keys)
+            return n, n
+        return 0, 0

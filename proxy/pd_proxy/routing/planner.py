@@ -1,0 +1,129 @@
+"""The plan stage: one ``Route`` for each P/D-eligible request.
+
+Three settings shape it. With neither ``--local-prefill-max-tokens`` nor cache-aware routing,
+every request goes P/D to the pools' choices and nothing is tokenized. With a local-prefill limit,
+the prompt's token ids (pd_proxy.routing.token_count) decide the path (pd_proxy.routing.decider).
+With cache-aware routing (``--prefix-cache-routing``), the scorer also picks the replicas and the
+limit applies to the tokens the chosen decode does not hold (pd_proxy.routing.cache.router).
+
+The libraries of the local tokenizer and of KV events (tokenizers, Jinja2, pyzmq) are imported
+only when a setting needs them, so a proxy without them starts as fast as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from pd_proxy.config.settings import CACHE_OFF, CACHE_WITH_APPROX, CACHE_WITH_EVENTS
+from pd_proxy.route import DEFAULT_PD, PD, Route
+from pd_proxy.routing import decider
+from pd_proxy.routing.token_count import TokenCounter
+
+if TYPE_CHECKING:
+    from pd_proxy.legs import Call, Legs, Trace
+    from pd_proxy.routing.cache.follow import CacheFollower
+    from pd_proxy.routing.cache.metrics import CacheMetrics
+    from pd_proxy.routing.cache.router import CacheRouter
+
+Job = tuple[str, Callable[[aiohttp.ClientSession], Coroutine[Any, Any, None]]]
+
+
+class Planner:
+    def __init__(
+        self,
+        local_max: int,
+        counter: TokenCounter | None = None,
+        cache: CacheRouter | None = None,
+        metrics: CacheMetrics | None = None,
+        jobs: list[Job] | None = None,
+    ) -> None:
+        self.local_max = local_max
+        self.counter = counter
+        self.cache = cache
+        self.metrics = metrics  # counts each decision when cache routing or a tokenizer is on
+        self._jobs = jobs or []
+
+    def jobs(self) -> list[Job]:
+        return list(self._jobs)
+
+    async def plan(self, call: Call, trace: Trace) -> Route:
+        counter, cache, local_max = self.counter, self.cache, self.local_max
+        if counter is None:
+            return DEFAULT_PD
+        if local_max <= 0 and cache is not None and not cache.has_choice():
+            route = Route(PD, decider.NO_CHOICE)
+        else:
+            ids = await counter.ids(call, trace)
+            if cache is not None:
+                route = cache.route(ids, local_max)
+            else:
+                path, reason = decider.decide(None if ids is None else len(ids), 0, local_max)
+                route = Route(path, reason, token_ids=None if ids is None else tuple(ids))
+        if self.metrics is not None:
+            self.metrics.decisions.labels(route.path, route.reason).inc()
+        return route
+
+
+def build_planner(legs: Legs) -> Planner:
+    """The planner the settings ask for, with the background jobs its parts need."""
+    config = legs.config
+    routing = config.prefix_cache_routing != CACHE_OFF
+    counts = config.local_prefill_max_tokens > 0
+    if not routing and not counts:
+        return Planner(0)
+    metrics = check = None
+    jobs: list[Job] = []
+    if routing or config.tokenizer is not None:
+        from pd_proxy.routing.cache.metrics import CacheMetrics
+
+        metrics = CacheMetrics(legs.metrics.registry)
+    if config.tokenizer is not None:
+        from pd_proxy.routing.tokenizer_check import tokenizer_check
+
+        assert metrics is not None
+        check = tokenizer_check(config, legs.decode_pool, legs.backend_key, metrics)
+        if check is not None:
+            jobs.append(("pd-proxy-tokenizer-check", check.run))
+    counter = TokenCounter(legs, check, metrics)
+    cache = None
+    if routing:
+        assert metrics is not None
+        follower = _follower(legs, metrics)
+        cache = _router(legs, follower, metrics)
+        jobs.append(("pd-proxy-cache", follower.run))
+    return Planner(config.local_prefill_max_tokens, counter, cache, metrics, jobs)
+
+
+def _follower(legs: Legs, metrics: CacheMetrics) -> CacheFollower:
+    from pd_proxy.routing.cache.follow import CacheFollower
+
+    config = legs.config
+    mode = config.prefix_cache_routing
+    return CacheFollower(
+        (legs.prefill_pool, legs.decode_pool),
+        events_on=mode in CACHE_WITH_EVENTS,
+        approx_on=mode in CACHE_WITH_APPROX,
+        approx_blocks=config.cache_approx_blocks,
+        backend_key=legs.backend_key,
+        health_timeout=config.health_timeout,
+        metrics=metrics,
+    )
+
+
+def _router(legs: Legs, follower: CacheFollower, metrics: CacheMetrics) -> CacheRouter:
+    from pd_proxy.routing.block_size import BlockSizes
+    from pd_proxy.routing.cache.router import CacheRouter
+
+    config = legs.config
+    return CacheRouter(
+        legs.prefill_pool,
+        legs.decode_pool,
+        follower,
+        BlockSizes(legs.upstream, legs.backend_key, config.health_timeout),
+        metrics,
+        config.cache_overlap_weight,
+        config.cache_max_imbalance,
+    )
