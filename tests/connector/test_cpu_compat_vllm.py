@@ -148,3 +148,40 @@ def test_a_bad_knob_value_stops_the_process_with_its_name() -> None:
     )
     # vLLM logs a plugin that fails to load and goes on; a failing *call* raises.
     assert done.returncode != 0 and f"{FIXES_ENV}='sure'" in done.stderr
+
+
+# The installed vLLM passes every other fix's gate; prefix caching's lists no release it is, as
+# on a vLLM whose CPU platform rule the fix was not read against.
+UNCHECKED_PREFIX_CACHING_PROBE = """
+import json, logging, os
+from pcp_nixl_connector.cpu_compat import plugin, prefix_caching, upstream_gate
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append([record.levelname, record.getMessage()])
+plugin.logger.addHandler(Keep())
+plugin.logger.setLevel(logging.INFO)
+upstream_gate.READ_AGAINST[upstream_gate.PREFIX_CACHING] = ("0.0.0",)
+plugin.register()
+plugin.verify_installed(os.environ)
+from vllm.platforms.cpu import CpuPlatform
+print(json.dumps({"records": records, "missing": plugin.missing_fixes(),
+                  "prefix_caching": prefix_caching.installed(CpuPlatform)}))
+"""
+
+
+def test_an_unchecked_vllm_warns_leaves_prefix_caching_off_and_carries_on() -> None:
+    """Leaving vLLM's rule (caching off for MLA) in place is safe, so an unchecked release gets a
+    warning naming the gate, not a stopped server: the other fixes install and the start-up
+    check finds nothing missing."""
+    seen = _run(UNCHECKED_PREFIX_CACHING_PROBE, **{FIXES_ENV: "1"})
+    warnings = [msg for level, msg in seen["records"] if level == "WARNING"]
+    assert len(warnings) == 1, seen["records"]
+    assert "prefix caching stays off for MLA models" in warnings[0]
+    assert "checked against vLLM 0.0.0, not vLLM" in warnings[0]
+    infos = [msg for level, msg in seen["records"] if level == "INFO"]
+    assert any("CPU fix: rotary embedding" in msg for msg in infos), infos
+    assert any("CPU fix: expert-parallel MoE" in msg for msg in infos), infos
+    assert not any("CPU fix: prefix caching" in msg for msg in infos), infos
+    assert seen["prefix_caching"] is False
+    assert seen["missing"] == []

@@ -281,7 +281,11 @@ def test_prefix_caching_probe_flags_a_platform_that_keeps_caching() -> None:
     assert not prefix_caching_defect_present(kept, _mla_config())
 
 
-def test_prefix_caching_fix_gives_back_only_what_the_mla_rule_took() -> None:
+def test_prefix_caching_fix_restores_caching_only_where_its_rule_applies() -> None:
+    """The fix's own decision, on a stand-in platform: caching comes back only for an MLA model
+    (not DeepSeek-V4) that asked for it and lost it with chunked prefill off. That vLLM 0.32's
+    real CpuPlatform takes exactly that is the canary's to show
+    (test_canary_cpu_platform_still_forces_prefix_caching_off_for_mla)."""
     platform = _platform(True)
     assert prefix_caching.install(platform, vllm_version="0.32.0") is True
     assert prefix_caching.install(platform, vllm_version="0.32.0") is False  # once
@@ -296,6 +300,31 @@ def test_prefix_caching_fix_gives_back_only_what_the_mla_rule_took() -> None:
     platform.check_and_update_config(v4)
     assert v4.cache_config.enable_prefix_caching is False
     assert platform.calls == 3
+
+
+def _platform_taking_caching(keep_chunked: bool) -> type:
+    """A stand-in that turns prefix caching off for every model, for a reason of its own."""
+
+    class Platform:
+        @classmethod
+        def check_and_update_config(cls, config: Any) -> None:
+            config.cache_config.enable_prefix_caching = False
+            config.scheduler_config.enable_chunked_prefill = keep_chunked
+
+    return Platform
+
+
+@pytest.mark.parametrize(
+    ("mla", "keep_chunked"), [(False, False), (True, True)], ids=["not-mla", "chunked-kept"]
+)
+def test_prefix_caching_fix_leaves_caching_another_rule_took(mla: bool, keep_chunked: bool) -> None:
+    """Caching turned off where the MLA rule does not apply (a model without MLA, or chunked
+    prefill left on) stays off: the fix gives back nothing else."""
+    platform = _platform_taking_caching(keep_chunked)
+    prefix_caching.install(platform, vllm_version="0.32.0")
+    config = _mla_config(mla=mla)
+    platform.check_and_update_config(config)
+    assert config.cache_config.enable_prefix_caching is False
 
 
 def test_prefix_caching_fix_patches_nothing_on_an_unchecked_vllm() -> None:
