@@ -129,8 +129,8 @@ def test_alerts_cover_dedup_nixl_failures_and_targets(alert_rules) -> None:
 
 
 def test_alerts_cover_the_signs_of_wrong_or_lost_answers(alert_rules) -> None:
-    """Issue 20: expired leases, reads after expiry, failed transfers and notifications, a decode
-    whose KV pulls hang, and the proxy's canary."""
+    """Expired leases, reads after expiry, failed transfers and notifications, a decode whose KV
+    pulls hang, and the proxy's canary."""
     from pd_proxy.api.canary import METRIC_NAMES as CANARY_METRIC_NAMES
 
     reads = {r["alert"]: mn.metrics_in_query(r["expr"]) for r in alert_rules}
@@ -237,8 +237,8 @@ def test_dashboard_covers_the_promised_panels(dashboard_exprs) -> None:
 
 
 def test_dashboard_has_the_handover_row() -> None:
-    """Issue 19: per-phase p50/p95 of the connector's handover histogram, the prefill's hold
-    against its lease, and the proxy's prefill leg / decode TTFB / client TTFB."""
+    """Per-phase p50/p95 of the connector's handover histogram, the prefill's hold against its
+    lease, and the proxy's prefill leg / decode TTFB / client TTFB."""
     from pcp_nixl_connector.handover import PHASES
     from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
 

@@ -1,4 +1,4 @@
-"""Slots by lease on the live cpu stack (issue 36): PREFILL_REPLICAS=2, then the moves that used
+"""Slots by lease on the live cpu stack: PREFILL_REPLICAS=2, then the moves that used
 to break compose's container-number slots. `docker rm -f` of replica 1 then `up -d` (compose
 names the new container 3 of 2, which the old entrypoint refused), scaling down and up again
 (which replicas survive is compose's choice), and `--scale` past the count (the extra replica

@@ -1,4 +1,4 @@
-"""Cache-aware P/D on the real local stack (issue 37's "Done when"): prefill and decode publish KV
+"""Cache-aware P/D on the real local stack, end to end: prefill and decode publish KV
 events on loopback (the kit's command builder), pd-proxy follows them and routes by them.
 
 - Follow-up turns: a proxy with ``--local-prefill-max-tokens 64`` sends a long prompt P/D, the same
@@ -45,7 +45,7 @@ SECOND_DECODE_PORTS = {
     "decode_kv_events_port": 18526,
     "decode_kv_replay_port": 18527,
 }
-LOCAL_MAX = 64  # issue 37: LOCAL_PREFILL_MAX_TOKENS=64 make up
+LOCAL_MAX = 64  # as for follow-up turns: LOCAL_PREFILL_MAX_TOKENS=64 make up
 MAX_TOKENS = 8
 FEW_WORDS = " and then they went home for dinner"
 VOCABULARY = (

@@ -71,7 +71,7 @@ def test_drain_equals_compose(compose: dict) -> None:
     if missing:
         pytest.xfail(
             f"compose.yaml's {', '.join(missing)} lack --shutdown-timeout 60 / "
-            "stop_grace_period 80s (issue 21, compose side)"
+            "stop_grace_period 80s (the graceful drain, compose side)"
         )
     assert problems == []
 

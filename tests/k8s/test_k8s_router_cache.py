@@ -1,4 +1,4 @@
-"""The llm-d-router component's cache-aware routing (issue 37, item 7): the EPP's precise
+"""The llm-d-router component's cache-aware routing (KV-event prefix routing): the EPP's precise
 prefix-cache producer fed by the vLLM pods' KV events, the approximate one, the prefix scorers and
 prefix-based-pd-decider, checked against the facts read from the pinned release
 (tests/k8s/upstream/) and against the pods, the render server and the params they depend on."""
@@ -174,6 +174,6 @@ def test_checks_refuse_a_render_server_that_cannot_answer() -> None:
     config = epp_config()
     plugin(config, "token-producer")["parameters"]["vllm"]["url"] = "http://pcp-pd-decode:8200"
     assert rc.render_problems(objs, config, facts) == [
-        "Deployment/pcp-pd-decode runs ['python3', '/opt/pcp-pd-kit/entrypoint/vllm_serve.py', "
+        "Deployment/pcp-pd-decode runs ['python3', '/opt/pcp-pd-kit/entrypoint/vllm_serve', "
         "'--model'], not `vllm launch render`"
     ]

@@ -5,6 +5,7 @@ broken document and see each kind of breakage found."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -31,15 +32,21 @@ GLOB_CHARS = frozenset("*?[")
 KUBE_RESOURCE = re.compile(r"(deploy|svc|pod|sts|ds|cm|secret)/[\w.-]+")
 
 
+def skipped(name: str) -> bool:
+    return name in SKIP_DIRS or name.endswith(SKIP_SUFFIXES)
+
+
+def repo_files(root: Path) -> Iterator[Path]:
+    """Every file under root, not descending into environments, caches or generated trees."""
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not skipped(d))
+        for name in sorted(files):
+            yield Path(folder) / name
+
+
 def markdown_files(root: Path) -> list[Path]:
     """Every .md file under root, outside environments, caches and generated trees."""
-    found = []
-    for path in sorted(root.rglob("*.md")):
-        parts = path.relative_to(root).parts[:-1]
-        if any(p in SKIP_DIRS or p.endswith(SKIP_SUFFIXES) for p in parts):
-            continue
-        found.append(path)
-    return found
+    return [p for p in repo_files(root) if p.suffix == ".md"]
 
 
 def prose(text: str) -> str:
