@@ -39,6 +39,7 @@ from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
 from pd_proxy.route import PD, Route
 from pd_proxy.routing.breaker import Breaker
+from pd_proxy.routing.cache.load import leg_tokens
 from pd_proxy.routing.pool import Backend, BackendPool
 
 log = logging.getLogger("pd_proxy.request")
@@ -216,8 +217,10 @@ class Legs:
         backend = want if chosen and want is not None else pick(pool)
         task = asyncio.current_task() if movable else None
         moved = resent = False  # at most one move to another backend, one resend on a new conn
+        tokens = leg_tokens(stage)  # what the cache router planned this leg to compute
         while True:
             backend.outstanding += 1
+            backend.tokens_in_flight += tokens
             if task is not None:
                 backend.waiters[task] = False
             answered = False
@@ -259,6 +262,7 @@ class Legs:
                 move = Move(f"failed: {exc}", pool.pick(exclude=backend), "broken")
             finally:
                 backend.outstanding -= 1
+                backend.tokens_in_flight -= tokens
                 if task is not None:
                     backend.waiters.pop(task, None)
             again = resent if move.to is backend else moved

@@ -8,6 +8,10 @@ events on loopback (the kit's command builder), pd-proxy follows them and routes
 - Two decodes: a second decode process (the kit's own command builder, its own ports), a proxy
   over both with ``--prefix-cache-routing events``: requests sharing a prefix land on the decode
   that holds it.
+- Predicted hits: a proxy with ``--local-prefill-max-tokens 64`` over the second decode (which
+  reports ``cached_tokens``): every request served by decode alone was predicted the hit vLLM
+  served, plain and salted; a salted long prompt is routed from its own salt's blocks only (P/D
+  the first time although the plain prompt is cached, decode alone the second time).
 - Restart (behind ``repeat``): the decode holding a prefix restarts with an empty cache; the proxy
   forgets its index and routes that prefix by load, with the same answer.
 
@@ -39,6 +43,7 @@ pytestmark = pytest.mark.e2e
 # Apart from the shared stack's ports (conftest.E2E_PORTS) and the other e2e proxies.
 FOLLOW_PROXY_PORT = 18546
 TWO_DECODES_PROXY_PORT = 18547
+PREDICTED_PROXY_PORT = 18548
 SECOND_DECODE_PORTS = {
     "decode_port": 18524,
     "decode_side_channel_port": 18525,
@@ -253,7 +258,10 @@ def two_decodes(pd_stack: Stack) -> Iterator[TwoDecodes]:
     spec = vllm_server_spec(
         settings, "decode", pd_stack.model.path, pd_stack.served_model_name, pd_stack.repo
     )
-    spec = dataclasses.replace(spec, name="decode-2")
+    # It reports usage.prompt_tokens_details.cached_tokens (the predicted-hit test reads it).
+    spec = dataclasses.replace(
+        spec, name="decode-2", argv=[*spec.argv, "--enable-prompt-tokens-details"]
+    )
     second = running(spec, pd_stack)
     proxy_proc, two = None, None
     try:
@@ -320,6 +328,80 @@ def test_same_prefix_requests_land_on_the_decode_holding_it(
         assert hit >= 3 * (n // block - 1) * block, (url, hit, n)
     for text, got in zip(texts, answers, strict=True):
         assert got == from_scratch(two.decodes[0], COMPLETIONS, model, text)
+
+
+@pytest.fixture(scope="module")
+def predicting_proxy(pd_stack: Stack, two_decodes: TwoDecodes) -> Iterator[str]:
+    """The stack's prefill and the second decode behind a proxy with
+    LOCAL_PREFILL_MAX_TOKENS=64 and cache-aware routing."""
+    spec = start_proxy(
+        pd_stack,
+        "proxy-cache-predicted",
+        PREDICTED_PROXY_PORT,
+        [],
+        local_prefill_max_tokens=LOCAL_MAX,
+        prefix_cache_routing="events",
+        decode_port=SECOND_DECODE_PORTS["decode_port"],
+    )
+    proc = running(spec, pd_stack)
+    try:
+        url = pd_stack.settings.url(PREDICTED_PROXY_PORT)
+        wait_followed(url, two_decodes.decodes[1])
+        yield url
+    finally:
+        proc.stop()
+
+
+def predicted(proxy: str) -> float:
+    return total(scrape(proxy), "pd_proxy_cache_predicted_hit_tokens_total", role="decode") or 0.0
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT_COMPLETIONS])
+def test_predicted_hits_are_vllms_cached_tokens_plain_and_salted(
+    pd_stack: Stack, two_decodes: TwoDecodes, predicting_proxy: str, endpoint: str
+) -> None:
+    """The proxy's predicted hit equals vLLM's cached_tokens on every request decode serves
+    alone; a salted prompt is predicted only from blocks stored under its own salt."""
+    proxy, model, decode = predicting_proxy, pd_stack.served_model_name, two_decodes.decodes[1]
+    prefill, block = pd_stack.urls["prefill"], pd_stack.settings.block_size
+    history = long_text(uuid.uuid4().hex[:12])
+    follow_up, salt = history + FEW_WORDS, f"tenant-{uuid.uuid4().hex[:8]}"
+    n_history = prompt_tokens(decode, endpoint, model, history)
+
+    def send(text: str, salt: str | None = None) -> tuple[dict[str, Any], float, Counters]:
+        """The answer, the hit the proxy predicted for it, and the counters after it."""
+        before = Counters.read(proxy, prefill, [decode])
+        guess = predicted(proxy)
+        reply = post_json(f"{proxy}{endpoint}", body(endpoint, model, text, salt))
+        after = settled(proxy, prefill, [decode], 1, before)
+        return reply, predicted(proxy) - guess, after
+
+    def cached(reply: dict[str, Any]) -> int:
+        return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    # The plain history P/D (decode pulls it); its follow-up to decode alone, predicted exactly.
+    held = blocks_followed(proxy, decode) or 0.0
+    _, _, start = send(history)
+    wait_followed(proxy, decode, held + n_history // block)
+    reply, guess, after = send(follow_up)
+    assert after.decided(start, "local", "cached") == 1
+    assert guess == cached(reply) >= (n_history // block - 1) * block, (guess, reply["usage"])
+
+    # The salted follow-up, the plain prompt cached: nothing under its salt, so P/D.
+    held = blocks_followed(proxy, decode) or 0.0
+    reply, guess, salted = send(follow_up, salt)
+    assert salted.decided(after, "pd", "long") == 1 and guess == 0
+    assert salted.prefill_prompt > after.prefill_prompt
+    wait_followed(proxy, decode, held + n_history // block)  # decode stored it under the salt
+    # The second time, decode holds it under this salt: decode alone, predicted exactly.
+    reply, guess, again = send(follow_up, salt)
+    assert again.decided(salted, "local", "cached") == 1 and again.prefill_prompt == (
+        salted.prefill_prompt
+    )
+    assert guess == cached(reply) > 0, (guess, reply["usage"])
+    # Another salt still shares nothing with either.
+    _, guess, other = send(follow_up, f"other-{salt}")
+    assert other.decided(again, "pd", "long") == 1 and guess == 0
 
 
 def decode_choices(proxy: str) -> dict[str, float]:

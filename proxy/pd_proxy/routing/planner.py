@@ -20,6 +20,7 @@ import aiohttp
 from pd_proxy.config.settings import CACHE_OFF, CACHE_WITH_APPROX, CACHE_WITH_EVENTS
 from pd_proxy.route import DEFAULT_PD, PD, Route
 from pd_proxy.routing import decider
+from pd_proxy.routing.cache.extra import request_keys  # pure: no library of the cache's
 from pd_proxy.routing.token_count import TokenCounter
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Planner:
         else:
             ids = await counter.ids(call, trace)
             if cache is not None:
-                route = cache.route(ids, local_max)
+                route = cache.route(ids, local_max, request_keys(call.client_body))
             else:
                 path, reason = decider.decide(None if ids is None else len(ids), 0, local_max)
                 route = Route(path, reason, token_ids=None if ids is None else tuple(ids))

@@ -9,7 +9,6 @@ from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import BadBatch, Cleared, Removed, Stored, decode
 from pd_proxy.routing.cache.index import GAP, NEXT, RESET, ReplicaIndex
 from pd_proxy.routing.cache.keys import chain, hit_tokens
-from pd_proxy.routing.cache.scorer import CACHE, GUARD, LOAD, Candidate, choose
 from pd_proxy.routing.decider import decide
 
 from .vllm_events import BLOCK, blocks, cleared, frames, removed, stored
@@ -34,7 +33,7 @@ def test_vllm_batches_decode_to_records() -> None:
     assert batch.seq == 7 and batch.ts == 1.0 and batch.dp_rank == 0
     first, second, third = batch.events
     assert isinstance(first, Stored) and first.block_hashes == (b"h1", b"h2")
-    assert first.token_ids == tuple(tokens) and first.block_size == BLOCK and first.extra is None
+    assert first.token_ids == tuple(tokens) and first.block_size == BLOCK and first.extras is None
     assert isinstance(second, Removed) and second.block_hashes == (b"h1",)
     assert isinstance(third, Cleared)
 
@@ -147,33 +146,6 @@ def test_approx_index_lru() -> None:
     assert approx.match("r1", b) == 2 and approx.match("r1", a) == 0
     approx.forget("r1")
     assert approx.match("r1", b) == 0
-
-
-def test_scorer_prefers_cache_until_load_outweighs_it() -> None:
-    hot = Candidate("hot", cached_blocks=10, outstanding=0)
-    cold = Candidate("cold", cached_blocks=0, outstanding=0)
-    assert choose([cold, hot], 10, weight=2, max_imbalance=4) == choose_result("hot", 10, CACHE)
-    busy = Candidate("hot", cached_blocks=10, outstanding=3)  # cost 3 vs the cold one's 2
-    assert choose([cold, busy], 10, weight=2, max_imbalance=4) == choose_result("cold", 0, LOAD)
-    # Nothing cached, load and fill alike: the pool's pick.
-    assert choose([cold, Candidate("c2", 0, 0)], 10, 2, 4) is None
-
-
-def test_imbalance_guard_overrides_a_hot_prefix() -> None:
-    hot = Candidate("hot", cached_blocks=10, outstanding=6)
-    cold = Candidate("cold", cached_blocks=0, outstanding=1)
-    # weight 100 would keep sending to "hot"; the guard (at most 4 above the least busy) stops it
-    assert choose([hot, cold], 10, weight=100, max_imbalance=4) == choose_result("cold", 0, GUARD)
-    # With more in flight everywhere, a larger max_imbalance lets it keep its prefix.
-    hot, cold = Candidate("hot", 10, 16), Candidate("cold", 0, 10)
-    assert choose([hot, cold], 10, weight=100, max_imbalance=4) == choose_result("cold", 0, GUARD)
-    assert choose([hot, cold], 10, weight=100, max_imbalance=8).name == "hot"
-
-
-def choose_result(name: str, blocks_: int, reason: str):
-    from pd_proxy.routing.cache.scorer import Choice
-
-    return Choice(name, blocks_, reason)
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,18 @@
 """The routing rules that make shared prefixes fit: requests just sent count as held where they
 went (pending, until events confirm or a TTL), new prefixes go where there is room, and the
-imbalance guard keeps a holder its prefix up to max_imbalance above the others. Pure: no proxy,
-no clock."""
+imbalance guard keeps a holder its prefix up to max_imbalance above the others; the cost is the
+estimated time to the first token, in prompt tokens. Pure: no proxy, no clock."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
+import pytest
+
 from pd_proxy.config import ProxyConfig
 from pd_proxy.routing.cache.keys import chain
 from pd_proxy.routing.cache.pending import PendingIndex
-from pd_proxy.routing.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose
+from pd_proxy.routing.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose, cost
 
 BLOCK = 4
 
@@ -54,41 +56,102 @@ def test_a_new_prefix_goes_to_the_replica_with_room() -> None:
     full = Candidate("full", cached_blocks=0, outstanding=0, held_blocks=180)
     roomy = Candidate("roomy", cached_blocks=0, outstanding=1, held_blocks=40)
     # Nothing cached anywhere: one request more in flight is worth the room.
-    assert choose([full, roomy], 36, weight=2, max_imbalance=4) == Choice("roomy", 0, LOAD)
+    assert choose([full, roomy], weight=4, max_imbalance=4) == Choice("roomy", 0, LOAD)
     busy = Candidate("roomy", cached_blocks=0, outstanding=2, held_blocks=40)
-    assert choose([full, busy], 36, weight=2, max_imbalance=4) == Choice("full", 0, LOAD)
+    assert choose([full, busy], weight=4, max_imbalance=4) == Choice("full", 0, LOAD)
     # Load and fill alike: nothing tells them apart, the pool's rotation decides.
     twin = Candidate("twin", cached_blocks=0, outstanding=0, held_blocks=180)
-    assert choose([full, twin], 36, weight=2, max_imbalance=4) is None
+    assert choose([full, twin], weight=4, max_imbalance=4) is None
+
+
+# The shared-prefix bench's prompts: a 512-token prefix (32 blocks of 16) and a 64-token suffix.
+PROMPT, SUFFIX = 576, 64
+
+
+def holder(outstanding: int = 0, in_flight: int = 0, held: int = 0) -> Candidate:
+    return Candidate("holder", 32, outstanding, held, SUFFIX, in_flight)
+
+
+def other(outstanding: int = 0, in_flight: int = 0, cached: int = 0) -> Candidate:
+    return Candidate("other", cached, outstanding, 0, PROMPT - 16 * cached, in_flight)
+
+
+@pytest.mark.parametrize(
+    ("case", "candidates", "max_imbalance", "expected"),
+    [
+        ("both idle: the holder", [other(), holder()], 4, Choice("holder", 32, CACHE)),
+        # Four follow-ups in flight on the holder, each computing its 64 new tokens: computing
+        # the prefix on the idle replica takes longer than the work queued on the holder.
+        ("short work queued", [holder(4, 4 * SUFFIX), other()], 4, Choice("holder", 32, CACHE)),
+        # The same four requests, each a whole prompt still to compute: the idle one is sooner.
+        ("long work queued", [holder(4, 4 * PROMPT), other()], 4, Choice("other", 0, LOAD)),
+        ("three long prompts", [holder(3, 3 * PROMPT), other()], 4, Choice("holder", 32, CACHE)),
+        # The guard counts requests at any load: 5 above the least busy is out, whatever it holds.
+        ("guard", [holder(5, 5 * SUFFIX), other()], 4, Choice("other", 0, GUARD)),
+        ("guard at load", [holder(34, 0), other(30)], 4, Choice("holder", 32, CACHE)),
+        ("guard at load, 5 above", [holder(35, 0), other(30)], 4, Choice("other", 0, GUARD)),
+        ("a wider guard", [holder(5, 5 * SUFFIX), other()], 8, Choice("holder", 32, CACHE)),
+        # Both hold part of it: the cheaper in tokens, not the one holding more.
+        (
+            "partial holders",
+            [holder(2, 2 * PROMPT), other(0, 0, cached=16)],
+            4,
+            Choice("other", 16, LOAD),
+        ),
+    ],
+)
+def test_the_cost_is_time_in_tokens(case, candidates, max_imbalance, expected) -> None:
+    assert choose(candidates, weight=4, max_imbalance=max_imbalance) == expected, case
 
 
 def test_equal_cost_goes_to_the_emptier_replica() -> None:
-    a = Candidate("a", cached_blocks=10, outstanding=1, held_blocks=190)
-    b = Candidate("b", cached_blocks=10, outstanding=1, held_blocks=50)
-    assert choose([a, b], 10, weight=2, max_imbalance=4) == Choice("b", 10, CACHE)
+    a = Candidate("a", cached_blocks=10, outstanding=1, held_blocks=190, uncached_tokens=8)
+    b = Candidate("b", cached_blocks=10, outstanding=1, held_blocks=50, uncached_tokens=8)
+    assert choose([a, b], weight=4, max_imbalance=4) == Choice("b", 10, CACHE)
 
 
-def test_the_guard_is_the_same_at_any_load() -> None:
-    """Four requests over two replicas (the shared-prefix bench's c=4): the holder keeps its
-    prefix up to max_imbalance above the other, so the prefix is not copied onto both caches;
-    one more and the guard sends the request elsewhere."""
-    hot = Candidate("hot", cached_blocks=10, outstanding=4)
-    cold = Candidate("cold", cached_blocks=0, outstanding=0)
-    assert choose([hot, cold], 10, weight=100, max_imbalance=4) == Choice("hot", 10, CACHE)
-    hotter = Candidate("hot", cached_blocks=10, outstanding=5)
-    assert choose([hotter, cold], 10, weight=100, max_imbalance=4) == Choice("cold", 0, GUARD)
-    many = Candidate("hot", cached_blocks=10, outstanding=34)
-    assert choose([many, Candidate("cold", 0, 30)], 10, 100, 4).name == "hot"
-    assert choose([many, Candidate("cold", 0, 29)], 10, 100, 4).reason == GUARD
-
-
-def test_the_default_weight_keeps_a_prefix_on_its_holder_at_three_above() -> None:
-    """With the proxy's default weight, a holder 3 requests above an idle replica still wins
-    (computing the whole prompt costs more than 3 requests' wait); 5 above, it does not."""
+def test_the_weight_is_what_a_token_to_compute_costs_against_one_in_flight() -> None:
+    """The proxy's default weight: a prompt computed again costs 4 times its tokens queued."""
     weight = next(f.default for f in fields(ProxyConfig) if f.name == "cache_overlap_weight")
     assert isinstance(weight, float)
-    cold = Candidate("cold", cached_blocks=0, outstanding=0)
-    held = Candidate("hot", cached_blocks=10, outstanding=3)
-    assert choose([held, cold], 10, weight, max_imbalance=8) == Choice("hot", 10, CACHE)
-    busy = Candidate("hot", cached_blocks=10, outstanding=5)
-    assert choose([busy, cold], 10, weight, max_imbalance=8) == Choice("cold", 0, LOAD)
+    assert cost(holder(3, 3 * PROMPT), weight) == weight * SUFFIX + 3 * PROMPT + 3
+    assert choose([holder(3, 3 * PROMPT), other()], 1.0, 4) == Choice("other", 0, LOAD)
+    assert choose([holder(3, 3 * PROMPT), other()], weight, 4) == Choice("holder", 32, CACHE)
+
+
+async def test_legs_count_their_planned_tokens_on_their_replica_while_they_run() -> None:
+    """Through the real proxy on fakes: a long prompt's prefill leg adds its uncached tokens to
+    the prefill's tokens_in_flight while it runs and takes them back when it ends; the scorer
+    reads them, so a holder with enough work queued loses the next request to an idle replica."""
+    import asyncio
+
+    from pd_proxy.rewrite import COMPLETIONS
+    from pd_proxy.testing.fake_vllm import tokenize
+    from tests.proxy.proxy_harness import pd_stack
+    from tests.support.waits import until
+
+    from .test_cache_routing import hold, served, text
+
+    async with pd_stack(decodes=2, prefix_cache_routing="events") as s:
+        prompt = text(60)
+        s.prefill.knobs.delay = 1.0
+        prefill = s.proxy.prefill_pool.backends[0]
+        sent = asyncio.create_task(s.post(COMPLETIONS, {"prompt": prompt, "max_tokens": 2}))
+        await until(lambda: prefill.tokens_in_flight > 0, "the prefill leg running", timeout=10)
+        assert prefill.tokens_in_flight == len(tokenize(prompt))  # nothing cached: all of it
+        status, _, raw = await sent
+        assert status == 200, raw
+        assert prefill.tokens_in_flight == 0 and prefill.outstanding == 0
+
+        shared = text(40, start=300)
+        hold(s, 1, shared)
+        holder = s.proxy.decode_pool.backends[1]
+        before = served(s)
+        await s.post(COMPLETIONS, {"prompt": f"{shared} q0", "max_tokens": 2})
+        assert served(s) == [before[0], before[1] + 1]  # the holder, idle
+        before = served(s)
+        holder.tokens_in_flight = 10 * len(tokenize(shared))  # work queued there: much longer
+        await s.post(COMPLETIONS, {"prompt": f"{shared} q1", "max_tokens": 2})
+        holder.tokens_in_flight = 0
+        after = served(s)
+        assert after[0] == before[0] + 1 and after[1] == before[1]

@@ -1,10 +1,12 @@
 """Cache-aware routing: what each replica's prefix cache holds, and where a request goes for it.
 
 - ``events``: vLLM's KV-event messages (ZMQ frames, msgpack) decoded into plain records;
-- ``keys``: the proxy's own key of each block chain, from token ids (no hash-seed agreement);
+- ``keys``: the proxy's own key of each block chain, from token ids and each block's extra keys
+  (no hash-seed agreement); ``extra``: a request's extra keys (``cache_salt``, a LoRA adapter);
 - ``index``: per-replica block sets fed by events, with sequence tracking (gaps, restarts);
 - ``approx``: the same lookup from the proxy's own routing history, for replicas without events;
-- ``scorer``: the cost of each replica (uncached blocks against load) and the choice;
+- ``scorer``: the cost of each replica (estimated time in prompt tokens) and the choice;
+  ``load``: the tokens each leg of a planned request computes, for the replicas' load;
 - ``tokens``: the local tokenizer and chat template, checked against a decode's ``/tokenize``;
 - ``subscriber`` and ``sources``: the I/O (ZMQ subscriptions, ``GET /kv_event_sources``);
 - ``router``: the glue a mode calls to get a plan (decode, prefill, cached tokens, reason).

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgpack
 
+from pd_proxy.routing.cache.keys import Extra, block_extra
+
 BlockHash = bytes | int  # vLLM's ExternalBlockHash
 # The replay socket's end-of-replay marker: sequence -1.
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -32,8 +34,9 @@ class Stored:
     parent: BlockHash | None
     token_ids: tuple[int, ...]
     block_size: int
-    # LoRA, multimodal, cache_salt: blocks with any are keyed apart (never match a plain prompt).
-    extra: tuple[Any, ...] | None
+    # Per block, what besides tokens went into vLLM's hash (LoRA, cache_salt, multimodal,
+    # prompt embeds) as pd_proxy.routing.cache.keys spells it; None: every block plain.
+    extras: tuple[Extra, ...] | None
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,8 @@ def event(raw: Any) -> Event | None:
         raise BadBatch("BlockStored without token_ids or block_size")
     if len(tokens) != size * len(hashes):
         raise BadBatch(f"BlockStored: {len(tokens)} tokens for {len(hashes)} blocks of {size}")
-    extra = _extra(raw)
-    return Stored(tuple(hashes), raw.get("parent_block_hash"), tuple(tokens), size, extra)
+    extras = _extras(raw, len(hashes))
+    return Stored(tuple(hashes), raw.get("parent_block_hash"), tuple(tokens), size, extras)
 
 
 def _tracked(raw: dict[str, Any]) -> bool:
@@ -116,15 +119,41 @@ def _tracked(raw: dict[str, Any]) -> bool:
     return medium in (None, GPU_MEDIUM) and group in (None, 0)
 
 
-def _extra(raw: dict[str, Any]) -> tuple[Any, ...] | None:
-    """What besides tokens went into vLLM's hash (LoRA, multimodal, cache_salt), or None."""
-    extra = raw.get("extra_keys")
-    parts: list[Any] = []
-    if raw.get("lora_name") is not None or raw.get("lora_id") is not None:
-        parts.append(("lora", raw.get("lora_name"), raw.get("lora_id")))
-    if isinstance(extra, list) and any(x is not None for x in extra):
-        parts.append(("extra", _frozen(extra)))
-    return tuple(parts) if parts else None
+def _extras(raw: dict[str, Any], blocks: int) -> tuple[Extra, ...] | None:
+    """Each block's extra keys, tagged as the proxy's keys spell them, or None when all are plain.
+
+    vLLM publishes them untagged, one entry per block (``to_event_extra_keys``): the LoRA name
+    first when ``lora_name`` is set, then multimodal ``(identifier, offset)`` pairs, the
+    ``cache_salt`` string (first block only) and prompt-embeds digests (bytes). After the LoRA
+    name, a string is the salt; anything else is content the proxy cannot key from a request
+    ("other"), so such blocks never match one.
+    """
+    lora = raw.get("lora_name")
+    if lora is None and raw.get("lora_id") is not None:
+        lora = ("id", raw.get("lora_id"))  # no name to meet a request's model: never matches
+    entries = raw.get("extra_keys")
+    if not isinstance(entries, list) or len(entries) != blocks:
+        if entries is not None and isinstance(entries, list) and any(e for e in entries):
+            # Not one entry per block: key every block apart rather than guess which is which.
+            return tuple(block_extra(None, None, ("unaligned",)) for _ in range(blocks))
+        entries = [None] * blocks
+    out = tuple(_block(lora, entry) for entry in entries)
+    return None if all(e is None for e in out) else out
+
+
+def _block(lora: Any, entry: Any) -> Extra:
+    parts = list(entry) if isinstance(entry, list | tuple) else []
+    if lora is not None and parts and parts[0] == lora:
+        parts = parts[1:]
+    salts = [p for p in parts if isinstance(p, str)]
+    other = tuple(_frozen(p) for p in parts if not isinstance(p, str))
+    if len(salts) > 1:
+        other += tuple(salts)  # vLLM adds one salt at most: unknown content, keyed apart
+        salts = []
+    name = lora if isinstance(lora, str) or lora is None else None
+    if lora is not None and name is None:
+        other += (lora,)
+    return block_extra(name, salts[0] if salts else None, other)
 
 
 def _frozen(value: Any) -> Any:

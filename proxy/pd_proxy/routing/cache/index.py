@@ -57,6 +57,8 @@ class ReplicaIndex:
         self.refs: dict[Key, int] = {}
         self.by_hash: dict[BlockHash, Key] = {}
         self.block_size: int | None = None
+        # LoRA adapters named in its stored blocks: a request whose model is one is keyed as it.
+        self.adapters: set[str] = set()
         self.expected: int | None = None
         self.health = Health()
 
@@ -116,7 +118,11 @@ class ReplicaIndex:
                 return
             parent = known
         self.block_size = ev.block_size
-        keys = chain(ev.token_ids, ev.block_size, parent, ev.extra)
+        if ev.extras is not None:
+            self.adapters.update(
+                part[1] for extra in ev.extras if extra for part in extra if part[0] == "lora"
+            )
+        keys = chain(ev.token_ids, ev.block_size, parent, ev.extras)
         for h, key in zip(ev.block_hashes, keys, strict=True):
             if h in self.by_hash:
                 continue  # stored again (e.g. received over NIXL after a local copy): one entry

@@ -1,9 +1,13 @@
 """The proxy's own key of each block: a chain over token ids, like vLLM's block hash but computed
 here, so events and requests meet without agreeing on vLLM's hash algorithm or seed.
 
-Key i covers tokens ``[0, (i + 1) * block_size)``: it hashes key i-1 with block i's token ids (and,
-for blocks vLLM hashed with extra keys, those). Python's tuple hash of ints is deterministic
-across processes; a collision only costs a worse routing choice, never a wrong answer.
+Key i covers tokens ``[0, (i + 1) * block_size)``: it hashes key i-1 with block i's token ids and
+block i's extra keys, as vLLM's ``hash_block_tokens`` does (``kv_cache_utils``). vLLM puts a
+request's ``cache_salt`` in the first block's extra keys and a LoRA adapter in every block's, so
+a salted or adapter prompt shares no key with the plain one: both sides (pd_proxy.routing.cache
+.index from events, pd_proxy.routing.cache.extra from requests) build the same ``Extra`` for a
+block. Python's hash of these tuples is stable within one process, which is all the index needs;
+a collision only costs a worse routing choice, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -13,17 +17,38 @@ from typing import Any
 
 Key = int
 ROOT: Key = 0x5EED  # the parent of a chain's first block
+# One block's extra keys, tagged by source: ``(("lora", name), ("salt", salt), ("other", ...))``
+# in that order, each part only when present; None for a plain block.
+Extra = tuple[tuple[Any, ...], ...] | None
 
 
 def chain(
-    tokens: Sequence[int], block_size: int, parent: Key = ROOT, extra: Any = None
+    tokens: Sequence[int],
+    block_size: int,
+    parent: Key = ROOT,
+    extras: Sequence[Extra] | None = None,
 ) -> list[Key]:
-    """The keys of the whole blocks of ``tokens`` after ``parent`` (a trailing part has none)."""
+    """The keys of the whole blocks of ``tokens`` after ``parent`` (a trailing part has none);
+    ``extras[i]`` is block i's extra keys (None, or a shorter sequence: plain blocks)."""
     keys: list[Key] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
+    n = 0 if extras is None else len(extras)
+    for i, start in enumerate(range(0, len(tokens) - block_size + 1, block_size)):
+        extra = extras[i] if i < n else None  # type: ignore[index]
         parent = hash((parent, tuple(tokens[start : start + block_size]), extra))
         keys.append(parent)
     return keys
+
+
+def block_extra(lora: str | None, salt: str | None, other: tuple[Any, ...] = ()) -> Extra:
+    """One block's ``Extra`` from its parts (the one spelling both sides use)."""
+    parts: list[tuple[Any, ...]] = []
+    if lora is not None:
+        parts.append(("lora", lora))
+    if salt is not None:
+        parts.append(("salt", salt))
+    if other:
+        parts.append(("other", other))
+    return tuple(parts) if parts else None
 
 
 def hit_tokens(blocks: int, block_size: int, prompt_tokens: int) -> int:

@@ -3,7 +3,10 @@ the prefill) each role's scorer picks, the cache hit predicted there, and the pa
 ``--local-prefill-max-tokens`` (pd_proxy.routing.decider), as one ``Route``.
 
 What the replicas hold comes from pd_proxy.routing.cache.follow. Without token ids, or with nothing
-cached anywhere, the choice is the pool's own (least outstanding, round-robin ties).
+cached anywhere, the choice is the pool's own (least outstanding, round-robin ties). A prompt's
+blocks are keyed with the request's extra keys (pd_proxy.routing.cache.extra): a salted request
+is predicted only from blocks stored under its own salt, in the events index, the pending
+entries and the approximate index alike; one that cannot be keyed is never predicted a hit.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from pd_proxy.route import PD, Route
 from pd_proxy.routing import decider
 from pd_proxy.routing.block_size import BlockSizes
 from pd_proxy.routing.cache import scorer
+from pd_proxy.routing.cache.extra import PLAIN, RequestKeys
 from pd_proxy.routing.cache.follow import CacheFollower
 from pd_proxy.routing.cache.keys import Key, chain, hit_tokens
+from pd_proxy.routing.cache.load import plan_legs
 from pd_proxy.routing.cache.metrics import CacheMetrics
 from pd_proxy.routing.pool import Backend, BackendPool
 
@@ -24,12 +29,13 @@ DEFAULT_BLOCK_SIZE = 16  # the prompt's block count when no replica has told its
 
 
 class _Keys:
-    """A prompt's block-key chains, computed once per block size."""
+    """A prompt's block-key chains with its extra keys, computed once per block size."""
 
-    __slots__ = ("ids", "keys")
+    __slots__ = ("ids", "extra", "keys")
 
-    def __init__(self, ids: Sequence[int]) -> None:
+    def __init__(self, ids: Sequence[int], extra: RequestKeys) -> None:
         self.ids = ids
+        self.extra = extra
         self.keys: dict[int, list[Key]] = {}
 
 
@@ -59,14 +65,15 @@ class CacheRouter:
         pools = (self.prefill_pool, self.decode_pool)
         return any(sum(b.healthy for b in pool.backends) > 1 for pool in pools)
 
-    def route(self, ids: Sequence[int] | None, local_max: int) -> Route:
-        """The route for a prompt of ``ids`` (None: unknown): the decode first, the path on the
-        tokens it does not hold, then (P/D) the prefill; the chosen replicas' records learn
-        what they will hold."""
+    def route(self, ids: Sequence[int] | None, local_max: int, extra: RequestKeys = PLAIN) -> Route:
+        """The route for a prompt of ``ids`` (None: unknown) with ``extra`` keys (its
+        ``cache_salt``, its model): the decode first, the path on the tokens it does not hold,
+        then (P/D) the prefill; the chosen replicas' records learn what they will hold, and the
+        legs the tokens they will compute (pd_proxy.routing.cache.load)."""
         if ids is None:
             path, reason = decider.decide(None, 0, local_max)
             return Route(path, reason)
-        plan = _Keys(ids)
+        plan = _Keys(ids, extra)
         decode, decode_hit = self.choose(self.decode_pool, ids, plan)
         path, reason = decider.decide(len(ids), decode_hit, local_max)
         prefill, prefill_hit = None, 0
@@ -74,10 +81,13 @@ class CacheRouter:
         if path == PD:
             prefill, prefill_hit = self.choose(self.prefill_pool, ids, plan)
             roles.append(("prefill", prefill, prefill_hit))
+            plan_legs({"prefill": len(ids) - prefill_hit})
+        else:
+            plan_legs({"decode": len(ids) - decode_hit})
         for role, backend, hit in roles:
             self.metrics.prompt_tokens.labels(role).inc(len(ids))
             self.metrics.predicted.labels(role).inc(hit)
-            if backend is not None:
+            if backend is not None and extra.keyable:
                 self._routed(backend, plan)
         return Route(path, reason, decode, prefill, tuple(ids), decode_hit, prefill_hit)
 
@@ -94,10 +104,17 @@ class CacheRouter:
         now = time.monotonic()
         held = {b.url: self._cached_blocks(b, plan, sizes[b.url], now) for b in backends}
         candidates = [
-            scorer.Candidate(b.url, held[b.url][1], b.outstanding, self._fill(b, now))
+            scorer.Candidate(
+                b.url,
+                held[b.url][1],
+                b.outstanding,
+                self._fill(b, now),
+                len(ids) - hit_tokens(held[b.url][1], sizes[b.url] or size, len(ids)),
+                b.tokens_in_flight,
+            )
             for b in backends
         ]
-        choice = scorer.choose(candidates, len(ids) // size, self.weight, self.max_imbalance)
+        choice = scorer.choose(candidates, self.weight, self.max_imbalance)
         if choice is None:
             backend = pool.pick()
             if backend is not None:
@@ -130,9 +147,13 @@ class CacheRouter:
     def _keys(self, plan: _Keys, size: int) -> list[Key]:
         keys = plan.keys.get(size)
         if keys is None:
-            assert plan.ids is not None
-            keys = plan.keys[size] = chain(plan.ids, size)
+            extras = plan.extra.extras(len(plan.ids) // size, self._is_adapter)
+            keys = plan.keys[size] = chain(plan.ids, size, extras=extras)
         return keys
+
+    def _is_adapter(self, model: str) -> bool:
+        """Whether a replica's events named ``model`` as the LoRA adapter of stored blocks."""
+        return any(model in i.adapters for idx in self.known.indexes.values() for i in idx)
 
     def _block_size(self, backend: Backend) -> int | None:
         indexes = self.known.indexes.get(backend.url)
@@ -154,7 +175,7 @@ class CacheRouter:
     ) -> tuple[int, int]:
         """Leading blocks of the prompt ``backend`` holds: (confirmed, for routing), where
         routing also counts what the proxy sent there and its events have not announced yet."""
-        if size is None:
+        if size is None or not plan.extra.keyable:
             return 0, 0
         keys = self._keys(plan, size)
         indexes = self.known.indexes.get(backend.url)

@@ -1,25 +1,35 @@
-"""The choice of a replica by cost: the share of the prompt it would have to compute, weighted,
-plus the requests it is already serving (as NVIDIA Dynamo's KV router: overlap-weighted prefill
-blocks plus decode load).
+"""The choice of a replica by estimated time, counted in prompt tokens (as NVIDIA Dynamo's KV
+router counts load in blocks): the tokens of this prompt it would compute, plus the work already
+queued or running there.
 
-``cost = weight * uncached_blocks / prompt_blocks + outstanding``: with weight 4 (the default),
-a replica that holds the whole prompt wins over an idle one until it has 4 more requests in
-flight; at equal cost, the one holding more of the prompt, then the one holding fewer blocks in
-all.
+``cost = weight * uncached_tokens + tokens_in_flight + outstanding``:
+
+- ``uncached_tokens``: the prompt tokens it does not hold (its prefill for this request);
+- ``tokens_in_flight``: the uncached prompt tokens of the proxy's legs running there
+  (pd_proxy.routing.cache.load): prefills queued or running ahead of this one;
+- ``outstanding``: its requests in flight, one token each: every running decode takes a token
+  of every step this request's prefill shares.
+
+``weight`` (``--cache-overlap-weight``, 4) is what a token this request would compute costs
+against a token already in flight. The in-flight tokens of a leg count until it ends, while its
+prefill ends at its first token, so they over-state the queue; computing the prompt again is
+certain. With a 512-token prefix and 64-token suffixes, the holder of an idle replica's missing
+prefix keeps it until the work there outweighs computing the prefix elsewhere: 3 whole prompts
+in flight, or about 30 follow-ups of 64 new tokens (the guard stops it sooner), where a full miss
+used to be worth 4 requests whatever their length.
 
 The imbalance guard keeps a hot prefix from piling every request onto one replica: a replica
 more than ``max_imbalance`` requests above the least busy one is not a candidate, whatever it
-holds. The request the guard sends elsewhere computes the prefix there, and from then on both
-replicas hold it and share its load. The guard is the same at any load: scaled down to the mean
-load per replica, it sent a holder's fourth request elsewhere at 4 in flight over 2 replicas,
-and the copies that made overfilled the caches (the shared-prefix bench: 0.67-0.80 of the ideal
-hits against 0.84-1.00 with this rule, docs/bench.md).
+holds (a fixed count at any load: scaled down to the mean load, it sent a holder's fourth
+request elsewhere at 4 in flight over 2 replicas, and the copies that made overfilled the caches,
+docs/bench.md). The request it sends elsewhere computes the prefix there, and from then on both
+replicas hold it and share its load. At equal cost, the one holding more of the prompt, then the
+one holding fewer blocks in all.
 
 Placement of a new prefix (cached nowhere): among the replicas at most ``PLACEMENT_SLACK``
 requests above the least busy, the one holding the fewest blocks, so that prefixes spread over
 the replicas' caches instead of evicting each other on one of them (a request in flight ends
-soon; a prefix that does not fit misses on every later request).
-Pure.
+soon; a prefix that does not fit misses on every later request). Pure.
 """
 
 from __future__ import annotations
@@ -39,8 +49,10 @@ PLACEMENT_SLACK = 1  # requests above the least busy a new prefix's replica may 
 class Candidate:
     name: str
     cached_blocks: int  # leading blocks of the prompt it holds (or was just sent)
-    outstanding: int
+    outstanding: int  # requests in flight there
     held_blocks: int = 0  # blocks it holds in all (its cache's fill)
+    uncached_tokens: int = 0  # prompt tokens it would compute for this request
+    tokens_in_flight: int = 0  # prompt tokens its legs in flight compute
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,12 @@ class Choice:
     name: str
     cached_blocks: int
     reason: str
+
+
+def cost(c: Candidate, weight: float) -> float:
+    """The estimated time to this request's first token at ``c``, in prompt tokens (the same
+    estimate admission can read)."""
+    return weight * c.uncached_tokens + c.tokens_in_flight + c.outstanding
 
 
 def place(candidates: Sequence[Candidate]) -> Candidate | None:
@@ -64,9 +82,7 @@ def place(candidates: Sequence[Candidate]) -> Candidate | None:
     return best if len(ties) == 1 else None
 
 
-def choose(
-    candidates: Sequence[Candidate], prompt_blocks: int, weight: float, max_imbalance: int
-) -> Choice | None:
+def choose(candidates: Sequence[Candidate], weight: float, max_imbalance: int) -> Choice | None:
     """The cheapest candidate, or None when nothing tells them apart (no candidate holds any of
     the prompt and ``place`` finds no better room: the caller picks by load alone, as the proxy
     always did). Ties keep the order given."""
@@ -77,15 +93,13 @@ def choose(
         return None if placed is None else Choice(placed.name, 0, LOAD)
     least = min(c.outstanding for c in candidates)
     fair = [c for c in candidates if c.outstanding <= least + max_imbalance]
-    blocks = max(prompt_blocks, 1)
 
-    def cost(c: Candidate) -> tuple[float, int, int]:
-        uncached = blocks - min(c.cached_blocks, blocks)
-        return weight * uncached / blocks + c.outstanding, -c.cached_blocks, c.held_blocks
+    def key(c: Candidate) -> tuple[float, int, int]:
+        return cost(c, weight), -c.cached_blocks, c.held_blocks
 
-    best = min(fair, key=cost)
+    best = min(fair, key=key)
     most = max(c.cached_blocks for c in candidates)
-    if best.cached_blocks < min(candidates, key=cost).cached_blocks:
+    if best.cached_blocks < min(candidates, key=key).cached_blocks:
         reason = GUARD  # by cost alone, a busier replica holding more would have won
     elif best.cached_blocks and best.cached_blocks == most:
         reason = CACHE
