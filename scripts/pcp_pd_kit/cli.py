@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help=f"benchmarks, one results layout: {', '.join(KINDS)} (docs/bench.md)",
-        description="The kit's benchmarks; each writes result.json, table.md and manifest.json "
-        "under results/<kind>-<UTC time>/ (see docs/bench.md)",
+        description="The kit's benchmarks; each writes result.json, table.md, manifest.json and "
+        "summary.{json,md} under results/<kind>-<UTC time>/ (see docs/bench.md)",
     )
     add_kind_parsers(bench)
     for name, text in PASS_THROUGH.items():
@@ -51,8 +51,8 @@ def _term_as_interrupt(signum: int, frame: object) -> None:
 
 def run_stack_command(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     """up, demo, bench: settings from the layered env, one `finally` that stops what started."""
-    from pcp_pd_kit.bench.kinds import MODULE_KINDS, BenchUsageError, run_module_kind
-    from pcp_pd_kit.bench.runner import BenchError, cmd_bench
+    from pcp_pd_kit.bench.client import BenchError
+    from pcp_pd_kit.bench.kinds import BenchUsageError, run_kind
     from pcp_pd_kit.localstack.host import PortInUseError
     from pcp_pd_kit.localstack.model_source import ModelNotAvailableError
     from pcp_pd_kit.localstack.process import StackProcessError
@@ -77,13 +77,11 @@ def run_stack_command(args: argparse.Namespace, argv: Sequence[str] = ()) -> int
         sig: signal.signal(sig, _term_as_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        if args.command == "bench" and args.kind in MODULE_KINDS:
-            return run_module_kind(args, [sys.executable, "-m", "pcp_pd_kit", *argv])
+        if args.command == "bench":
+            return run_kind(args, [sys.executable, "-m", "pcp_pd_kit", *argv])
         settings = settings_from_env(kit_env(os.environ))
         if args.command == "up":
             return cmd_up(settings)
-        if args.command == "bench":
-            return cmd_bench(settings, args)
         return cmd_demo(settings, args.limit or settings.demo_limit)
     except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from pcp_pd_kit.bench import kinds, results
+from pcp_pd_kit.bench import kinds, results, tables
 from pcp_pd_kit.cli import main
 
 
 def test_markdown_table_has_a_header_rule_and_one_line_per_row() -> None:
-    text = results.markdown_table(["a", "b"], [[1, "x"], [2.5, "y"]])
+    text = tables.markdown_table(["a", "b"], [[1, "x"], [2.5, "y"]])
     assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | y |"]
 
 
 def test_markdown_table_refuses_a_row_of_the_wrong_width() -> None:
     with pytest.raises(ValueError, match="2 cells for 3 headers"):
-        results.markdown_table(["a", "b", "c"], [[1, 2]])
+        tables.markdown_table(["a", "b", "c"], [[1, 2]])
 
 
 def test_run_dir_is_named_by_kind_and_time_and_never_reused(tmp_path: Path) -> None:
@@ -88,18 +88,40 @@ def test_proxy_bench_runs_for_real_and_writes_the_layout(
     assert main([*argv, "--results-dir", str(tmp_path)]) == 0
     [run] = list(tmp_path.iterdir())
     assert re.fullmatch(r"proxy-\d{8}T\d{6}Z", run.name)
-    result = json.loads((run / results.RESULT_FILE).read_text())
+    result = json.loads((run / "result.json").read_text())
     assert result["errors"] == 0
     assert set(result["summary"]) == {"floor:completions", "proxy:completions"}
     assert result["summary"]["proxy:completions"]["req_s"] > 0
     assert "proxy:completions" in result["ratios"]
-    table = (run / results.TABLE_FILE).read_text()
+    table = (run / "table.md").read_text()
     assert "| mode | p50 ms |" in table and "| proxy:completions |" in table
     assert table.strip() in capsys.readouterr().out
-    manifest = json.loads((run / results.MANIFEST_FILE).read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["kind"] == "proxy" and manifest["bench"]["requests"] == 10
     assert manifest["command"][-2:] == ["--results-dir", str(tmp_path)]
     assert (run / "proxy.log").is_file()
+    brief = json.loads((run / "summary.json").read_text())
+    assert brief["kind"] == "proxy" and brief["figures"] == result
+    assert brief["git"]["commit"] == manifest["git"]["commit"]
+
+
+def test_the_summary_is_written_where_a_document_can_cite_it(tmp_path: Path) -> None:
+    """--summary-dir: DIR/<kind>-<UTC time>.{json,md}, naming the command and the figures."""
+    argv = ["bench", "proxy", "--concurrency", "1", "--tokens", "2", "--requests", "4"]
+    argv += ["--rounds", "1", "--warmup", "1", "--endpoint", "chat"]
+    argv += ["--results-dir", str(tmp_path / "r"), "--summary-dir", str(tmp_path / "docs")]
+    assert main(argv) == 0
+    [run] = list((tmp_path / "r").iterdir())
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == [
+        f"{run.name}.json",
+        f"{run.name}.md",
+    ]
+    text = (tmp_path / "docs" / f"{run.name}.md").read_text()
+    assert text.startswith(f"# bench proxy, {run.name.removeprefix('proxy-')}")
+    assert "- command: `pcp-pd-kit bench proxy --concurrency 1" in text
+    assert "| proxy:chat |" in text
+    data = json.loads((tmp_path / "docs" / f"{run.name}.json").read_text())
+    assert data["figures"]["summary"]["proxy:chat"]["errors"] == 0
 
 
 @pytest.mark.vllm
@@ -112,7 +134,7 @@ def test_connector_bench_runs_with_vllms_classes(tmp_path: Path) -> None:
         == 0
     )
     [run] = list(tmp_path.iterdir())
-    result = json.loads((run / results.RESULT_FILE).read_text())
+    result = json.loads((run / "result.json").read_text())
     assert set(result["median_ns_per_step"]) == {"stock", "ours"}
     assert all(v > 0 for v in result["median_ns_per_step"]["ours"].values())
-    assert "| get_finished x2 ranks |" in (run / results.TABLE_FILE).read_text()
+    assert "| get_finished x2 ranks |" in (run / "table.md").read_text()

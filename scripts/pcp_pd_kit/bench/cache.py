@@ -1,4 +1,4 @@
-"""Prefix caching through the kit against a single vLLM, side by side in one run (issue 37).
+"""Prefix caching through the kit against a single vLLM, side by side in one run.
 
 Starts the local CPU stack with prefix caching on (PCP2 + EP2 prefill and decode publishing KV
 events, the single-instance reference) and pd-proxies on their own ports, then:
@@ -17,7 +17,7 @@ events, the single-instance reference) and pd-proxies on their own ports, then:
    alternating order, each decode's prefix cache emptied before each run. Cache-hit tokens come
    from both decodes' vllm:prefix_cache_hits_total.
 
-Medians, and the goals of issue 37, reported (never a failure). Exit 1 when a run failed.
+Medians, and the goals, reported (never a failure). Exit 1 when a run failed.
 
     pcp-pd-kit bench cache                    # about 4-5 minutes on 2 cores
 """
@@ -36,9 +36,9 @@ from typing import Any
 from pcp_pd_kit.bench import cache_clients as clients
 from pcp_pd_kit.bench import cache_plan as cp
 from pcp_pd_kit.bench import cache_report as report
-from pcp_pd_kit.bench import spec
+from pcp_pd_kit.bench import serve_plan as spec
+from pcp_pd_kit.bench.client import bench_env, run_process
 from pcp_pd_kit.bench.results import Outcome
-from pcp_pd_kit.bench.runner import bench_env, run_bench_process
 from pcp_pd_kit.localstack import commands
 from pcp_pd_kit.localstack.host import ensure_ports_free
 from pcp_pd_kit.localstack.model_source import ResolvedModel
@@ -285,7 +285,7 @@ def run_shared(
             argv = cp.prefix_bench_argv(
                 proxy, model.served_name, model.path, plan, plan.seed, str(out), f"{name}.json"
             )
-            code, seconds, timed_out = run_bench_process(
+            code, seconds, timed_out = run_process(
                 argv, out / "logs" / f"{name}.log", env, plan.run_timeout_s, name
             )
             time.sleep(1.0)

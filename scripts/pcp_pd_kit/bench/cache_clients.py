@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from pcp_pd_kit.bench import cache_plan
-from pcp_pd_kit.bench.histograms import counter_values
+from pcp_pd_kit.bench.metrics import counter_values
 from pcp_pd_kit.bench.prefix_ttft import request_body, ttft_s
 from pcp_pd_kit.localstack.report import parse_metrics
 

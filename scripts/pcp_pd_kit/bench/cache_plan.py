@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcp_pd_kit.bench.prefix_ttft import token_ids
-from pcp_pd_kit.bench.spec import VLLM_SERVE_MODULE
+from pcp_pd_kit.bench.serve_plan import VLLM_SERVE_MODULE
 from pcp_pd_kit.bench.tokenize_cost import WORDS
 from pcp_pd_kit.localstack.commands import ProcessSpec
 

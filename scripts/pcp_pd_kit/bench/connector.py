@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pcp_pd_kit.bench.results import Outcome, markdown_table
+from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.tables import markdown_table
 
 HELP = "per-step overhead of the kit's NIXL connector vs vLLM's stock one (no servers)"
 

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.bench.results import Outcome, markdown_table
+from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.commands import ProcessSpec
 from pcp_pd_kit.localstack.stack import Stack
 from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pcp_pd_kit.bench.results import Outcome, markdown_table
+from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.tables import markdown_table
 
 FIRST_ID, LAST_ID = 10, 2000  # past the tiny tokenizer's special tokens
 

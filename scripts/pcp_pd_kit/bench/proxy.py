@@ -41,9 +41,28 @@ from typing import Any
 
 import aiohttp
 
-from pcp_pd_kit.bench.results import Outcome, markdown_table
+from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.host import free_port
-from pd_proxy.rewrite import decode_body, dumps, prefill_body
+
+# The floor's own two legs, as vLLM's P/D protocol wants them (the kit's bench never imports
+# pd-proxy's internals: it runs pd-proxy and its fake vLLM as processes).
+PREFILL_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+              "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The prefill leg: non-streaming, one token, the KV kept for a remote decode."""
+    return {**body, "kv_transfer_params": PREFILL_KV, "stream": False, "max_tokens": 1}
+
+
+def decode_body(body: dict[str, Any], kv: Any) -> dict[str, Any]:
+    return {**body, "kv_transfer_params": kv}
+
 
 HELP = "pd-proxy against its floor (a client doing both legs) on fake vLLMs: latency, CPU"
 GOALS = "goals: p50 <= 1.15x, throughput >= 0.9x the floor of the same endpoint"

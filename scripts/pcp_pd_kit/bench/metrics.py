@@ -1,4 +1,4 @@
-"""Prometheus histograms from parsed /metrics samples: before/after deltas, mean, quantile.
+"""Prometheus histograms and counters from parsed /metrics samples: before/after deltas. No I/O.
 
 A histogram here is one metric summed over all its label sets (vLLM labels by model and engine),
 or over those carrying some label values (a selector such as
@@ -29,40 +29,18 @@ class Histogram:
         """sum/count: exact, whatever the buckets; None with no observation."""
         return self.sum / self.count if self.count > 0 else None
 
-    def quantile(self, q: float) -> float | None:
-        """Estimate as Prometheus's histogram_quantile: linear inside the bucket holding rank q.
-
-        A rank in the +Inf bucket returns the highest finite bound; None with no observation.
-        """
-        found = self._bucket_holding(q)
-        if found is None:
-            return None
-        lower_bound, lower_count, bound, cumulative = found
-        if math.isinf(bound):
-            return lower_bound
-        if bound <= 0:
-            return bound
-        fraction = (q * self.count - lower_count) / (cumulative - lower_count)
-        return lower_bound + (bound - lower_bound) * fraction
-
     def bucket_of(self, q: float) -> tuple[float, float] | None:
         """(lower, upper] bounds of the bucket holding rank q: all a histogram really knows."""
-        found = self._bucket_holding(q)
-        return None if found is None else (found[0], found[2])
-
-    def _bucket_holding(self, q: float) -> tuple[float, float, float, float] | None:
-        """(lower bound, count below it, upper bound, cumulative count) of rank q's bucket."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile {q} outside [0, 1]")
         if self.count <= 0 or not self.buckets:
             return None
-        rank = q * self.count
-        lower_bound, lower_count = 0.0, 0.0
+        lower = 0.0
         for bound, cumulative in self.buckets:
-            if cumulative >= rank and cumulative > lower_count:
-                return lower_bound, lower_count, bound, cumulative
-            lower_bound, lower_count = bound, cumulative
-        return lower_bound, lower_count, math.inf, lower_count
+            if cumulative >= q * self.count and cumulative > 0:
+                return lower, bound
+            lower = bound
+        return lower, math.inf
 
 
 def _le(raw: str) -> float:

@@ -1,7 +1,6 @@
-"""What one bench run is, as plain data: the plan, the targets, and each `vllm bench serve` argv.
-
-No I/O here: the runner executes these argument lists, the tests check them (and, with vLLM
-installed, parse them with vLLM's own `vllm bench serve` parser).
+"""What one `bench serve` run is, as plain data: the plan, the targets, the run order and each
+`vllm bench serve` argv. No I/O: bench.serve executes these, the tests parse them with vLLM's own
+`vllm bench serve` parser.
 """
 
 from __future__ import annotations
@@ -50,15 +49,8 @@ LOCAL_PREFILL_PROXY_OFFSET = 2
 # --local-prefill-max-tokens (prompts of at most N tokens on decode alone); pd-ft: the same pair
 # through a pd-proxy with --first-token-from-prefill (token 1 from the prefill leg).
 TARGETS = ("single", "pd", "pd-local", "pd-ft")
-TARGET_TITLES = {
-    "single": "single",
-    "pd": "P/D",
-    "pd-local": "P/D local prefill",
-    "pd-ft": "P/D first token",
-}
-# Short column titles.
-TARGET_COLUMNS = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-ft": "P/D 1st-tok"}
-# Issue 27's short-prompt workload (run when pd-local is a target): prompts well below N at
+TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-ft": "P/D 1st-tok"}
+# The short-prompt workload (run when pd-local is a target): prompts well below N at
 # concurrency 1, measured on single, P/D and P/D with the option. N sits above the short prompt
 # (the dataset's prompt plus the tokenizer's BOS) and below the long one (DEFAULT_INPUT_LEN), so
 # one proxy takes the local path for the first and P/D for the second.
@@ -125,16 +117,6 @@ def bench_ports(base: int) -> dict[str, int]:
     return {name: base + offset for name, offset in PORT_OFFSETS.items()}
 
 
-def first_token_proxy_port(base: int) -> int:
-    """The first-token pd-proxy's port in the bench's local stack."""
-    return base + FIRST_TOKEN_PROXY_OFFSET
-
-
-def local_prefill_proxy_port(base: int) -> int:
-    """The local-prefill pd-proxy's port in the bench's local stack."""
-    return base + LOCAL_PREFILL_PROXY_OFFSET
-
-
 @dataclass(frozen=True)
 class BenchPlan:
     """Everything that makes two runs comparable: dataset, lengths, seed, levels, prompts."""
@@ -175,7 +157,7 @@ class BenchPlan:
 
 @dataclass(frozen=True)
 class ShortPlan:
-    """Issue 27's short-prompt workload and the N of the pd-local proxy."""
+    """The short-prompt workload and the N of the pd-local proxy."""
 
     input_len: int = DEFAULT_SHORT_INPUT_LEN
     output_len: int = DEFAULT_SHORT_OUTPUT_LEN

@@ -1,0 +1,441 @@
+"""vLLM's own serving benchmark, `vllm bench serve`, against a single vLLM and the P/D variants.
+
+Targets: single (one plain vLLM), pd (prefill + decode through pd-proxy), pd-ft (the same pair
+through a pd-proxy with --first-token-from-prefill) and pd-local (through one with
+--local-prefill-max-tokens N: the short prompts on decode alone, the long ones still P/D). Same
+model, seeded random dataset and greedy requests for all; per run the /metrics of the proxy,
+prefill and decode are read before and after, so each breakdown row counts that run alone.
+
+Local mode (no URL given) starts the local CPU stack in two phases, the single instance alone,
+then prefill + decode with the pd-proxies, each stopped before the next; remote mode
+(--base-url, --single-url, ...) benchmarks a running deployment and starts nothing.
+
+    pcp-pd-kit bench serve                                    # make bench's serving part
+    pcp-pd-kit bench serve --targets single,pd --concurrency 1,4 --prompts 16
+    pcp-pd-kit bench serve --base-url http://gpu-host:8000 --single-url http://gpu-host:8300
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench import serve_plan as sp
+from pcp_pd_kit.bench import serve_report as report
+from pcp_pd_kit.bench.client import (
+    BenchError,
+    Wanted,
+    bench_env,
+    grown,
+    http,
+    read_result,
+    run_process,
+    served_model,
+    snapshot,
+)
+from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.localstack.host import ensure_ports_free
+from pcp_pd_kit.localstack.model_source import hf_cached, resolve_model
+from pcp_pd_kit.localstack.process import StackProcessError
+from pcp_pd_kit.localstack.stack import (
+    FIRST_TOKEN_PROXY,
+    LOCAL_PREFILL_PROXY,
+    REFERENCE_PARTS,
+    Stack,
+)
+from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
+
+HELP = "vllm bench serve: single vLLM vs P/D and its proxy variants"
+log = logging.getLogger("pcp_pd_kit.bench")
+SETTLE_S = 1.0  # after a run, before the "after" scrape: the last observations land
+WARMUP_REQUESTS = 2
+# the local stack's pd-proxy of each P/D target
+PROXY_PARTS = {"pd": "proxy", "pd-local": LOCAL_PREFILL_PROXY, "pd-ft": FIRST_TOKEN_PROXY}
+REMOTE_URLS = {
+    "pd": "base_url",
+    "single": "single_url",
+    "pd-ft": "first_token_url",
+    "pd-local": "local_prefill_url",
+}
+WANTED = Wanted(report.histograms_read(), report.COUNTERS, report.GAUGES)
+
+
+def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None = None) -> None:
+    g = parser.add_argument_group("what to run")
+    a = g.add_argument
+    a(
+        "--concurrency",
+        default=",".join(map(str, sp.DEFAULT_CONCURRENCY)),
+        help="--max-concurrency levels (%(default)s)",
+    )
+    a(
+        "--prompts",
+        help=f"N, or one per level (default max({sp.MIN_PROMPTS}, {sp.PROMPTS_PER_SLOT} x c))",
+    )
+    a("--input-len", type=int, default=sp.DEFAULT_INPUT_LEN, help="(%(default)s)")
+    a("--output-len", type=int, default=sp.DEFAULT_OUTPUT_LEN, help="(%(default)s)")
+    a("--seed", type=int, default=sp.DEFAULT_SEED, help="dataset seed (%(default)s)")
+    a(
+        "--targets",
+        default=default_targets or ",".join(sp.TARGETS),
+        help="of single,pd,pd-local,pd-ft (%(default)s)",
+    )
+    a(
+        "--short-input-len",
+        type=int,
+        default=sp.DEFAULT_SHORT_INPUT_LEN,
+        help="pd-local's short prompts (%(default)s)",
+    )
+    a("--short-output-len", type=int, default=sp.DEFAULT_SHORT_OUTPUT_LEN, help="(%(default)s)")
+    a(
+        "--short-prompts",
+        type=int,
+        default=sp.DEFAULT_SHORT_PROMPTS,
+        help="per target, c=1 (%(default)s)",
+    )
+    a(
+        "--local-prefill-max-tokens",
+        type=int,
+        default=sp.DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
+        help="N of the pd-local proxy (%(default)s)",
+    )
+    a(
+        "--breakdown-concurrency",
+        type=int,
+        default=sp.DEFAULT_BREAKDOWN_LEVEL,
+        help="level of the printed breakdown (%(default)s)",
+    )
+    a(
+        "--run-timeout",
+        type=float,
+        default=900.0,
+        help="seconds one vllm bench serve may run (%(default)s)",
+    )
+    a(
+        "--port-base",
+        type=int,
+        default=sp.DEFAULT_PORT_BASE,
+        help="local stack ports base..base+90 (%(default)s)",
+    )
+    r = parser.add_argument_group("a running deployment (nothing is started when a URL is given)")
+    urls = {
+        "--base-url": "pd: the proxy",
+        "--single-url": "single: a plain vLLM of the same model",
+        "--first-token-url": "pd-ft: a pd-proxy with --first-token-from-prefill",
+        "--local-prefill-url": "pd-local: a pd-proxy with --local-prefill-max-tokens N",
+    }
+    for flag, what in urls.items():
+        r.add_argument(flag, help=what)
+    r.add_argument("--api-key", help="client key (default: --api-key-file, else OPENAI_API_KEY)")
+    r.add_argument("--api-key-file", help="file whose first non-comment line is the key")
+    r.add_argument("--served-model-name", help="default: the first of /v1/models")
+    r.add_argument("--tokenizer", help="default: the served model's root when here, else MODEL")
+    r.add_argument("--prefill-metrics-url", help="a prefill vLLM, for its breakdown rows")
+    r.add_argument("--decode-metrics-url", help="a decode vLLM, for its breakdown rows")
+
+
+def plans(args: argparse.Namespace) -> tuple[sp.BenchPlan, sp.ShortPlan, tuple[str, ...]]:
+    """The plan, the short workload and the targets; BenchError names a bad option."""
+    try:
+        levels = sp.parse_levels(args.concurrency)
+        plan = sp.BenchPlan(
+            levels=levels, prompts=sp.parse_prompts(args.prompts, levels), input_len=args.input_len,
+            output_len=args.output_len, seed=args.seed, breakdown_level=args.breakdown_concurrency,
+            run_timeout_s=args.run_timeout,
+        )  # fmt: skip
+        short = sp.ShortPlan(
+            args.short_input_len,
+            args.short_output_len,
+            args.short_prompts,
+            args.local_prefill_max_tokens,
+        )
+    except sp.BenchSpecError as exc:
+        raise BenchError(str(exc)) from None
+    wanted = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    if not wanted or set(wanted) - set(sp.TARGETS):
+        raise BenchError(f"--targets {args.targets!r}: choose from {','.join(sp.TARGETS)}")
+    return plan, short, wanted
+
+
+def resolve_api_key(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except OSError as exc:
+            raise BenchError(f"--api-key-file {args.api_key_file}: {exc}") from None
+        keys = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        if not keys:
+            raise BenchError(f"--api-key-file {args.api_key_file}: no key in it")
+        return keys[0]
+    return env.get("OPENAI_API_KEY") or None
+
+
+def remote_urls(args: argparse.Namespace, wanted: Sequence[str]) -> dict[str, str]:
+    urls = {t: getattr(args, opt) for t, opt in REMOTE_URLS.items()}
+    return {t: u.rstrip("/") for t, u in urls.items() if u and t in wanted}
+
+
+def local_settings(port_base: int) -> StackSettings:
+    """The bench's own ports; the normal and first-token proxies send every prompt P/D, and
+    cache-aware routing is off (the workloads repeat prompts across targets: `bench cache`
+    measures the cache)."""
+    try:
+        ports = sp.bench_ports(port_base)
+    except sp.BenchSpecError as exc:
+        raise BenchError(str(exc)) from None
+    settings = settings_from_env(kit_env(os.environ))
+    return dataclasses.replace(
+        settings,
+        **ports,  # type: ignore[arg-type]
+        local_prefill_max_tokens=0,
+        prefix_cache_routing="off",
+    )
+
+
+def phases(wanted: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Local phase -> the stack's parts: the single instance alone, then P/D with a pd-proxy per
+    P/D target wanted."""
+    out: dict[str, tuple[str, ...]] = {}
+    if "single" in wanted:
+        out["single"] = REFERENCE_PARTS
+    proxies = tuple(part for t, part in PROXY_PARTS.items() if t in wanted)
+    if proxies:
+        out["pd"] = ("prefill", "decode", *proxies)
+    return out
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """Options, then ports and model (local) or URLs and key (remote): before any file."""
+    plan, short, wanted = plans(args)
+    if "pd-local" in wanted:
+        for problem in short.problems(plan):
+            log.warning("%s", problem)
+    urls = remote_urls(args, wanted)
+    if any(getattr(args, o) for o in REMOTE_URLS.values()):
+        if not urls:
+            return "--targets leaves none of the URLs given"
+        key = resolve_api_key(args, os.environ)
+        for url in urls.values():
+            served_model(url, key)  # reachable, and the key accepted
+        return None
+    settings = local_settings(args.port_base)
+    ports = {"reference": settings.reference_port, **settings.ports(),
+             FIRST_TOKEN_PROXY: settings.proxy_port + sp.FIRST_TOKEN_PROXY_OFFSET,
+             LOCAL_PREFILL_PROXY: settings.proxy_port + sp.LOCAL_PREFILL_PROXY_OFFSET}  # fmt: skip
+    parts = {p for ps in phases(wanted).values() for p in ps}
+    ensure_ports_free(settings.host, {n: p for n, p in ports.items() if n.split()[0] in parts})
+    resolve_model(settings.model, settings.served_model_name, repo_root())  # builds the tiny one
+    return None
+
+
+def warm_up(target: sp.Target, api_key: str | None) -> None:
+    """Short requests outside every measurement: the first P/D one does the NIXL handshake."""
+    body = {
+        "model": target.served_model_name,
+        "prompt": "warm up the server " * 8,
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    for _ in range(WARMUP_REQUESTS):
+        http(f"{target.base_url}/v1/completions", api_key, body, timeout_s=300)
+
+
+def run_target(
+    target: sp.Target,
+    workload: str,
+    plan: sp.BenchPlan,
+    out: Path,
+    sources: Mapping[str, str],
+    api_key: str | None,
+) -> list[report.Run]:
+    """Warm up, then each level of one workload against one target, /metrics read around each."""
+    warm_up(target, api_key)
+    runs = []
+    for level in plan.levels:
+        run = report.Run(target.name, level, plan.prompts_for(level), workload)
+        log.info(
+            "%s: %d prompts, %d in / %d out tokens",
+            run.name,
+            run.prompts,
+            plan.input_len,
+            plan.output_len,
+        )
+        argv = sp.bench_serve_argv(target, plan, level, str(out), workload=workload)
+        log_path = out / "logs" / f"{sp.run_name(target.name, level, workload)}.log"
+        before = snapshot(sources, WANTED, api_key)
+        run.returncode, run.seconds, run.timed_out = run_process(
+            argv, log_path, bench_env(api_key), plan.run_timeout_s, run.name
+        )
+        time.sleep(SETTLE_S)
+        run.deltas, run.counters, run.gauges = grown(before, snapshot(sources, WANTED, api_key))
+        run.result, run.log = (
+            read_result(out / sp.result_filename(target.name, level, workload)),
+            str(log_path),
+        )
+        if not run.complete:
+            log.error(
+                "%s: vllm bench serve %s; see %s",
+                run.name,
+                "timed out" if run.timed_out else f"exited {run.returncode}",
+                log_path,
+            )
+        found = report.check(run)
+        if found is not None:
+            (log.info if found.measured else log.warning)("%s: %s", run.name, found.text)
+        runs.append(run)
+    return runs
+
+
+def run_all(
+    targets: Mapping[str, tuple[sp.Target, dict[str, str]]],
+    plan: sp.BenchPlan,
+    short: sp.ShortPlan,
+    wanted: Sequence[str], out: Path, api_key: str | None, errors: list[str],
+) -> list[report.Run]:  # fmt: skip
+    """Every (target, workload) these servers serve, in serve_plan.run_order; a failure is
+    recorded and the next one still runs."""
+    runs: list[report.Run] = []
+    for name, workload, wplan in sp.run_order(list(targets), plan, short, wanted):
+        target, sources = targets[name]
+        try:
+            runs += run_target(target, workload, wplan, out, sources, api_key)
+        except BenchError as exc:
+            errors.append(f"{sp.TARGET_TITLES[name]} {workload or ''}: {exc}".replace("  ", " "))
+            log.error("%s", errors[-1])
+    return runs
+
+
+def run_local(
+    args: argparse.Namespace,
+    plan: sp.BenchPlan,
+    short: sp.ShortPlan,
+    wanted: Sequence[str],
+    out: Path,
+    errors: list[str],
+) -> tuple[list[report.Run], dict[str, Any]]:
+    """Each phase starts its servers, runs its targets' workloads and stops them again; a phase
+    that fails to start is recorded and the next one still runs."""
+    settings = local_settings(args.port_base)
+    runs: list[report.Run] = []
+    extra: dict[str, Any] = {
+        "settings": dataclasses.asdict(settings),
+        "startup_s": {},
+        "targets": {},
+    }
+    for phase, parts in phases(wanted).items():
+        log.info("phase %s: starting %s", phase, ", ".join(parts))
+        stack = Stack(
+            settings,
+            parts=parts,
+            work_dir=out / "servers" / phase,
+            local_prefill_max_tokens=short.max_tokens,
+        )
+        try:
+            stack.start()
+            extra["startup_s"][phase] = {k: round(v, 1) for k, v in stack.startup_seconds().items()}
+            assert stack.model is not None
+            extra["model"] = dataclasses.asdict(stack.model)
+            urls = stack.urls
+            targets = {}
+            for name in (
+                t for t in sp.TARGETS if t in wanted and (t == "single") == (phase == "single")
+            ):
+                if name == "single":
+                    url, sources = urls["reference"], {"server": urls["reference"]}
+                else:
+                    url = urls[PROXY_PARTS[name]]
+                    sources = {"proxy": url, "prefill": urls["prefill"], "server": urls["decode"]}
+                targets[name] = (
+                    sp.Target(name, url, stack.model.served_name, stack.model.path),
+                    sources,
+                )
+                extra["targets"][name] = url
+            runs += run_all(targets, plan, short, wanted, out, None, errors)
+        except (StackProcessError, BenchError) as exc:
+            errors.append(f"phase {phase}: {exc}")
+            log.error("%s", errors[-1])
+        finally:
+            stack.stop()
+    return runs, extra
+
+
+def tokenizer_for(root: str, explicit: str | None) -> str:
+    """--tokenizer, else the served model's root when it is here, else the kit's model."""
+    if explicit:
+        return explicit
+    if Path(root).expanduser().is_dir() or hf_cached(root):
+        return root
+    settings = settings_from_env(kit_env(os.environ))
+    local = resolve_model(settings.model, settings.served_model_name, repo_root()).path
+    log.warning(
+        "the served model's root %r is not here: tokenizing with %s (--tokenizer)", root, local
+    )
+    return local
+
+
+def run_remote(
+    args: argparse.Namespace,
+    plan: sp.BenchPlan,
+    short: sp.ShortPlan,
+    wanted: Sequence[str],
+    out: Path,
+    errors: list[str],
+) -> tuple[list[report.Run], dict[str, Any]]:
+    key = resolve_api_key(args, os.environ)
+    urls = remote_urls(args, wanted)
+    targets: dict[str, tuple[sp.Target, dict[str, str]]] = {}
+    versions: dict[str, str | None] = {}
+    tokenizer = None
+    for name, url in urls.items():
+        served, root = served_model(url, key)
+        tokenizer = tokenizer or tokenizer_for(root, args.tokenizer)
+        sources = {"server": url} if name == "single" else {"proxy": url}
+        if name != "single" and args.prefill_metrics_url:
+            sources["prefill"] = args.prefill_metrics_url.rstrip("/")
+        if name != "single" and args.decode_metrics_url:
+            sources["server"] = args.decode_metrics_url.rstrip("/")
+        targets[name] = (sp.Target(name, url, args.served_model_name or served, tokenizer), sources)
+        try:  # vLLM answers /version; pd-proxy does not
+            versions[name] = str(json.loads(http(f"{url}/version", key))["version"])
+        except (BenchError, ValueError, KeyError, TypeError):
+            versions[name] = None
+    runs = run_all(targets, plan, short, list(urls), out, key, errors)  # only those given
+    extra = {
+        "targets": urls,
+        "settings": None,
+        "metrics_sources": {n: s for n, (_t, s) in targets.items()},
+        "server_versions": versions,
+        "model": {"tokenizer": tokenizer},
+    }
+    return runs, extra
+
+
+def run(args: argparse.Namespace, out: Path) -> Outcome:
+    """Exit status 0 when every run completed all its prompts, else 1."""
+    plan, short, wanted = plans(args)
+    (out / "logs").mkdir()
+    errors: list[str] = []
+    remote = any(getattr(args, o) for o in REMOTE_URLS.values())
+    runs, extra = (run_remote if remote else run_local)(args, plan, short, wanted, out, errors)
+    text, result, figures = report.render(plan, short, runs, errors)
+    incomplete = [r.name for r in runs if not r.complete]
+    if incomplete:
+        print(f"incomplete: {'; '.join(incomplete)} (logs in {out / 'logs'})", file=sys.stderr)
+    manifest = {
+        "mode": "remote" if remote else "local",
+        "bench": plan.as_dict(),
+        "short": short.as_dict(),
+        **extra,
+    }
+    return Outcome(result, text, manifest, rc=1 if incomplete or errors else 0, summary=figures)
