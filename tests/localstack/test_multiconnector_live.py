@@ -1,11 +1,13 @@
 """The kit's connector inside a live vLLM MultiConnector (KV_EXTRA_CONNECTORS), on the real
-local stack: P/D requests across several stats intervals keep answering (the API servers'
-stats path rebuilds the kit's stats by class name), the dedup counters balance, KV goes back to
-0, and decode clients that leave before their first token leave nothing tracked behind.
+local stack: P/D requests across several stats intervals give a single instance's greedy answers
+token for token (the API servers' stats path rebuilds the kit's stats by class name), the dedup
+counters balance, KV goes back to 0, and decode clients that leave before their first token leave
+nothing tracked behind. The single instance's answers are in turn Hugging Face's greedy ones.
 
 The sibling is vLLM's ExampleConnector with a scratch shared_storage_path: it saves every
-request's KV to disk and loads it on a hit, and it runs on vLLM's CPU build. The stack is this
-module's own (its own ports and config), started and stopped here, failure or not.
+request's KV to disk and loads it on a hit, and it runs on vLLM's CPU build. The stacks are this
+module's own (its own ports and config), started and stopped here, failure or not: the single
+instance first and alone (as tests/e2e does), then the P/D stack.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from pcp_nixl_connector.metric_names import HANDOVER_PENDING
 from pcp_pd_kit.localstack.host import run_dir
 from pcp_pd_kit.localstack.live import KV_USAGE, post_json, scrape, settle_prefill
 from pcp_pd_kit.localstack.report import CANONICAL_COMPLETIONS, HELD_REQUESTS_TOTAL, total
-from pcp_pd_kit.localstack.stack import Stack
-from pcp_pd_kit.settings import settings_from_env
+from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
+from pcp_pd_kit.settings import StackSettings, settings_from_env
 from pd_proxy.rewrite import prefill_kv_params
+from tests.e2e.clients import MAX_TOKENS, Case, Output, greedy
 from tests.support.env import example_env
 
 pytestmark = pytest.mark.e2e
@@ -54,8 +57,16 @@ LEAVERS = 3
 OUTPUT_HANDLER_DIED = "output_handler failed"
 
 
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """A plain vLLM's greedy answers to every P/D prompt, and the model folder it served."""
+
+    outputs: dict[str, Output]
+    model_path: Path
+
+
 @pytest.fixture(scope="module")
-def multi_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def multi_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -69,10 +80,52 @@ def multi_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         }
     ]
     env = {**example_env(), **os.environ, "KV_EXTRA_CONNECTORS": json.dumps(extra)}
-    settings = dataclasses.replace(settings_from_env(env), **PORTS)  # type: ignore[arg-type]
-    stack = Stack(settings, work_dir=run_dir() / "e2e-multiconnector")
+    return dataclasses.replace(settings_from_env(env), **PORTS)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def reference(multi_settings: StackSettings) -> Reference:
+    """Started, asked and stopped before the P/D stack starts: two cores, one server at a time."""
+    stack = Stack(
+        multi_settings, parts=REFERENCE_PARTS, work_dir=run_dir() / "e2e-multiconnector-ref"
+    )
+    with stack:
+        url, model = stack.urls["reference"], stack.served_model_name
+        outputs = {case.name: greedy(url, model, case) for case in _cases()}
+        assert stack.model is not None
+        return Reference(outputs, Path(stack.model.path))
+
+
+@pytest.fixture(scope="module")
+def multi_stack(multi_settings: StackSettings, reference: Reference) -> Iterator[Stack]:
+    stack = Stack(multi_settings, work_dir=run_dir() / "e2e-multiconnector")
     with stack:  # starts (and warms) it; stops every process on the way out, failure or not
         yield stack
+
+
+def _cases() -> list[Case]:
+    return [
+        Case(f"{batch}-{i}", "/v1/completions", {"prompt": _prompt(batch, i)})
+        for batch in range(BATCHES)
+        for i in range(PER_BATCH)
+    ]
+
+
+def hugging_face_greedy(model_path: Path, prompts: list[str]) -> list[tuple[str, int]]:
+    """Transformers' own greedy decoding of the served model, in float32 as the stack serves it:
+    (generated text, prompt tokens) per prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    answers = []
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
+        answers.append((tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True), ids.shape[1]))
+    return answers
 
 
 def _prompt(batch: int, i: int) -> str:
@@ -121,22 +174,33 @@ def _logs_without_dead_handler(stack: Stack) -> list[str]:
     ]
 
 
-def test_pd_requests_across_stats_intervals_with_clients_that_leave(multi_stack: Stack) -> None:
+def test_single_instance_answers_are_hugging_faces_greedy(reference: Reference) -> None:
+    """The reference the P/D answers are held to is itself right: token for token (compared as
+    text, with the prompt's token count) what transformers' generate() gives greedily."""
+    cases = _cases()[:PER_BATCH]
+    want = hugging_face_greedy(reference.model_path, [c.body["prompt"] for c in cases])
+    got = [(reference.outputs[c.name].text, reference.outputs[c.name].prompt_tokens) for c in cases]
+    assert got == want
+
+
+def test_pd_requests_across_stats_intervals_with_clients_that_leave(
+    multi_stack: Stack, reference: Reference
+) -> None:
     stack = multi_stack
     proxy, model = stack.urls["proxy"], stack.served_model_name
-    answered = 0
+    mismatches = []
+    cases = iter(_cases())
     for batch in range(BATCHES):
         if batch:
             time.sleep(PAUSE_S)
-        for i in range(PER_BATCH):
-            reply = post_json(
-                f"{proxy}/v1/completions",
-                {"model": model, "prompt": _prompt(batch, i), "max_tokens": 8},
-                timeout_s=300,
-            )  # raises on anything but 200
-            assert reply["choices"][0]["text"] is not None
-            answered += 1
-    assert answered == BATCHES * PER_BATCH
+        for _ in range(PER_BATCH):
+            case = next(cases)
+            answer = greedy(proxy, model, case)  # raises on anything but 200
+            if answer != reference.outputs[case.name]:
+                mismatches.append((case.name, answer, reference.outputs[case.name]))
+    assert not mismatches, (
+        f"P/D inside MultiConnector differs from the single instance: {mismatches}"
+    )
     stack.check_alive()
 
     for i in range(LEAVERS):
