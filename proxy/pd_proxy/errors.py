@@ -14,6 +14,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    429: "rate_limit_exceeded",
     499: "client_closed_request",
     502: "bad_gateway",
     503: "service_unavailable",
@@ -24,6 +25,9 @@ ERROR_TYPES = {
 class ProxyError(Exception):
     """Ends a request with an OpenAI-style error ``status`` and a message for the client
     (``param``: the request parameter it is about, as OpenAI's errors name it)."""
+
+    code: str | None = None  # OpenAI's error code, when more precise than the status
+    retry_after: int | None = None  # seconds, sent as Retry-After (429, 503)
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -71,12 +75,19 @@ def error_body(
 
 
 def error_response(
-    status: int, message: str, request_id: str | None = None, param: str | None = None
+    status: int,
+    message: str,
+    request_id: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+    retry_after: int | None = None,
 ) -> web.Response:
-    headers = {"X-Request-Id": request_id} if request_id else None
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return web.Response(
         status=status,
-        body=json.dumps(error_body(status, message, param=param)).encode(),
+        body=json.dumps(error_body(status, message, code, param)).encode(),
         content_type=JSON_TYPE,
         headers=headers,
     )

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -38,6 +38,9 @@ from pd_proxy.http.upstream import Fields, Upstream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
 from pd_proxy.route import PD, Route
+
+if TYPE_CHECKING:
+    from pd_proxy.admission.gate import Lease
 from pd_proxy.routing.breaker import Breaker
 from pd_proxy.routing.cache.load import leg_tokens
 from pd_proxy.routing.pool import Backend, BackendPool
@@ -84,6 +87,7 @@ class Trace:
         "prefill_s",
         "ttfb_s",
         "status",
+        "lease",
     )
 
     def __init__(self, rid: str, start: float = 0.0) -> None:
@@ -95,6 +99,9 @@ class Trace:
         self.prefill_s = -1.0
         self.ttfb_s = -1.0
         self.status = 500
+        # The admission lease (pd_proxy.admission.gate): told when the prefill answered and when
+        # decode's first byte came, so each part of the request's room goes back then.
+        self.lease: Lease | None = None
 
 
 class Mode(Protocol):
@@ -314,6 +321,8 @@ class Legs:
         )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
+        if trace.lease is not None:
+            trace.lease.prefill_done()
         self.metrics.prefill_duration.observe(elapsed)
         if status == 401:
             raise backend_refused_key(self.metrics, self.backend_key, "prefill", backend)
@@ -440,6 +449,8 @@ class Legs:
         ``sent``: it goes on to the client at once (a relayed stream), see ``sent``."""
         now = time.perf_counter()
         trace.ttfb_s = elapsed = now - start
+        if trace.lease is not None:
+            trace.lease.decode_started()
         self.metrics.decode_ttfb.observe(elapsed)
         if sent:
             self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)

@@ -10,7 +10,9 @@
   alone, one P/D request per choice (fan-out), or planned;
 - plan: a P/D-eligible request's ``Route`` (pd_proxy.routing.planner): the path, the replicas,
   the token ids and the predicted cache hits, decided once;
-- admit: the point where a request waits for room before any backend hears of it;
+- admit: the request starts when its route has room, else waits in a bounded queue, fair across
+  flows (client keys), else is refused at once with 429/503 and ``Retry-After``
+  (pd_proxy.admission); no backend hears of a request before it is admitted;
 - legs and relay: the mode for the route (pd_proxy.modes) runs the legs and relays the answer.
 
 What the stages raise becomes the client's error here; the request is counted and logged once,
@@ -23,13 +25,15 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.api.auth import BackendKey, ClientKeys
+from pd_proxy.admission.gate import Flow
+from pd_proxy.admission.setup import build_gate, estimated_tokens, request_priority
+from pd_proxy.api.auth import ANONYMOUS, BackendKey, Client, ClientKeys
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError, error_response, unauthorized_response
 from pd_proxy.fields import read_fields
@@ -41,10 +45,10 @@ from pd_proxy.modes.fanout import FanoutMode
 from pd_proxy.modes.first_token import FirstTokenMode
 from pd_proxy.modes.normal import NormalMode
 from pd_proxy.rewrite import BadRequest, parse_request
-from pd_proxy.route import LOCAL, Route
+from pd_proxy.route import LOCAL, PD, Route
 from pd_proxy.routing.planner import Planner, build_planner
 from pd_proxy.routing.pool import BackendPool
-from pd_proxy.routing.shapes import FANOUT, REFUSE, classify
+from pd_proxy.routing.shapes import FANOUT, REFUSE, classify, fanout_size
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -72,6 +76,7 @@ class Pipeline:
         self.config = config
         self.metrics = metrics
         self.client_keys = client_keys
+        self.flow_header = config.flow_header
         self.legs = legs = Legs(config, metrics, prefill, decode, upstream, backend_key)
         self.planner: Planner = build_planner(legs)
         self.local = DecodeAloneMode(legs)
@@ -79,6 +84,7 @@ class Pipeline:
         # The P/D mode the settings chose; the first-token one keeps its block sizes and counters.
         self.first_token = FirstTokenMode(legs) if config.first_token_from_prefill else None
         self.pd = self.first_token or NormalMode(legs)
+        self.gate = build_gate(config, prefill, decode, metrics) if config.admission else None
 
     def jobs(self) -> list[Job]:
         """The background work the pipeline's parts need while the app serves."""
@@ -86,10 +92,12 @@ class Pipeline:
 
     async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         """Serve one request to ``endpoint`` (``COMPLETIONS`` or ``CHAT_COMPLETIONS``)."""
+        client = ANONYMOUS
         if self.client_keys is not None:
-            problem = self.client_keys.check(request.headers.get("Authorization"))
-            if problem is not None:
-                return self._unauthorized(request, endpoint, problem)
+            found = self.client_keys.identify(request.headers.get("Authorization"))
+            if isinstance(found, str):
+                return self._unauthorized(request, endpoint, found)
+            client = found
         start = time.perf_counter()
         metrics = self.metrics
         metrics.in_flight_count += 1
@@ -98,13 +106,15 @@ class Pipeline:
         try:
             try:
                 call = await self._parse(request, endpoint, trace)
-                response = await self._serve(call, trace)
+                response = await self._serve(call, self._flow(request, client, call), trace)
                 if trace.status != CLIENT_GONE:
                     trace.status = response.status
                 return response
             except ProxyError as exc:
                 trace.status = exc.status
-                return error_response(exc.status, exc.message, trace.rid, exc.param)
+                return error_response(
+                    exc.status, exc.message, trace.rid, exc.param, exc.code, exc.retry_after
+                )
             except Passthrough as exc:
                 trace.status = exc.status
                 return web.Response(
@@ -134,20 +144,51 @@ class Pipeline:
             raise ProxyError(400, "X-Request-Id must not contain line breaks")
         return Call(request, endpoint, body, client_body, self.legs.backend_headers(rid))
 
-    async def _serve(self, call: Call, trace: Trace) -> web.StreamResponse:
+    def _flow(self, request: web.Request, client: Client, call: Call) -> Flow:
+        """Who is asking, for the fair queue: the key's flow, or a trusted gateway's header."""
+        name = client.flow
+        if self.flow_header is not None:
+            name = request.headers.get(self.flow_header) or name
+        band = client.priority
+        if self.config.client_priority:
+            band += request_priority(call.client_body)
+        return Flow(name, client.weight, band)
+
+    async def _serve(self, call: Call, flow: Flow, trace: Trace) -> web.StreamResponse:
         """shape -> plan -> admit -> legs -> relay."""
         decision = classify(call.client_body, call.endpoint)
         way = decision.route
         if way == REFUSE:
             self.metrics.refused.labels(decision.shape.name).inc()
             raise ProxyError(400, decision.refusal(), decision.shape.param)
-        if way == LOCAL:
-            return await self.local(call, Route(LOCAL, decision.shape.name), trace)
         if way == FANOUT:
-            return await self.fanout(call, decision.shape, trace)
-        route = await self.planner.plan(call, trace)
-        mode = self.local if route.path == LOCAL else self.pd
-        return await mode(call, route, trace)
+            mode: Callable[[Route], Awaitable[web.StreamResponse]]
+            size = fanout_size(call.client_body, call.endpoint)
+            route = Route(PD, decision.shape.name)
+            cost = size * estimated_tokens(call.body)
+
+            def mode(_: Route) -> Awaitable[web.StreamResponse]:
+                return self.fanout(call, decision.shape, trace)
+
+        else:
+            if way == LOCAL:
+                route = Route(LOCAL, decision.shape.name)
+            else:
+                route = await self.planner.plan(call, trace)
+            known = route.uncached_tokens
+            cost = estimated_tokens(call.body) if known is None else known
+            chosen = self.local if route.path == LOCAL else self.pd
+
+            def mode(route: Route) -> Awaitable[web.StreamResponse]:
+                return chosen(call, route, trace)
+
+        if self.gate is None:
+            return await mode(route)
+        route, trace.lease = await self.gate.admit(route, flow, cost)
+        try:
+            return await mode(route)
+        finally:
+            trace.lease.release()
 
     def _done(self, endpoint: str, trace: Trace, elapsed: float) -> None:
         """Count and log a finished request, once."""

@@ -523,8 +523,21 @@ async def test_decode_failing_a_json_continuation_is_an_error_as_in_the_normal_f
         assert status == 502 and b"returned 503" in raw
 
 
-async def test_no_decode_after_token_1_is_an_error_event():
+async def test_no_healthy_decode_is_refused_before_the_prefill_leg():
+    """Admission (on by default) sees no decode to take the KV: a 503 with Retry-After, and the
+    prefill never hears of the request."""
     async with pd_stack(**FIRST) as s:
+        s.decode.knobs.healthy = False
+        s.proxy.decode_pool.backends[0].healthy = False
+        code, headers, raw = await s.post(CHAT, body_for(CHAT, max_tokens=4, stream=True))
+        assert code == 503 and int(headers["Retry-After"]) >= 1, raw
+        assert json.loads(raw)["error"]["code"] == "no_backend"
+        assert s.prefill.seen == []
+
+
+async def test_no_decode_after_token_1_is_an_error_event():
+    """Without admission the prefill leg runs, and the missing decode shows after token 1."""
+    async with pd_stack(**FIRST, admission=False) as s:
         s.decode.knobs.healthy = False
         s.proxy.decode_pool.backends[0].healthy = False
         code, _, raw = await s.post(CHAT, body_for(CHAT, max_tokens=4, stream=True))

@@ -1,9 +1,13 @@
 """API keys read from files: the clients' keys the proxy accepts, and the key it sends to vLLM.
 
 Keys live in files, never on the command line (where ``ps`` would show them). A key file holds one
-key per line; blank lines and lines starting with ``#`` are ignored. Both kinds of file are re-read
-when their stat signature (inode, size, mtime, ctime) changes, checked at most once per
-``RELOAD_INTERVAL_S`` on the request path, so keys rotate without a restart. A file that goes
+key per line; blank lines and lines starting with ``#`` are ignored. After a client key, optional
+fields name its admission flow and share: ``sk-team-a flow=team-a weight=2 priority=0`` (a key
+without ``flow=`` is its own flow, named by a short digest of the key, never the key).
+
+Both kinds of file are re-read when their stat signature (inode, size, mtime, ctime) changes,
+checked at most once per ``RELOAD_INTERVAL_S`` on the request path, so keys rotate without a
+restart. A file that goes
 missing, unreadable or empty keeps the last good keys and logs one error per change.
 
 Client keys are checked by SHA-256 digest: a dict lookup finds the candidate, then
@@ -19,6 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pd_proxy.config.textfile import TextFileError, read_text
 
@@ -33,27 +38,63 @@ class KeyFileError(ValueError):
     """A key file is missing, unreadable, empty, or holds a malformed key."""
 
 
-def parse_keys(text: str) -> tuple[str, ...]:
-    """The keys of a key file's text: one per line, blank lines and ``#`` comments skipped."""
-    keys = []
+@dataclass(frozen=True)
+class KeyEntry:
+    """One line of a key file: the key, and for a client key its flow, weight and band."""
+
+    key: str
+    flow: str | None = None
+    weight: float = 1.0
+    priority: int = 0
+
+
+def _entry(number: int, line: str) -> KeyEntry:
+    key, *fields = line.split()
+    values: dict[str, str] = {}
+    for item in fields:
+        name, sep, value = item.partition("=")
+        if not sep or name not in ("flow", "weight", "priority") or not value:
+            raise KeyFileError(
+                f"line {number}: after the key, only flow=NAME, weight=W and priority=N may "
+                f"follow (got {item.split('=')[0]!r})"
+            )
+        values[name] = value
+    try:
+        weight = float(values.get("weight", "1"))
+        priority = int(values.get("priority", "0"))
+    except ValueError:
+        raise KeyFileError(f"line {number}: weight must be a number, priority an integer") from None
+    if not 0 < weight < 1e6:
+        raise KeyFileError(f"line {number}: weight must be > 0")
+    return KeyEntry(key, values.get("flow"), weight, priority)
+
+
+def parse_entries(text: str) -> tuple[KeyEntry, ...]:
+    """The entries of a key file's text: one per line, blank lines and ``#`` comments skipped."""
+    entries: dict[str, KeyEntry] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if any(ch.isspace() for ch in line):
-            raise KeyFileError(f"line {number} holds whitespace inside the key")
-        keys.append(line)
-    return tuple(dict.fromkeys(keys))  # duplicates dropped, order kept
+        entry = _entry(number, line)
+        entries.setdefault(entry.key, entry)  # duplicates dropped, order kept
+    return tuple(entries.values())
 
 
-def read_key_file(path: str) -> tuple[str, ...]:
-    """The keys of ``path``; ``KeyFileError`` (with the reason, never a key) when there are none."""
+def parse_keys(text: str) -> tuple[str, ...]:
+    """The keys of a key file's text."""
+    return tuple(e.key for e in parse_entries(text))
+
+
+def read_key_file(path: str) -> tuple[KeyEntry, ...]:
+    """The entries of ``path``; ``KeyFileError`` (with the reason, never a key) when there are
+    none."""
     try:
         text = read_text(path)
     except TextFileError as exc:
         raise KeyFileError(f"cannot read key file {path}: {exc}") from None
     try:
-        keys = parse_keys(text)
+        keys = parse_entries(text)
     except KeyFileError as exc:
         raise KeyFileError(f"key file {path}: {exc}") from None
     if not keys:
@@ -118,7 +159,7 @@ class KeyFile:
         self._use(keys)
         log.info("reloaded %s file %s: %d key(s)", self.what, self.path, len(keys))
 
-    def _use(self, keys: tuple[str, ...]) -> None:
+    def _use(self, keys: tuple[KeyEntry, ...]) -> None:
         """Precompute what the request path needs from ``keys``."""
 
 
@@ -127,17 +168,38 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
+@dataclass(frozen=True)
+class Client:
+    """Who a client key belongs to, for admission: its flow's name, weight and band."""
+
+    flow: str
+    weight: float = 1.0
+    priority: int = 0
+
+
+ANONYMOUS = Client("default")  # every request of a proxy without client keys
+
+
 class ClientKeys(KeyFile):
     """Keys clients must present as ``Authorization: Bearer <key>``."""
 
     what = "client API key"
 
-    def _use(self, keys: tuple[str, ...]) -> None:
-        # Digest -> digest: the lookup finds a candidate, compare_digest confirms it.
-        self._digests = {d: d for d in map(_digest, keys)}
+    def _use(self, keys: tuple[KeyEntry, ...]) -> None:
+        # Digest -> (digest, client): the lookup finds a candidate, compare_digest confirms it.
+        self._digests: dict[bytes, tuple[bytes, Client]] = {}
+        for entry in keys:
+            digest = _digest(entry.key)
+            flow = entry.flow or f"key-{digest.hex()[:8]}"
+            self._digests[digest] = (digest, Client(flow, entry.weight, entry.priority))
 
     def check(self, authorization: str | None) -> str | None:
         """``None`` when the header carries a valid key, else the message for the 401."""
+        found = self.identify(authorization)
+        return found if isinstance(found, str) else None
+
+    def identify(self, authorization: str | None) -> Client | str:
+        """The client a valid key names, else the message for the 401."""
         self.refresh()
         if not authorization:
             return MISSING_KEY
@@ -147,9 +209,9 @@ class ClientKeys(KeyFile):
             return MISSING_KEY
         digest = _digest(token)
         stored = self._digests.get(digest)
-        if stored is None or not hmac.compare_digest(stored, digest):
+        if stored is None or not hmac.compare_digest(stored[0], digest):
             return INVALID_KEY
-        return None
+        return stored[1]
 
 
 class BackendKey(KeyFile):
@@ -157,8 +219,8 @@ class BackendKey(KeyFile):
 
     what = "backend API key"
 
-    def _use(self, keys: tuple[str, ...]) -> None:
-        self._header = f"Bearer {keys[0]}"
+    def _use(self, keys: tuple[KeyEntry, ...]) -> None:
+        self._header = f"Bearer {keys[0].key}"
 
     def header(self) -> str:
         """The ``Authorization`` value for a backend request."""

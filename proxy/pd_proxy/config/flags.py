@@ -252,6 +252,64 @@ OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "decode's /tokenize at start; what it cannot reproduce goes to /tokenize (default: none)",
     ),
     (
+        "prefill_max_inflight",
+        "--prefill-max-inflight",
+        "PREFILL_MAX_INFLIGHT",
+        int,
+        "admission: requests whose prefill leg may run on one prefill replica at once; more wait "
+        "in the proxy's queue (0: no limit; default 16)",
+    ),
+    (
+        "prefill_max_tokens",
+        "--prefill-max-tokens",
+        "PREFILL_MAX_TOKENS",
+        int,
+        "admission: uncached prompt tokens in flight on one prefill replica; one request always "
+        "fits an idle replica (0: no limit; default 65536)",
+    ),
+    (
+        "decode_max_inflight",
+        "--decode-max-inflight",
+        "DECODE_MAX_INFLIGHT",
+        int,
+        "admission: requests admitted to one decode replica and not finished (0: no limit; "
+        "default 256)",
+    ),
+    (
+        "decode_max_pending_pulls",
+        "--decode-max-pending-pulls",
+        "DECODE_MAX_PENDING_PULLS",
+        int,
+        "admission: P/D requests whose KV one decode replica has not pulled yet (prefilling or "
+        "held on the prefill); past it no prefill leg starts for that decode (0: no limit; "
+        "default 32)",
+    ),
+    (
+        "queue_size",
+        "--queue-size",
+        "QUEUE_SIZE",
+        int,
+        "admission: requests that may wait for room, shared fairly among the flows waiting; "
+        "past it 429 with Retry-After (default 64)",
+    ),
+    (
+        "queue_timeout",
+        "--queue-timeout",
+        "QUEUE_TIMEOUT",
+        float,
+        "admission: longest wait for room; a request whose predicted wait is longer is refused "
+        "at once (429 with Retry-After) (default 60)",
+    ),
+    (
+        "flow_header",
+        "--flow-header",
+        "FLOW_HEADER",
+        str,
+        "admission: a header naming the client's flow, set by an authenticating gateway in "
+        "front (trusted as is: only for a proxy no client reaches directly; default: none, "
+        "the client key names the flow)",
+    ),
+    (
         "tokenize_timeout",
         "--tokenize-timeout",
         "TOKENIZE_TIMEOUT",
@@ -319,6 +377,31 @@ def build_parser() -> argparse.ArgumentParser:
         "from the prompt plus that token (default: off) "
         "[PD_PROXY_FIRST_TOKEN_FROM_PREFILL=true|false]",
     )
+    admission = parser.add_mutually_exclusive_group()
+    admission.add_argument(
+        "--admission",
+        dest="admission",
+        action="store_true",
+        default=None,
+        help="admit a request only when its route has room, else queue it fairly per flow or "
+        "refuse it with 429/503 and Retry-After (default) [PD_PROXY_ADMISSION=true|false]",
+    )
+    admission.add_argument(
+        "--no-admission",
+        dest="admission",
+        action="store_false",
+        help="send every request to the backends at once (vLLM's own queue, first come first "
+        "served)",
+    )
+    parser.add_argument(
+        "--client-priority",
+        dest="client_priority",
+        action="store_true",
+        default=None,
+        help="admission: a request's own integer 'priority' field (vLLM's; lower is earlier) "
+        "adds to its key's band (default: off, the field only reaches vLLM) "
+        "[PD_PROXY_CLIENT_PRIORITY=true|false]",
+    )
     return parser
 
 
@@ -342,6 +425,8 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, object]:
         ("metrics", "METRICS", parse_bool),
         ("metrics_created", "METRICS_CREATED", parse_bool),
         ("first_token_from_prefill", "FIRST_TOKEN_FROM_PREFILL", parse_bool),
+        ("admission", "ADMISSION", parse_bool),
+        ("client_priority", "CLIENT_PRIORITY", parse_bool),
     ]
     for dest, env, conv in converters:
         raw = environ.get(f"{ENV_PREFIX}{env}")

@@ -10,6 +10,7 @@ cluster.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 from pd_proxy.config.values import (
@@ -30,6 +31,7 @@ CACHE_WITH_EVENTS = (CACHE_EVENTS, CACHE_AUTO)
 CACHE_WITH_APPROX = (CACHE_APPROX, CACHE_AUTO)
 ROLES = ("prefill", "decode")
 MAX_WORKERS = 256
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP field name (RFC 9110)
 ENDPOINTS_FLAG = f"--endpoints-file ({ENV_PREFIX}ENDPOINTS_FILE)"
 # (field, flag) of the key files pd_proxy.config.validate reads.
 KEY_FILES = (("api_key_file", "--api-key-file"), ("backend_api_key_file", "--backend-api-key-file"))
@@ -107,6 +109,18 @@ class ProxyConfig:
     # The one limit on learning a prompt's tokens from a decode's /tokenize (pd_proxy.routing.
     # token_count): past it the request goes P/D uncounted.
     tokenize_timeout: float = 2.0
+    # Admission (pd_proxy.admission): limits per replica (0: none), the queue's bounds, who a
+    # flow is behind a gateway, and whether a request's own priority field moves its band. The
+    # defaults suit GPU replicas; the CPU stacks set smaller ones (.env.example).
+    admission: bool = True
+    prefill_max_inflight: int = 16
+    prefill_max_tokens: int = 65536
+    decode_max_inflight: int = 256
+    decode_max_pending_pulls: int = 32
+    queue_size: int = 64
+    queue_timeout: float = 60.0
+    flow_header: str | None = None
+    client_priority: bool = False
 
     def __post_init__(self) -> None:
         """Normalise the values and check what needs no I/O; every problem is listed at once.
@@ -195,7 +209,7 @@ class ProxyConfig:
             problems.append(f"canary_timeout must be > 0, got {self.canary_timeout}")
         if (local := self.local_prefill_max_tokens) < 0:
             problems.append(f"local_prefill_max_tokens must be >= 0 (0: off), got {local}")
-        return problems + self._cache_problems()
+        return problems + self._cache_problems() + self._admission_problems()
 
     def _cache_problems(self) -> list[str]:
         problems: list[str] = []
@@ -217,6 +231,26 @@ class ProxyConfig:
             problems.append(f"tokenize_timeout must be > 0, got {self.tokenize_timeout}")
         if self.tokenizer is not None and not self.tokenizer.strip():
             problems.append(f"--tokenizer ({ENV_PREFIX}TOKENIZER) is an empty path")
+        return problems
+
+    def _admission_problems(self) -> list[str]:
+        problems: list[str] = []
+        for name in (
+            "prefill_max_inflight",
+            "prefill_max_tokens",
+            "decode_max_inflight",
+            "decode_max_pending_pulls",
+        ):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
+        if self.queue_size < 0:
+            problems.append(f"queue_size must be >= 0 (0: refuse when full), got {self.queue_size}")
+        if self.queue_timeout <= 0:
+            problems.append(f"queue_timeout must be > 0, got {self.queue_timeout}")
+        if self.flow_header is not None and not _TOKEN.fullmatch(self.flow_header):
+            problems.append(
+                f"--flow-header ({ENV_PREFIX}FLOW_HEADER) {self.flow_header!r} is not a header name"
+            )
         return problems
 
     def limits(self) -> ProxyLimits:

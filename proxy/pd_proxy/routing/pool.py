@@ -133,10 +133,12 @@ class BackendPool:
         self._next = 0
         self.chooser = Chooser()
 
-    def pick(self, exclude: Backend | None = None) -> Backend | None:
-        """The backend for a leg: ``chooser`` among the healthy ones (not ``exclude``), in
-        rotation order; a probing one only while it has nothing in flight, unless no other is
-        healthy."""
+    def pick(
+        self, exclude: Backend | None = None, only: Callable[[Backend], bool] | None = None
+    ) -> Backend | None:
+        """The backend for a leg: ``chooser`` among the healthy ones (not ``exclude``; with
+        ``only``, those it accepts: admission's room), in rotation order; a probing one only
+        while it has nothing in flight, unless no other is healthy."""
         backends = self.backends
         n = len(backends)
         start = self._next
@@ -144,7 +146,7 @@ class BackendPool:
         spare: list[Backend] = []  # busy probing backends: the last resort
         for i in range(start, start + n):
             b = backends[i % n]
-            if b.healthy and b is not exclude:
+            if b.healthy and b is not exclude and (only is None or only(b)):
                 (spare if b.probing and b.outstanding else candidates).append(b)
         if not candidates:
             if not spare:

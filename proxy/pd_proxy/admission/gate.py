@@ -1,0 +1,361 @@
+"""The admit stage: a request starts when its route has room, waits in the fair queue while it
+has none, and is refused at once when waiting could not end in time.
+
+Refusals come before any backend hears of the request:
+- 503 when no healthy replica of a role the route needs is left (``Retry-After``: one health
+  interval, when the checks may bring one back);
+- 429 when the queue is full, or the flow holds its share of it (the bound divided among the
+  flows waiting, so one flow's flood leaves room for the others), or the predicted wait (tokens
+  queued ahead under the fair order, at the rate admitted work has been finishing) is past
+  ``--queue-timeout``, or a queued request waited that long after all.
+
+An admitted request holds a ``Lease``: its prefill room until its prefill leg has answered, its
+decode room until it ends, and a pending pull on its decode between the two. The legs report
+those moments (pd_proxy.legs), and the lease gives each part back once, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from pd_proxy.admission.fair_queue import FairQueue, Ticket
+from pd_proxy.admission.metrics import (
+    ADMITTED,
+    CLIENT_GONE,
+    KINDS,
+    LEFT,
+    NO_BACKEND,
+    NOW,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    QUEUE_WAIT,
+    QUEUED,
+    REFUSED,
+    AdmissionMetrics,
+)
+from pd_proxy.admission.rate import Rate
+from pd_proxy.admission.room import Limits, Room
+from pd_proxy.errors import ProxyError
+from pd_proxy.route import PD, Route
+from pd_proxy.routing.pool import Backend, BackendPool
+
+ROLES = ("prefill", "decode")
+
+
+class Refused(ProxyError):
+    """A request admission turned away: 429 or 503, with ``Retry-After`` seconds and a code."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after: float) -> None:
+        super().__init__(status, message)
+        self.code = code
+        self.retry_after = max(1, math.ceil(min(retry_after, 3600)))
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Who is asking: the flow's name, its weight among the flows of its band, and the band
+    (lower is served first)."""
+
+    name: str
+    weight: float = 1.0
+    band: int = 0
+
+
+@dataclass(frozen=True)
+class Settings:
+    limits: Limits
+    queue_size: int
+    queue_timeout: float
+    retry_503_s: float  # Retry-After of a 503: about when a health check may bring a replica
+
+
+class Lease:
+    """The room one admitted request holds; each part is given back once."""
+
+    __slots__ = ("_gate", "_prefill", "_decode", "_tokens", "_pd", "_pull", "_done")
+
+    def __init__(self, gate: Gate, prefill: str | None, decode: str, tokens: int, pd: bool) -> None:
+        self._gate = gate
+        self._prefill = prefill
+        self._decode = decode
+        self._tokens = tokens
+        self._pd = pd
+        # A P/D request's KV will wait on its prefill for this decode's pull: counted from
+        # admission, so a decode that cannot keep up stops new prefill legs for it.
+        self._pull = pd
+        self._done = False
+
+    def prefill_done(self) -> None:
+        """The prefill leg answered: its room goes back; the KV now waits for the decode."""
+        if self._prefill is None or self._done:
+            return
+        url, self._prefill = self._prefill, None
+        self._gate.give_prefill(url, self._tokens)
+        self._gate.changed()
+
+    def decode_started(self) -> None:
+        """The decode answered its first byte: the KV was pulled (or the prompt computed there,
+        which is the work a decode-alone request's rate counts)."""
+        if self._done or not (self._pull or not self._pd):
+            return
+        gate = self._gate
+        if self._pull:
+            self._pull = False
+            gate.room.of(self._decode).pulls -= 1
+        else:
+            gate.rate.done(gate.clock(), self._tokens)
+            self._pd = True  # the rate counts a request once
+        gate.changed()
+
+    def release(self) -> None:
+        """The request ended, however: everything it still holds goes back."""
+        if self._done:
+            return
+        if self._prefill is not None:
+            self._gate.give_prefill(self._prefill, self._tokens, finished=False)
+            self._prefill = None
+        self._done = True
+        gate = self._gate
+        use = gate.room.of(self._decode)
+        use.requests -= 1
+        if self._pull:
+            use.pulls -= 1
+            self._pull = False
+        gate.changed()
+
+
+class Gate:
+    def __init__(
+        self,
+        settings: Settings,
+        prefill: BackendPool,
+        decode: BackendPool,
+        metrics: AdmissionMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.pools = {"prefill": prefill, "decode": decode}
+        self.metrics = metrics
+        self.clock = clock
+        self.room = Room(settings.limits)
+        self.queue = FairQueue()
+        self.rate = Rate()
+        self._waiting: dict[Ticket, asyncio.Future[tuple[Route, Lease]]] = {}
+        limits = settings.limits
+        for role, kind, value in (
+            ("prefill", "requests", limits.prefill_requests),
+            ("prefill", "tokens", limits.prefill_tokens),
+            ("decode", "requests", limits.decode_requests),
+            ("decode", "pulls", limits.pending_pulls),
+        ):
+            metrics.limit.labels(role, kind).set(value)
+
+    # --- the stage ---------------------------------------------------------------------------
+
+    async def admit(self, route: Route, flow: Flow, tokens: int) -> tuple[Route, Lease]:
+        """``route`` with its replicas settled and the lease on their room; ``Refused`` when it
+        cannot be served in time. A cancelled wait (the client left) leaves the queue."""
+        pd = route.path == PD
+        self._check_healthy(pd)
+        tokens = max(1, tokens)
+        if not len(self.queue):
+            placed = self._place(route, tokens, pd)
+            if placed is not None:
+                self.metrics.count(ADMITTED, NOW)
+                return placed
+        self._check_bounds(flow, tokens)
+        ticket = Ticket(flow.name, tokens, flow.band, flow.weight, (route, pd), self.clock())
+        future: asyncio.Future[tuple[Route, Lease]] = asyncio.get_running_loop().create_future()
+        self._waiting[ticket] = future
+        self.queue.push(ticket)
+        label = self.metrics.flow(flow.name)
+        self._show_depth(label, flow.name)
+        self._dispatch()
+        try:
+            placed = await asyncio.wait_for(asyncio.shield(future), self.settings.queue_timeout)
+        except asyncio.TimeoutError:
+            self._leave(ticket, future)
+            self.metrics.count(REFUSED, QUEUE_TIMEOUT)
+            self._observe_wait(label, ticket)
+            limit = self.settings.queue_timeout
+            raise Refused(
+                429,
+                f"no room for this request within {limit:g}s (--queue-timeout); retry later",
+                QUEUE_TIMEOUT,
+                limit,
+            ) from None
+        except asyncio.CancelledError:
+            self._leave(ticket, future)
+            self.metrics.count(LEFT, CLIENT_GONE)
+            self._observe_wait(label, ticket)
+            raise
+        finally:
+            self._show_depth(label, flow.name)
+        self.metrics.count(ADMITTED, QUEUED)
+        self._observe_wait(label, ticket)
+        return placed
+
+    # --- room ----------------------------------------------------------------------------------
+
+    def _healthy(self, role: str) -> list[Backend]:
+        return [b for b in self.pools[role].backends if b.healthy and not b.draining]
+
+    def _check_healthy(self, pd: bool) -> None:
+        for role in ROLES if pd else ("decode",):
+            if not self._healthy(role):
+                self.metrics.count(REFUSED, NO_BACKEND)
+                down = ", ".join(self.pools[role].down()) or "none"
+                raise Refused(
+                    503,
+                    f"no healthy {role} backend (down: {down})",
+                    NO_BACKEND,
+                    self.settings.retry_503_s,
+                )
+
+    def _place(self, route: Route, tokens: int, pd: bool) -> tuple[Route, Lease] | None:
+        """Take room for ``route``: its chosen replica of each role while that is healthy (it
+        holds the prompt's cache: the request waits for it), else the pool's own choice among
+        the replicas with room; None when a role has none."""
+        room = self.room
+        decode = self._choose(route.decode, "decode", lambda b: room.decode_fits(b.url, pd))
+        if decode is None:
+            return None
+        prefill = None
+        if pd:
+            prefill = self._choose(
+                route.prefill, "prefill", lambda b: room.prefill_fits(b.url, tokens)
+            )
+            if prefill is None:
+                return None
+            p = room.of(prefill.url)
+            p.requests += 1
+            p.tokens += tokens
+        use = room.of(decode.url)
+        use.requests += 1
+        if pd:
+            use.pulls += 1
+        self._show_room()
+        placed = replace(route, decode=decode, prefill=prefill if pd else route.prefill)
+        return placed, Lease(self, None if prefill is None else prefill.url, decode.url, tokens, pd)
+
+    def _choose(
+        self, chosen: Backend | None, role: str, fits: Callable[[Backend], bool]
+    ) -> Backend | None:
+        if chosen is not None and chosen.healthy and not chosen.draining:
+            return chosen if fits(chosen) else None
+        return self.pools[role].pick(only=fits)
+
+    def give_prefill(self, url: str, tokens: int, finished: bool = True) -> None:
+        use = self.room.of(url)
+        use.requests -= 1
+        use.tokens -= tokens
+        if finished:
+            self.rate.done(self.clock(), tokens)
+
+    def changed(self) -> None:
+        """Room was given back: admit what now fits."""
+        self._show_room()
+        if len(self.queue):
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        while True:
+            ticket = self.queue.pop(self._fits)
+            if ticket is None:
+                return
+            future = self._waiting.pop(ticket, None)
+            if future is None or future.done():
+                continue
+            route, pd = ticket.need
+            placed = self._place(route, ticket.cost, pd)
+            assert placed is not None  # _fits said so, and nothing ran in between
+            future.set_result(placed)
+
+    def _fits(self, ticket: Ticket) -> bool:
+        route, pd = ticket.need
+        room = self.room
+
+        def any_fits(chosen: Backend | None, role: str, fits: Callable[[Backend], bool]) -> bool:
+            if chosen is not None and chosen.healthy and not chosen.draining:
+                return fits(chosen)
+            return any(fits(b) for b in self._healthy(role))
+
+        if not any_fits(route.decode, "decode", lambda b: room.decode_fits(b.url, pd)):
+            return False
+        cost = ticket.cost
+        return not pd or any_fits(
+            route.prefill, "prefill", lambda b: room.prefill_fits(b.url, cost)
+        )
+
+    # --- bounds ------------------------------------------------------------------------------
+
+    def _check_bounds(self, flow: Flow, tokens: int) -> None:
+        queue, settings = self.queue, self.settings
+        depths = queue.depths()
+        flows = len(depths) + (flow.name not in depths)
+        share = max(1, settings.queue_size // flows)
+        own = depths.get(flow.name, 0)
+        # The total may pass the bound by one request per flow: a new flow always gets a place.
+        if own >= share or len(queue) >= settings.queue_size + flows - 1:
+            self.metrics.count(REFUSED, QUEUE_FULL)
+            raise Refused(
+                429,
+                f"the admission queue is full ({len(queue)} waiting, {own} of them yours); "
+                "retry later",
+                QUEUE_FULL,
+                self._predicted(flow, tokens) or settings.queue_timeout,
+            )
+        wait = self._predicted(flow, tokens)
+        if wait is not None and wait > settings.queue_timeout:
+            self.metrics.count(REFUSED, QUEUE_WAIT)
+            raise Refused(
+                429,
+                f"the predicted wait ({wait:.0f}s) is past {settings.queue_timeout:g}s "
+                "(--queue-timeout); retry later",
+                QUEUE_WAIT,
+                wait,
+            )
+
+    def _predicted(self, flow: Flow, tokens: int) -> float | None:
+        """Seconds until a new request of ``flow`` would be admitted, at the measured rate."""
+        in_flight = sum(u.tokens for u in self.room.usage.values())
+        ahead = self.queue.cost_ahead(flow.name, flow.band, tokens, flow.weight)
+        return self.rate.wait(ahead + in_flight // 2)
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+
+    def _leave(self, ticket: Ticket, future: asyncio.Future[tuple[Route, Lease]]) -> None:
+        """A waiter that stops waiting: out of the queue, or, if it was just admitted, its room
+        goes back."""
+        self._waiting.pop(ticket, None)
+        if self.queue.remove(ticket):
+            return
+        if future.done() and not future.cancelled():
+            with contextlib.suppress(Exception):
+                future.result()[1].release()
+        else:
+            future.cancel()
+
+    def _observe_wait(self, label: str, ticket: Ticket) -> None:
+        self.metrics.wait.labels(label).observe(self.clock() - ticket.arrived)
+
+    def _show_depth(self, label: str, name: str) -> None:
+        self.metrics.depth.labels(label).set(self.queue.depth(name))
+
+    def _show_room(self) -> None:
+        gauge = self.metrics.in_flight
+        for role in ROLES:
+            for b in self.pools[role].backends:
+                use = self.room.of(b.url)
+                values = (use.requests, use.tokens, use.pulls)
+                for kind, value in zip(KINDS, values, strict=True):
+                    if role == "prefill" and kind == "pulls":
+                        continue
+                    if role == "decode" and kind == "tokens":
+                        continue
+                    gauge.labels(role, b.url, kind).set(value)

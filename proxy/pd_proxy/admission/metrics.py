@@ -1,0 +1,82 @@
+"""Admission's Prometheus series, on the app's registry.
+
+Flow labels come from the key file (a bounded set) or, behind a gateway, from a trusted header:
+past ``MAX_FLOW_LABELS`` distinct names the rest share the label ``other``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Outcomes and their reasons (pd_proxy_admission_total's labels).
+ADMITTED, REFUSED, LEFT = "admitted", "refused", "left"
+NOW, QUEUED = "now", "queued"  # admitted at once, or after waiting in the queue
+QUEUE_FULL = "queue_full"  # the queue, or this flow's share of it, is full
+QUEUE_WAIT = "queue_wait"  # the predicted wait is past --queue-timeout
+QUEUE_TIMEOUT = "queue_timeout"  # it waited --queue-timeout without room
+NO_BACKEND = "no_backend"  # no healthy replica of a role it needs (503)
+CLIENT_GONE = "client_gone"  # the client left while it waited
+OUTCOMES = (
+    (ADMITTED, NOW),
+    (ADMITTED, QUEUED),
+    (REFUSED, QUEUE_FULL),
+    (REFUSED, QUEUE_WAIT),
+    (REFUSED, QUEUE_TIMEOUT),
+    (REFUSED, NO_BACKEND),
+    (LEFT, CLIENT_GONE),
+)
+KINDS = ("requests", "tokens", "pulls")
+MAX_FLOW_LABELS = 64
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+
+
+class AdmissionMetrics:
+    def __init__(self, reg: CollectorRegistry) -> None:
+        self.outcomes = Counter(
+            "pd_proxy_admission",
+            "Requests by admission outcome and reason: admitted now or after queueing; refused "
+            "(429: queue_full, queue_wait, queue_timeout; 503: no_backend); left while queued.",
+            ("outcome", "reason"),
+            registry=reg,
+        )
+        for outcome, reason in OUTCOMES:
+            self.outcomes.labels(outcome, reason)
+        self.depth = Gauge(
+            "pd_proxy_queue_depth",
+            "Requests waiting in pd-proxy's admission queue, by flow.",
+            ("flow",),
+            registry=reg,
+        )
+        self.wait = Histogram(
+            "pd_proxy_queue_wait_seconds",
+            "Time a queued request waited before it was admitted, refused or left, by flow.",
+            ("flow",),
+            buckets=WAIT_BUCKETS,
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "pd_proxy_admitted_in_flight",
+            "What the proxy has admitted to each replica and not yet seen finish: requests, "
+            "uncached prompt tokens (prefill), KV waiting for this decode's pull (pulls).",
+            ("role", "backend", "kind"),
+            registry=reg,
+        )
+        self.limit = Gauge(
+            "pd_proxy_admission_limit",
+            "Admission's limit per replica, by role and kind (0: none); room = limit - in flight.",
+            ("role", "kind"),
+            registry=reg,
+        )
+        self._flows: set[str] = set()
+
+    def flow(self, name: str) -> str:
+        """The label for flow ``name``."""
+        if name in self._flows:
+            return name
+        if len(self._flows) >= MAX_FLOW_LABELS:
+            return "other"
+        self._flows.add(name)
+        return name
+
+    def count(self, outcome: str, reason: str) -> None:
+        self.outcomes.labels(outcome, reason).inc()
