@@ -1,4 +1,8 @@
-"""`make demo`: run a small offline GSM8K slice through the live stack, then report what it saw."""
+"""`make demo`: run the demo's eval through the live stack, then report what it saw.
+
+The eval is scripts/eval_gsm8k.sh (lm-eval's GSM8K task on local JSONL files); demo_task decides
+which questions and how they are judged; scores compares the P/D run with the single instance's.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from pcp_pd_kit.localstack.demo_task import DemoTask, gsm8k_task
 from pcp_pd_kit.localstack.live import live_checks
 from pcp_pd_kit.localstack.process import signal_group
 from pcp_pd_kit.localstack.report import Check
 from pcp_pd_kit.localstack.stack import Stack
 
 log = logging.getLogger("pcp_pd_kit.localstack")
-DEMO_MAX_GEN_TOKS = 64
 EVAL_TIMEOUT_S = 900.0
 
 
@@ -29,46 +33,39 @@ class EvalResult:
     seconds: float
     log_path: Path
     timed_out: bool = False
+    out_dir: Path | None = None  # where the eval wrote results.json and the samples
 
 
-def gsm8k_data_dir(repo: Path) -> Path | None:
-    """The GSM8K slice shipped with the kit; None if it was removed (the eval then uses the hub)."""
-    candidate = repo / "scripts" / "data" / "gsm8k_slice"
-    return candidate if candidate.is_dir() else None
-
-
-def eval_command(stack: Stack, limit: int, data_dir: Path | None) -> list[str]:
-    """scripts/eval_gsm8k.sh against the proxy; short generations keep the demo to a minute."""
+def eval_command(
+    stack: Stack, limit: int, task: DemoTask, target: str = "proxy", out_dir: Path | None = None
+) -> list[str]:
+    """scripts/eval_gsm8k.sh against ``target``: the proxy, or the single-instance reference."""
     urls = stack.urls
+    url = urls[target]
     argv = [
         "bash",
         str(stack.repo / "scripts" / "eval_gsm8k.sh"),
         "--base-url",
-        urls["proxy"],
+        url,
         "--limit",
         str(limit),
         "--num-concurrent",
         "4",
         "--max-gen-toks",
-        str(DEMO_MAX_GEN_TOKS),
+        str(task.max_gen_toks),
         "--output-dir",
-        str(stack.work_dir / "eval-gsm8k"),
+        str(out_dir or stack.work_dir / "eval-gsm8k"),
+        # The manifest's topology: the P/D pair, or the one server that did both.
         "--prefill-url",
-        urls["prefill"],
+        urls.get("prefill", url),
         "--decode-url",
-        urls["decode"],
+        urls.get("decode", url),
     ]
-    if data_dir is not None:
-        argv += ["--data-dir", str(data_dir)]
+    if task.data_dir is not None:
+        argv += ["--data-dir", str(task.data_dir)]
+    if task.num_fewshot is not None:
+        argv += ["--num-fewshot", str(task.num_fewshot)]
     return argv
-
-
-def eval_env(stack: Stack) -> dict[str, str]:
-    """The expected score: a random-weights model scores 0, so the band check still runs.
-
-    With a real MODEL, set DEMO_EXPECTED_SCORE to its known GSM8K strict-match score.
-    """
-    return {"EXPECTED_SCORE": stack.settings.demo_expected_score}
 
 
 def _tee(stream: IO[str], out: IO[str]) -> None:
@@ -83,26 +80,35 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
-def run_eval(stack: Stack, limit: int, timeout_s: float = EVAL_TIMEOUT_S) -> EvalResult:
-    """Run the eval script, teeing its output to the console and run/logs/eval_gsm8k.log.
+def run_eval(
+    stack: Stack,
+    limit: int,
+    timeout_s: float = EVAL_TIMEOUT_S,
+    task: DemoTask | None = None,
+    target: str = "proxy",
+) -> EvalResult:
+    """Run the eval script, teeing its output to the console and run/logs/eval_gsm8k[-T].log.
 
     The output is read in a thread so the timeout runs from the start: a hung lm-eval or proxy
     gets its whole process group killed after timeout_s and the result says timed_out.
     """
     repo = stack.repo
+    task = task or gsm8k_task(stack.settings, repo)
     script = repo / "scripts" / "eval_gsm8k.sh"
-    log_path = stack.log_dir / "eval_gsm8k.log"
+    suffix = "" if target == "proxy" else f"-{target}"
+    log_path = stack.log_dir / f"eval_gsm8k{suffix}.log"
+    out_dir = stack.work_dir / f"eval-gsm8k{suffix}"
     if not script.is_file():
         log.error("%s is missing", script)
         return EvalResult(127, 0.0, log_path)
-    env = {**os.environ, **eval_env(stack)}
+    env = {**os.environ, **task.eval_env}
     start = time.monotonic()
-    log.info("running %s through the proxy (limit %d)", script.name, limit)
+    log.info("running %s on %s against the %s (limit %d)", script.name, task.label, target, limit)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     timed_out = False
     with open(log_path, "w") as out:
         proc = subprocess.Popen(
-            eval_command(stack, limit, gsm8k_data_dir(repo)),
+            eval_command(stack, limit, task, target, out_dir),
             env=env,
             cwd=repo,
             stdout=subprocess.PIPE,
@@ -131,10 +137,12 @@ def run_eval(stack: Stack, limit: int, timeout_s: float = EVAL_TIMEOUT_S) -> Eva
             proc.stdout.close()
         if timed_out:
             out.write(f"\n=== killed after {timeout_s:.0f}s (timeout)\n")
-    return EvalResult(code, time.monotonic() - start, log_path, timed_out)
+    return EvalResult(code, time.monotonic() - start, log_path, timed_out, out_dir)
 
 
-def eval_check(result: EvalResult, timeout_s: float) -> Check:
+def eval_check(
+    result: EvalResult, timeout_s: float, name: str = "GSM8K eval through the proxy"
+) -> Check:
     """The eval's exit status (or its timeout) as a report check."""
     if result.timed_out:
         detail = (
@@ -144,18 +152,22 @@ def eval_check(result: EvalResult, timeout_s: float) -> Check:
     else:
         detail = f"exit {result.returncode} in {result.seconds:.1f}s (log {result.log_path})"
     return Check(
-        "GSM8K eval through the proxy",
+        name,
         result.returncode == 0 and not result.timed_out,
         detail,
     )
 
 
 def demo_checks(
-    stack: Stack, limit: int, eval_timeout_s: float = EVAL_TIMEOUT_S
+    stack: Stack,
+    limit: int,
+    eval_timeout_s: float = EVAL_TIMEOUT_S,
+    task: DemoTask | None = None,
 ) -> tuple[list[Check], EvalResult]:
     """Eval through the proxy, then every live check; the eval's own exit status is a check."""
-    result = run_eval(stack, limit, eval_timeout_s)
-    checks = [eval_check(result, eval_timeout_s)]
+    task = task or gsm8k_task(stack.settings, stack.repo)
+    result = run_eval(stack, limit, eval_timeout_s, task)
+    checks = [eval_check(result, eval_timeout_s, f"{task.label} through the proxy (P/D)")]
     dead = [p.name for p in stack.processes.values() if not p.is_running()]
     checks.append(
         Check(

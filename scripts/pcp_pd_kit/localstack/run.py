@@ -6,9 +6,13 @@ import logging
 import sys
 import time
 
-from pcp_pd_kit.localstack.demo import demo_checks
+from pcp_pd_kit import repo_root
+from pcp_pd_kit.gsm8k.results import ResultsError
+from pcp_pd_kit.localstack.demo import EVAL_TIMEOUT_S, EvalResult, demo_checks, eval_check, run_eval
+from pcp_pd_kit.localstack.demo_task import choose
 from pcp_pd_kit.localstack.report import failed, format_report
-from pcp_pd_kit.localstack.stack import Stack
+from pcp_pd_kit.localstack.scores import Score, read_score, score_checks, score_line
+from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
 from pcp_pd_kit.settings import StackSettings
 
 log = logging.getLogger("pcp_pd_kit.localstack")
@@ -25,24 +29,52 @@ def cmd_up(settings: StackSettings) -> int:
 
 def cmd_demo(settings: StackSettings, limit: int) -> int:
     wall_start = time.monotonic()
+    settings, task = choose(settings, repo_root())
+    limit = task.limit or limit
     stack = Stack(settings)
     try:
         stack.start()
         print_urls(stack)
-        checks, _ = demo_checks(stack, limit)
+        checks, pd_run = demo_checks(stack, limit, task=task)
     finally:
         stack.stop()
+    # The same model on one vLLM server that does prefill and decode itself, started after the
+    # P/D stack stopped (2 cores: three servers at once slow every one of them).
+    single = Stack(settings, parts=REFERENCE_PARTS, work_dir=stack.work_dir)
+    try:
+        single.start()
+        single_run = run_eval(single, limit, task=task, target="reference")
+    finally:
+        single.stop()
+    checks.append(eval_check(single_run, EVAL_TIMEOUT_S, f"{task.label} on a single instance"))
+    pd_score, single_score = _score(pd_run), _score(single_run)
+    checks += score_checks(pd_score, single_score, task.min_score, task.min_samples)
     wall = time.monotonic() - wall_start
     print("\n== pcp-pd-kit demo report ==")
     print(format_report(checks))
-    startup = ", ".join(f"{k} {v:.0f}s" for k, v in stack.startup_seconds().items())
+    started = {**stack.startup_seconds(), **single.startup_seconds()}
+    startup = ", ".join(f"{k} {v:.0f}s" for k, v in started.items())
     print(f"  start-up: {startup}; demo wall time {wall:.0f}s")
+    print(f"\n{task.label}:")
+    print(f"  {score_line('P/D (PCP2 + EP2 prefill -> NIXL -> decode)', pd_score)}")
+    print(f"  {score_line('single instance', single_score)}")
     bad = failed(checks)
     if bad:
         print(f"\nFAILED checks: {'; '.join(c.name for c in bad)}", file=sys.stderr)
         return 1
     print("\nall checks passed")
     return 0
+
+
+def _score(run: EvalResult) -> Score | None:
+    """The run's score, or None when it left none (its own check says why)."""
+    if run.out_dir is None:
+        return None
+    try:
+        return read_score(run.out_dir)
+    except (OSError, ValueError, KeyError, StopIteration, ResultsError) as exc:
+        log.error("no score under %s: %s", run.out_dir, exc)
+        return None
 
 
 def print_urls(stack: Stack) -> None:

@@ -17,8 +17,10 @@ import os
 import random
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 log = logging.getLogger("pcp_pd_kit.localstack.tiny_model")
 
@@ -101,7 +103,11 @@ def seeded_corpus(spec: TinyModelSpec) -> list[str]:
     return lines
 
 
-def is_built(out_dir: Path, spec: TinyModelSpec) -> bool:
+class Fingerprinted(Protocol):
+    def fingerprint(self) -> str: ...
+
+
+def is_built(out_dir: Path, spec: Fingerprinted) -> bool:
     """True when out_dir holds a complete build of exactly this spec."""
     marker = out_dir / MARKER_FILE
     if not marker.is_file():
@@ -116,7 +122,42 @@ def is_built(out_dir: Path, spec: TinyModelSpec) -> bool:
     )
 
 
+def build_into(
+    out_dir: Path, spec: Fingerprinted, record: dict[str, Any], make: Callable[[Path], None]
+) -> Path:
+    """Run make(folder) unless out_dir already holds this spec's build; the cache-key scheme
+    both kit models share (a marker file with the spec's fingerprint)."""
+    out_dir = out_dir.resolve()
+    if is_built(out_dir, spec):
+        log.info("model already built at %s (fingerprint %s)", out_dir, spec.fingerprint())
+        return out_dir
+    # A private temp dir, renamed into place at the end: two concurrent builds (make demo beside
+    # make test) never see each other's half-written files.
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    make(tmp)
+    (tmp / MARKER_FILE).write_text(
+        json.dumps({"fingerprint": spec.fingerprint(), **record}, indent=2) + "\n"
+    )
+    if is_built(out_dir, spec):  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out_dir
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    log.info("built model at %s (fingerprint %s)", out_dir, spec.fingerprint())
+    return out_dir
+
+
 def _build_tokenizer(spec: TinyModelSpec, out_dir: Path) -> None:
+    train_tokenizer(seeded_corpus(spec), spec.vocab_size, spec.max_position_embeddings, out_dir)
+
+
+def train_tokenizer(corpus: list[str], vocab_size: int, max_length: int, out_dir: Path) -> None:
+    """A byte-level BPE with the kit's special tokens and chat template, saved to out_dir.
+
+    Shared with the trained demo model, so both answer chat requests the same way.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -124,28 +165,29 @@ def _build_tokenizer(spec: TinyModelSpec, out_dir: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
+        vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(seeded_corpus(spec), trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|bos|>",
         eos_token="<|eos|>",
         pad_token="<|pad|>",
-        model_max_length=spec.max_position_embeddings,
+        model_max_length=max_length,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
 
 
-def _build_weights(spec: TinyModelSpec, out_dir: Path, bos_id: int, eos_id: int) -> None:
-    import torch
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+def deepseek_config(spec: TinyModelSpec, bos_id: int, eos_id: int) -> Any:
+    """The DeepSeek-V2 config of this spec: MLA with vLLM's CPU latent size, routed + shared
+    experts, greedy top-k (shared with the trained demo model, so both have one shape)."""
+    from transformers import DeepseekV2Config
 
-    config = DeepseekV2Config(
+    return DeepseekV2Config(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -175,6 +217,13 @@ def _build_weights(spec: TinyModelSpec, out_dir: Path, bos_id: int, eos_id: int)
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
+
+
+def _build_weights(spec: TinyModelSpec, out_dir: Path, bos_id: int, eos_id: int) -> None:
+    import torch
+    from transformers import DeepseekV2ForCausalLM
+
+    config = deepseek_config(spec, bos_id, eos_id)
     torch.manual_seed(spec.seed)
     model = DeepseekV2ForCausalLM(config).to(torch.float32).eval()
     with torch.no_grad():
@@ -184,31 +233,16 @@ def _build_weights(spec: TinyModelSpec, out_dir: Path, bos_id: int, eos_id: int)
 
 def build(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
     """Build (or keep) the tiny model in out_dir and return its path."""
-    spec = spec or TinyModelSpec()
-    out_dir = out_dir.resolve()
-    if is_built(out_dir, spec):
-        log.info("tiny model already built at %s (fingerprint %s)", out_dir, spec.fingerprint())
-        return out_dir
-    # A private temp dir, renamed into place at the end: two concurrent builds (make demo beside
-    # make test) never see each other's half-written files.
-    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _build_tokenizer(spec, tmp)
-    from transformers import AutoTokenizer
+    chosen = spec or TinyModelSpec()
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tmp))
-    _build_weights(spec, tmp, tokenizer.bos_token_id, tokenizer.eos_token_id)
-    (tmp / MARKER_FILE).write_text(
-        json.dumps({"fingerprint": spec.fingerprint(), "spec": asdict(spec)}, indent=2) + "\n"
-    )
-    if is_built(out_dir, spec):  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-        return out_dir
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    log.info("built tiny model at %s (fingerprint %s)", out_dir, spec.fingerprint())
-    return out_dir
+    def make(folder: Path) -> None:
+        _build_tokenizer(chosen, folder)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        _build_weights(chosen, folder, tokenizer.bos_token_id, tokenizer.eos_token_id)
+
+    return build_into(out_dir, chosen, {"spec": asdict(chosen)}, make)
 
 
 def main(argv: list[str] | None = None) -> int:
