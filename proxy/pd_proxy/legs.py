@@ -38,9 +38,11 @@ from pd_proxy.http.upstream import Fields, Upstream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
 from pd_proxy.route import PD, Route
+from pd_proxy.tracing import end_leg, traceparent
 
 if TYPE_CHECKING:
     from pd_proxy.admission.gate import Lease
+    from pd_proxy.tracing import RequestSpans
 from pd_proxy.routing.breaker import Breaker
 from pd_proxy.routing.cache.load import leg_tokens
 from pd_proxy.routing.pool import Backend, BackendPool
@@ -88,6 +90,8 @@ class Trace:
         "ttfb_s",
         "status",
         "lease",
+        "otel",
+        "route",
     )
 
     def __init__(self, rid: str, start: float = 0.0) -> None:
@@ -102,6 +106,8 @@ class Trace:
         # The admission lease (pd_proxy.admission.gate): told when the prefill answered and when
         # decode's first byte came, so each part of the request's room goes back then.
         self.lease: Lease | None = None
+        self.otel: RequestSpans | None = None  # the request's spans when tracing is on
+        self.route: Route | None = None  # the route it went (for the log line), once admitted
 
 
 class Mode(Protocol):
@@ -225,21 +231,30 @@ class Legs:
         task = asyncio.current_task() if movable else None
         moved = resent = False  # at most one move to another backend, one resend on a new conn
         tokens = leg_tokens(stage)  # what the cache router planned this leg to compute
+        otel = trace.otel
         while True:
             backend.outstanding += 1
             backend.tokens_in_flight += tokens
             if task is not None:
                 backend.waiters[task] = False
             answered = False
+            sent = headers
+            span = None
+            if otel is not None:
+                span = otel.leg(stage, path, backend.url)
+                sent = Fields(headers + traceparent(span))
             try:
                 deadline = None if total is None else upstream.loop.time() + total
-                resp = await upstream.post(backend, path, headers, payload, deadline, silence)
+                resp = await upstream.post(backend, path, sent, payload, deadline, silence)
                 answered = True
                 backend.progress += 1
                 try:
                     result = await consume(backend, resp)
                 finally:
                     resp.release()  # closes the connection if the body was not read to the end
+                    if span is not None:
+                        end_leg(span, resp.status)
+                        span = None
                 if backend.probing:
                     Breaker.proved(backend)
                 return result
@@ -272,6 +287,8 @@ class Legs:
                 backend.tokens_in_flight -= tokens
                 if task is not None:
                     backend.waiters.pop(task, None)
+                if span is not None:  # the attempt ended before an answer
+                    end_leg(span, None, "no answer")
             again = resent if move.to is backend else moved
             if again or move.to is None:
                 raise ProxyError(502, f"{stage} backend {backend.url} {move.why}")
@@ -451,6 +468,8 @@ class Legs:
         trace.ttfb_s = elapsed = now - start
         if trace.lease is not None:
             trace.lease.decode_started()
+        if trace.otel is not None:
+            trace.otel.first_byte()
         self.metrics.decode_ttfb.observe(elapsed)
         if sent:
             self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)

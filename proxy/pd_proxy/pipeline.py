@@ -49,6 +49,7 @@ from pd_proxy.route import LOCAL, PD, Route
 from pd_proxy.routing.planner import Planner, build_planner
 from pd_proxy.routing.pool import BackendPool
 from pd_proxy.routing.shapes import FANOUT, REFUSE, classify, fanout_size
+from pd_proxy.tracing import Tracing
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -72,8 +73,10 @@ class Pipeline:
         upstream: Upstream,
         backend_key: BackendKey | None = None,
         client_keys: ClientKeys | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing
         self.metrics = metrics
         self.client_keys = client_keys
         self.flow_header = config.flow_header
@@ -103,6 +106,8 @@ class Pipeline:
         metrics.in_flight_count += 1
         # 32 hex chars like uuid4().hex, for a fraction of its cost.
         trace = Trace(request.headers.get("X-Request-Id") or os.urandom(16).hex(), start)
+        if self.tracing is not None:
+            trace.otel = self.tracing.request(request.headers, endpoint, trace.rid)
         try:
             try:
                 call = await self._parse(request, endpoint, trace)
@@ -174,7 +179,10 @@ class Pipeline:
             if way == LOCAL:
                 route = Route(LOCAL, decision.shape.name)
             else:
+                began = time.time()
                 route = await self.planner.plan(call, trace)
+                if trace.otel is not None:
+                    trace.otel.planned(route, began)
             known = route.uncached_tokens
             cost = estimated_tokens(call.body) if known is None else known
             chosen = self.local if route.path == LOCAL else self.pd
@@ -183,8 +191,20 @@ class Pipeline:
                 return chosen(call, route, trace)
 
         if self.gate is None:
+            trace.route = route
             return await mode(route)
-        route, trace.lease = await self.gate.admit(route, flow, cost)
+        otel = trace.otel
+        if otel is None:
+            route, trace.lease = await self.gate.admit(route, flow, cost)
+        else:
+            otel.queued(flow.name)
+            try:
+                route, trace.lease = await self.gate.admit(route, flow, cost)
+            except ProxyError as exc:
+                otel.admitted(exc.code or "refused")
+                raise
+            otel.admitted("admitted", route)
+        trace.route = route
         try:
             return await mode(route)
         finally:
@@ -194,16 +214,21 @@ class Pipeline:
         """Count and log a finished request, once."""
         metrics = self.metrics
         metrics.in_flight_count -= 1
+        if trace.otel is not None:
+            trace.otel.end(trace.status, trace.path)
         metrics.count_request(endpoint, trace.status, trace.path)
         metrics.request_duration.observe(elapsed)
         if log.isEnabledFor(logging.INFO):
+            route = trace.route
             log.info(
-                "rid=%s %s status=%d path=%s prefill=%s decode=%s prefill_ms=%s ttfb_ms=%s "
-                "total_ms=%.1f",
+                "rid=%s %s status=%d path=%s reason=%s hit=%s prefill=%s decode=%s prefill_ms=%s "
+                "ttfb_ms=%s total_ms=%.1f",
                 trace.rid,
                 endpoint,
                 trace.status,
                 trace.path,
+                "-" if route is None else route.reason,
+                "-" if route is None or route.token_ids is None else route.decode_hit,
                 trace.prefill,
                 trace.decode,
                 _ms(trace.prefill_s),

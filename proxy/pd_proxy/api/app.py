@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +42,10 @@ from pd_proxy.pipeline import Pipeline
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
 from pd_proxy.routing.breaker import Breaker
 from pd_proxy.routing.pool import Backend, BackendPool, HealthChecker
+from pd_proxy.tracing import Tracing, TracingError, settings_from
 
 request_log = logging.getLogger("pd_proxy.request")
+log = logging.getLogger("pd_proxy")
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +166,12 @@ async def start(proxy: Proxy, stack: contextlib.AsyncExitStack) -> Running:
     stack.push_async_callback(session.close)
     upstream = Upstream(config.connect_timeout, UPSTREAM_KEEPALIVE_S)
     stack.callback(upstream.close)
-    pipeline = Pipeline(config, metrics, *pools, upstream, proxy.backend_key, proxy.client_keys)
+    tracing = _tracing()
+    if tracing is not None:  # its last export must not hold the event loop
+        stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
+    pipeline = Pipeline(
+        config, metrics, *pools, upstream, proxy.backend_key, proxy.client_keys, tracing
+    )
     side = SideEndpoints(config, metrics, *pools, session, proxy.backend_key)
 
     def on_result(backend: Backend, passed: bool) -> None:
@@ -248,6 +256,18 @@ def build_metrics_app(app: web.Application) -> web.Application | None:
 
     metrics_app.router.add_route("*", "/{tail:.*}", not_found)
     return metrics_app
+
+
+def _tracing() -> Tracing | None:
+    """The tracer the ``OTEL_*`` variables ask for (pd_proxy.tracing), or None: no endpoint."""
+    try:
+        settings = settings_from(os.environ)
+    except TracingError as exc:
+        raise ConfigError(str(exc)) from None
+    if settings is None:
+        return None
+    log.info("tracing: OTLP %s to %s", settings.protocol, settings.endpoint)
+    return Tracing(settings)
 
 
 def _key_file(kind, path: str | None, flag: str):

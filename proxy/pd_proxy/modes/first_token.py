@@ -79,6 +79,8 @@ class FirstTokenMode:
         if not isinstance(answer, dict):
             raise legs.invalid_prefill_json(backend, data)
         kv = answer.get("kv_transfer_params")
+        if trace.otel is not None:
+            trace.otel.kv_params(kv)
         first = ft.parse_first_token(endpoint, answer)
         if isinstance(first, str):
             return await self._normal(

@@ -23,5 +23,7 @@ class NormalMode:
             kv_params = kv_params_from_prefill(data)
         except ValueError:
             raise legs.invalid_prefill_json(backend, data) from None
+        if trace.otel is not None:
+            trace.otel.kv_params(kv_params)
         payload = decode_payload(call.body, call.client_body, kv_params)
         return await legs.decode_leg(call.request, endpoint, payload, headers, trace, route.decode)
