@@ -1,11 +1,7 @@
 """The serve bench's report, from its runs: per workload one table with the targets side by side
 and their ratios to the reference, each checked run's check, where the time to first token goes,
-and the goals. Inputs are `vllm bench serve` result JSONs and /metrics deltas. No I/O.
-
-A figure of a P/D variant counts only when its proxy's own counter shows it did what the column
-is about (the first-token proxy continued requests from prefill's token 1; the local-prefill
-proxy sent each request down the path its length calls for); otherwise its cells read
-`not meas.`, never a misleading ratio.
+and the goals, from `vllm bench serve` results and /metrics deltas. No I/O. A P/D variant's
+figure counts only when its proxy's own counter shows it did what its column is about (check()).
 """
 
 from __future__ import annotations
@@ -219,7 +215,7 @@ def path_check(run: Run, expected: str) -> Check:
     done = value(run.result, "completed")
     other = "pd" if expected == "local" else "local"
     measured = bool(done) and counts[expected] >= (done or 0) and counts[other] == 0
-    text = f"path local {counts['local']:.0f}, pd {counts['pd']:.0f} of {fmt_num(done)} completed"
+    text = f"path local {counts['local']:.0f}, pd {counts['pd']:.0f} of {done or 0:.0f} completed"
     return Check(
         measured, f"{text}: all {expected}" if measured else f"NOT MEASURED: {text}", counts
     )
