@@ -6,7 +6,7 @@ LoadRestrictionsNone`, which `kubectl apply -k` cannot pass), and it resolves sy
 checks. The truth stays where the compose stack and the tests use it:
 
     connector/pcp_nixl_connector/*.py   -> base/generated/connector/        (pcp-pd-connector)
-    compose/entrypoint/vllm_serve.py    -> base/generated/entrypoint/       (pcp-pd-entrypoint)
+    compose/entrypoint/vllm_serve/*.py  -> base/generated/entrypoint/       (pcp-pd-entrypoint)
     compose/grafana/dashboards/*.json   -> components/monitoring/generated/ (dashboards)
     compose/prometheus/alerts.yml       -> components/monitoring-standalone/generated/
 
@@ -89,8 +89,9 @@ TARGETS = (
                 recursive=True,
                 volume="connector",
             ),
+            # The vLLM entrypoint package, one key per module; the pods mount it as the folder.
             ConfigMapSource(
-                "pcp-pd-entrypoint", "compose/entrypoint", "vllm_serve.py", "entrypoint"
+                "pcp-pd-entrypoint", "compose/entrypoint/vllm_serve", "*.py", "entrypoint"
             ),
         ),
     ),

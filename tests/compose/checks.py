@@ -13,7 +13,7 @@ from typing import Any
 
 from pcp_nixl_connector.cpu_compat.binding import parse_cpu_list
 from pcp_pd_kit.preflight.settings import ENV_NAMES, OPTIONAL_ENV_NAMES, REQUIRED
-from tests.entrypoint.loader import effective_argv, entrypoint, runs_entrypoint
+from tests.entrypoint.loader import cpu_topology, effective_argv, runs_entrypoint
 
 Compose = Mapping[str, Any]
 Service = Mapping[str, Any]
@@ -79,7 +79,7 @@ def container_argv(service: Service) -> list[str]:
 
 
 def is_vllm(service: Service) -> bool:
-    """Whether the service runs the kit's vLLM entrypoint (compose/entrypoint/vllm_serve.py)."""
+    """Whether the service runs the kit's vLLM entrypoint (compose/entrypoint/vllm_serve)."""
     return runs_entrypoint(container_argv(service))
 
 
@@ -476,7 +476,7 @@ def check_cpu_services(compose: Compose, settings: Mapping[str, str]) -> list[st
                 f"{name}: KIT_CPU_PCP_SIZE {env.get('KIT_CPU_PCP_SIZE')!r}, want {want_ranks!r}"
             )
         try:
-            entrypoint().cpu_topology(env, parse_cpu_list(cpuset))
+            cpu_topology.cpu_topology(env, parse_cpu_list(cpuset))
         except ValueError as exc:
             problems.append(f"{name}: cpuset {cpuset!r}: {exc}")
         if "SYS_NICE" not in (service.get("cap_add") or []):

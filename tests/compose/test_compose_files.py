@@ -13,7 +13,7 @@ import pytest
 from pcp_pd_kit.settings import read_env_file
 from tests.compose import checks as cc
 from tests.compose import compose_cli as cli
-from tests.entrypoint.loader import entrypoint
+from tests.entrypoint.loader import command, cpu_topology
 from tests.support.paths import COMPOSE_FILE, DEBUG_PORTS_FILE, ENV_EXAMPLE, REPO
 
 ALL_PROFILES = ("gpu", "cpu", "grafana")
@@ -182,10 +182,10 @@ def test_kv_config_is_the_entrypoints(gpu, cpu) -> None:
         for name, service in services.items():
             assert cc.flag_value(cc.command_args(service), "--kv-transfer-config") is None, name
             argv = cc.exec_argv(service)
-            assert argv[:3] == ["python3", "-m", entrypoint().API_SERVER], name
+            assert argv[:3] == ["python3", "-m", command.API_SERVER], name
             env = service.get("environment") or {}
             ranks = int(env.get("KIT_CPU_PCP_SIZE") or 1)
-            topology, _ = entrypoint().cpu_topology(env, list(range(ranks)))
+            topology, _ = cpu_topology.cpu_topology(env, list(range(ranks)))
             # Then the KV events config (tests/compose/test_compose_cache.py), then the KV one.
             assert argv[3:-4] == [*cc.command_args(service), *topology], name
             assert argv[-4] == "--kv-events-config", name
@@ -553,8 +553,7 @@ def test_cpu_check_catches_breakage(tmp_path, overrides, edits, needle) -> None:
 
 def test_cpu_check_catches_an_entrypoint_that_pins_cores(monkeypatch, cpu, env_example) -> None:
     """The CPU options live in the entrypoint now: a regression there is caught on the model."""
-    serve = entrypoint()
-    built = serve.kv_transfer_config
+    built = command.kv_transfer_config  # vllm_command()'s own reference
 
     def pinning(env):
         cfg = built(env)
@@ -562,7 +561,7 @@ def test_cpu_check_catches_an_entrypoint_that_pins_cores(monkeypatch, cpu, env_e
             cfg["kv_connector_extra_config"]["cpu_skip_kv_core_pinning"] = False
         return cfg
 
-    monkeypatch.setattr(serve, "kv_transfer_config", pinning)
+    monkeypatch.setattr(command, "kv_transfer_config", pinning)
     problems = cc.check_cpu_services(cpu, env_example)
     assert problems == ["decode-cpu: cpu_skip_kv_core_pinning is not true"], problems
 

@@ -385,7 +385,7 @@ def kit_needs() -> KitNeeds:
     sys.path.insert(0, str(REPO / "connector"))
     sys.path.insert(0, str(REPO / "compose" / "entrypoint"))
     try:
-        from vllm_serve import API_SERVER
+        from vllm_serve.command import API_SERVER
 
         from pcp_nixl_connector import version_guard
     finally:

@@ -10,14 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import bind_policy as policy
+import holder
 import pytest
 
-from tests.entrypoint.loader import entrypoint
+from tests.entrypoint import ENTRYPOINT_DIR
 
-serve = entrypoint()
-policy = serve._sibling("bind_policy")
-holder = serve._sibling("holder")
-KEYGEN = Path(serve.__file__).with_name("keygen.py")
+KEYGEN = ENTRYPOINT_DIR / "keygen.py"
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,14 @@
-"""The wait for free GPU memory before vLLM starts (compose/entrypoint/gpu_free.py), against a
-stand-in NVML module with pynvml's call names; the real vllm.third_party.pynvml is loaded too, to
-show those names are its own."""
+"""The wait for free GPU memory before vLLM starts (compose/entrypoint/vllm_serve/gpu_memory.py),
+against a stand-in NVML module with pynvml's call names; the real vllm.third_party.pynvml is loaded
+too, to show those names are its own, and vLLM's own default share is read from vLLM."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
+from vllm_serve import gpu_memory as free
 
-from tests.entrypoint.loader import entrypoint
-
-serve = entrypoint()
-free = serve._sibling("gpu_free")
 GIB = 1 << 30
 
 
@@ -81,9 +78,21 @@ def test_a_stop_while_waiting_returns_false_and_shuts_nvml_down() -> None:
     assert nvml.calls == ["init", "shutdown"]
 
 
-@pytest.mark.parametrize(("raw", "want"), [(None, 0.92), ("0.85", 0.85), ("1", 1.0)])
-def test_utilization_from_the_flag_or_vllms_default(raw, want) -> None:
+@pytest.mark.parametrize(("raw", "want"), [("0.85", 0.85), ("1", 1.0), (" 0.5", 0.5)])
+def test_utilization_from_the_flag(raw, want) -> None:
     assert free.utilization(raw) == want
+
+
+@pytest.mark.vllm
+def test_without_the_flag_the_wait_uses_vllms_own_default() -> None:
+    """What vLLM asks for when the server passes no --gpu-memory-utilization: the default of the
+    installed vLLM's CacheConfig, read from vLLM itself (about 20 s to import), so a vLLM release
+    that changes it fails here instead of making the wait ask for the wrong amount."""
+    from vllm.config import CacheConfig
+
+    vllm_default = CacheConfig().gpu_memory_utilization
+    assert isinstance(vllm_default, float) and 0 < vllm_default <= 1
+    assert free.utilization(None) == vllm_default
 
 
 @pytest.mark.parametrize("raw", ["0", "1.5", "most"])
@@ -106,9 +115,9 @@ def test_the_entrypoint_waits_on_the_replicas_in_container_ids(monkeypatch) -> N
     env = {"CUDA_VISIBLE_DEVICES": "2,3", "KIT_SLOT_DIR": "/run/kit-slots"}
     env |= {"KIT_GPU_FREE_HEADROOM_GIB": "1"}
     stop = SimpleNamespace(wait=lambda s: False, asked=False)
-    serve.wait_for_gpus(env, ["--gpu-memory-utilization", "0.85"], stop)
+    free.wait_for_gpus(env, ["--gpu-memory-utilization", "0.85"], stop)
     assert nvml.frees["2"] == [int(79.0 * GIB)]  # polled until it was free
     with pytest.raises(SystemExit) as done:
         nvml.frees["2"] = [int(10 * GIB)]
-        serve.wait_for_gpus(env, [], SimpleNamespace(wait=lambda s: True, asked=True))
+        free.wait_for_gpus(env, [], SimpleNamespace(wait=lambda s: True, asked=True))
     assert done.value.code == 0

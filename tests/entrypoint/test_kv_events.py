@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from vllm_serve import command
+from vllm_serve import main as entry
 
-from tests.entrypoint.loader import entrypoint, main_env
+from tests.entrypoint.loader import main_env
 
-serve = entrypoint()
 BASE = {
     "KIT_KV_CONNECTOR": "PcpCanonicalNixlConnector",
     "KIT_KV_CONNECTOR_MODULE_PATH": "pcp_nixl_connector",
@@ -26,7 +27,7 @@ def events_config(cmd: list[str]) -> dict[str, object] | None:
 
 
 def test_the_ports_give_a_wildcard_publisher_and_replay_vllm_accepts() -> None:
-    cmd = serve.vllm_command(["--model", "m"], EVENTS, "python3")
+    cmd = command.vllm_command(["--model", "m"], EVENTS, "python3")
     config = events_config(cmd)
     assert config == {
         "enable_kv_cache_events": True,
@@ -44,7 +45,7 @@ def test_the_ports_give_a_wildcard_publisher_and_replay_vllm_accepts() -> None:
 
 def test_without_a_replay_port_only_the_publisher() -> None:
     env = {k: v for k, v in EVENTS.items() if k != "KIT_KV_EVENTS_REPLAY_PORT"}
-    config = events_config(serve.vllm_command([], env, "python3"))
+    config = events_config(command.vllm_command([], env, "python3"))
     assert config is not None and "replay_endpoint" not in config
 
 
@@ -57,7 +58,7 @@ def test_without_a_replay_port_only_the_publisher() -> None:
     ],
 )
 def test_no_events_when_prefix_caching_is_off(env: dict[str, str], argv: list[str]) -> None:
-    assert events_config(serve.vllm_command(argv, {**EVENTS, **env}, "python3")) is None
+    assert events_config(command.vllm_command(argv, {**EVENTS, **env}, "python3")) is None
 
 
 @pytest.mark.parametrize(
@@ -67,18 +68,18 @@ def test_no_events_when_prefix_caching_is_off(env: dict[str, str], argv: list[st
 def test_events_when_prefix_caching_is_on_or_vllms_default(
     env: dict[str, str], argv: list[str]
 ) -> None:
-    assert events_config(serve.vllm_command(argv, {**EVENTS, **env}, "python3")) is not None
+    assert events_config(command.vllm_command(argv, {**EVENTS, **env}, "python3")) is not None
 
 
 def test_a_topic_of_its_own() -> None:
     """llm-d's router names each pod in the topic (its kv-events-patch.yaml)."""
     env = {**EVENTS, "KIT_KV_EVENTS_TOPIC": "kv@10.0.0.7:8000@m"}
-    config = events_config(serve.vllm_command([], env, "python3"))
+    config = events_config(command.vllm_command([], env, "python3"))
     assert config is not None and config["topic"] == "kv@10.0.0.7:8000@m"
 
 
 def test_no_port_no_events() -> None:
-    assert events_config(serve.vllm_command([], BASE, "python3")) is None
+    assert events_config(command.vllm_command([], BASE, "python3")) is None
 
 
 @pytest.mark.parametrize(
@@ -94,12 +95,12 @@ def test_no_port_no_events() -> None:
 )
 def test_bad_settings_are_refused(change: dict[str, str], argv: list[str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
-        serve.vllm_command(argv, {**EVENTS, **change}, "python3")
+        command.vllm_command(argv, {**EVENTS, **change}, "python3")
 
 
 def test_main_prints_the_events_config(monkeypatch, tmp_path, capsys) -> None:
     main_env(monkeypatch, tmp_path, EVENTS)
-    monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: 0)
+    monkeypatch.setattr(entry, "supervise", lambda cmd, env, **kw: 0)
     with pytest.raises(SystemExit):
-        serve.main(["--port", "8200"])
+        entry.main(["--port", "8200"])
     assert '--kv-events-config {"enable_kv_cache_events":true' in capsys.readouterr().out

@@ -13,18 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_serve import command
 
 from tests.compose import checks as cc
 from tests.compose import compose_cli as cli
-from tests.entrypoint.loader import entrypoint
 
-serve = entrypoint()
 TIMEOUT_S = 600  # imports vLLM (20 s on an idle 2-core machine, minutes on a busy one)
 
 
 def test_launch_module_exists_with_a_main_in_the_installed_wheel() -> None:
-    spec = importlib.util.find_spec(serve.API_SERVER)
-    assert spec is not None and spec.origin, f"{serve.API_SERVER} is not in the installed vLLM"
+    spec = importlib.util.find_spec(command.API_SERVER)
+    assert spec is not None and spec.origin, f"{command.API_SERVER} is not in the installed vLLM"
     source = Path(spec.origin).read_text(encoding="utf-8")
     assert re.search(r"^def main\(", source, re.M), spec.origin
     assert re.search(r"^if __name__ == \"__main__\":\n    main\(\)", source, re.M), spec.origin
@@ -51,10 +50,10 @@ def test_launch_module_parses_the_compose_servers_arguments() -> None:
     argvs = [cc.exec_argv(s) for s in (*cc.vllm_services({"services": gpu}).values(),)]
     argvs += [cc.exec_argv(s) for s in cc.vllm_services({"services": cpu}).values()]
     for argv in argvs:
-        assert argv[1:3] == ["-m", serve.API_SERVER], argv
+        assert argv[1:3] == ["-m", command.API_SERVER], argv
     prefill = cc.exec_argv(gpu["prefill"])
     res = subprocess.run(
-        [sys.executable, "-m", serve.API_SERVER, *prefill[3:], "--help"],
+        [sys.executable, "-m", command.API_SERVER, *prefill[3:], "--help"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from vllm_serve import environment, gpus, replica
+from vllm_serve import main as entry
 
 from pd_proxy.testing.dns import PTR, DnsServer
-from tests.entrypoint.loader import PATH, entrypoint, main_env
-
-serve = entrypoint()
+from tests.entrypoint.loader import PACKAGE, main_env
 
 # The flags compose builds from PREFILLER_TP_SIZE=1, PREFILLER_PCP_SIZE=2, DECODER_TP_SIZE=1.
 PREFILL_ARGV = ["--model", "m", "--tensor-parallel-size", "1", "--prefill-context-parallel-size=2"]
@@ -31,7 +31,7 @@ def devices(env: dict[str, str], argv: list[str], index: int) -> str:
     def lookup() -> int:
         return index
 
-    out = serve.serve_environment(env, address=lambda: "172.28.0.9", argv=argv, lookup=lookup)
+    out = environment.serve_environment(env, address=lambda: "172.28.0.9", argv=argv, lookup=lookup)
     return out["CUDA_VISIBLE_DEVICES"]
 
 
@@ -64,10 +64,12 @@ def test_1p1d_is_unchanged_and_looks_nothing_up() -> None:
         {**PREFILL, "KIT_ROLE_GPUS": "0,1"},
         {**PREFILL, "KIT_ROLE_GPUS": "0,1", "KIT_ROLE_REPLICAS": "1"},
     ):
-        out = serve.serve_environment(env, address=lambda: "x", argv=PREFILL_ARGV, lookup=never)
+        out = environment.serve_environment(
+            env, address=lambda: "x", argv=PREFILL_ARGV, lookup=never
+        )
         assert out["CUDA_VISIBLE_DEVICES"] == "0,1"
     decode = {**DECODE, "KIT_ROLE_GPUS": "2", "KIT_ROLE_REPLICAS": "1"}
-    out = serve.serve_environment(decode, address=lambda: "x", argv=DECODE_ARGV, lookup=never)
+    out = environment.serve_environment(decode, address=lambda: "x", argv=DECODE_ARGV, lookup=never)
     assert out["CUDA_VISIBLE_DEVICES"] == "2"
 
 
@@ -85,14 +87,14 @@ def test_uuids_slice_too() -> None:
 
 def test_cpu_servers_get_no_devices_but_know_their_index() -> None:
     env = {"KIT_KV_ROLE": "kv_producer", "KIT_ROLE_REPLICAS": "2"}
-    out = serve.serve_environment(env, address=lambda: "x", argv=[], lookup=lambda: 2)
+    out = environment.serve_environment(env, address=lambda: "x", argv=[], lookup=lambda: 2)
     assert "CUDA_VISIBLE_DEVICES" not in out
-    assert serve.placement(env, [], lambda: 2) == (2, 2, [])
+    assert replica.placement(env, [], lambda: 2) == (2, 2, [])
 
     def broken() -> int:
         raise ValueError("no DNS here")
 
-    assert serve.placement(env, [], broken) == (0, 2, [])  # unknown, and no refusal
+    assert replica.placement(env, [], broken) == (0, 2, [])  # unknown, and no refusal
 
 
 # ------------------------------------------------------------------ the parallel sizes
@@ -111,7 +113,7 @@ def test_cpu_servers_get_no_devices_but_know_their_index() -> None:
     ],
 )
 def test_gpus_per_replica_from_argv(argv: list[str], want: int) -> None:
-    assert serve.gpus_per_replica(argv) == want
+    assert gpus.gpus_per_replica(argv) == want
 
 
 @pytest.mark.parametrize(
@@ -125,11 +127,11 @@ def test_gpus_per_replica_from_argv(argv: list[str], want: int) -> None:
 )
 def test_bad_parallel_flags_are_refused(argv: list[str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
-        serve.gpus_per_replica(argv)
+        gpus.gpus_per_replica(argv)
 
 
 # ------------------------------------------------------------------ refusals
-KNOBS = serve.ROLE_KNOBS["kv_producer"]
+KNOBS = gpus.ROLE_KNOBS["kv_producer"]
 
 
 @pytest.mark.parametrize(
@@ -144,7 +146,7 @@ KNOBS = serve.ROLE_KNOBS["kv_producer"]
 )
 def test_replica_gpus_refusals(ids, replicas, per, index, needle) -> None:
     with pytest.raises(ValueError, match=needle):
-        serve.replica_gpus(ids, replicas, per, index, KNOBS)
+        gpus.replica_gpus(ids, replicas, per, index, KNOBS)
 
 
 def test_refusals_reach_the_environment_with_the_knob_names() -> None:
@@ -161,7 +163,7 @@ def test_failed_lookup_with_several_replicas_is_a_refusal() -> None:
 
     env = {**PREFILL, "KIT_ROLE_GPUS": "0,1,2,3", "KIT_ROLE_REPLICAS": "2"}
     with pytest.raises(ValueError, match="NXDOMAIN.*which of the 2 replicas \\(PREFILL_REPLICAS"):
-        serve.serve_environment(env, address=lambda: "x", argv=PREFILL_ARGV, lookup=broken)
+        environment.serve_environment(env, address=lambda: "x", argv=PREFILL_ARGV, lookup=broken)
 
 
 def test_index_override_skips_the_lookup() -> None:
@@ -170,10 +172,10 @@ def test_index_override_skips_the_lookup() -> None:
 
     env = {**PREFILL, "KIT_ROLE_GPUS": "0,1,2,3", "KIT_ROLE_REPLICAS": "2"}
     env["KIT_REPLICA_INDEX"] = "2"
-    out = serve.serve_environment(env, address=lambda: "x", argv=PREFILL_ARGV, lookup=never)
+    out = environment.serve_environment(env, address=lambda: "x", argv=PREFILL_ARGV, lookup=never)
     assert out["CUDA_VISIBLE_DEVICES"] == "2,3"
     with pytest.raises(ValueError, match="KIT_REPLICA_INDEX='two'"):
-        serve.replica_index({"KIT_REPLICA_INDEX": "two"}, 2, never)
+        replica.replica_index({"KIT_REPLICA_INDEX": "two"}, 2, never)
 
 
 # ------------------------------------------------------------------ the replica index from DNS
@@ -191,17 +193,17 @@ def test_index_override_skips_the_lookup() -> None:
     ],
 )
 def test_index_from_ptr_answer(name: str, want: int | None) -> None:
-    assert serve.index_from_name(name) == want
+    assert replica.index_from_name(name) == want
 
 
 def test_nameservers_from_resolv_conf() -> None:
     text = "# Generated by Docker Engine.\nsearch lan\nnameserver 127.0.0.11\noptions ndots:0\n"
-    assert serve.nameservers(text) == ["127.0.0.11"]
-    assert serve.nameservers("nameserver 10.0.0.2\nnameserver   10.0.0.3 \n") == [
+    assert replica.nameservers(text) == ["127.0.0.11"]
+    assert replica.nameservers("nameserver 10.0.0.2\nnameserver   10.0.0.3 \n") == [
         "10.0.0.2",
         "10.0.0.3",
     ]
-    assert serve.nameservers("search x\n") == []
+    assert replica.nameservers("search x\n") == []
 
 
 class ThreadedDns:
@@ -241,7 +243,7 @@ def test_lookup_asks_ptr_of_the_own_address(dns: ThreadedDns, tmp_path: Path) ->
     Docker's embedded DNS does."""
     host, port = dns.server.address
     dns.server.records["9.0.28.172.in-addr.arpa"] = ["pcp-pd-kit-prefill-2.pcp-pd-kit_pd"]
-    index = serve.looked_up_index(lambda: "172.28.0.9", resolv_conf(tmp_path, host), port, 2.0)
+    index = replica.looked_up_index(lambda: "172.28.0.9", resolv_conf(tmp_path, host), port, 2.0)
     assert index == 2
     assert dns.server.queries == [("9.0.28.172.in-addr.arpa", PTR)]
 
@@ -259,14 +261,14 @@ def test_lookup_failures_are_clear(dns: ThreadedDns, tmp_path: Path, answer, nee
     if answer is not None:
         dns.server.records["9.0.28.172.in-addr.arpa"] = answer
     with pytest.raises(ValueError, match=needle):
-        serve.looked_up_index(lambda: "172.28.0.9", resolv_conf(tmp_path, host), port, 2.0)
+        replica.looked_up_index(lambda: "172.28.0.9", resolv_conf(tmp_path, host), port, 2.0)
 
 
 def test_lookup_without_an_answer_times_out(dns: ThreadedDns, tmp_path: Path) -> None:
     host, port = dns.server.address
     dns.server.silent.add("9.0.28.172.in-addr.arpa")
     with pytest.raises(ValueError, match="reverse DNS .* failed"):
-        serve.looked_up_index(lambda: "172.28.0.9", resolv_conf(tmp_path, host), port, 0.5)
+        replica.looked_up_index(lambda: "172.28.0.9", resolv_conf(tmp_path, host), port, 0.5)
 
 
 # ------------------------------------------------------------------ the real compose render
@@ -285,7 +287,7 @@ def test_compose_render_2p2d_gives_each_replica_its_own_gpus(tmp_path: Path) -> 
         service = model["services"][name]
         assert service.get("scale") == 2, (name, service.get("scale"))
         env, argv = cc.environment(service), cc.command_args(service)
-        replicas = serve.replica_count(env)
+        replicas = gpus.replica_count(env)
         assert replicas == 2, name
         for index in range(1, replicas + 1):
             placed[f"{name}-{index}"] = devices(env, argv, index).split(",")
@@ -312,7 +314,7 @@ def test_compose_render_1p1d_is_todays(tmp_path: Path) -> None:
     for name in ("prefill", "decode"):
         service = model["services"][name]
         env, argv = cc.environment(service), cc.command_args(service)
-        out = serve.serve_environment(env, address=lambda: "x", argv=argv, lookup=never)
+        out = environment.serve_environment(env, address=lambda: "x", argv=argv, lookup=never)
         got[name] = out["CUDA_VISIBLE_DEVICES"]
     assert got == {"prefill": "0,1", "decode": "2"}
 
@@ -327,9 +329,9 @@ def test_start_up_line_names_the_replica_and_its_gpus(monkeypatch, tmp_path, cap
     env |= {"KIT_REPLICA_INDEX": "2", "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.28.0.9"}
     main_env(monkeypatch, tmp_path, env)
     seen = []
-    monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
+    monkeypatch.setattr(entry, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
     with pytest.raises(SystemExit):
-        serve.main(PREFILL_ARGV)
+        entry.main(PREFILL_ARGV)
     assert seen[0]["CUDA_VISIBLE_DEVICES"] == "2,3"
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("vllm_serve: replica 2 of 2, GPUs 2,3, CUDA_VISIBLE_DEVICES=2,3,")
@@ -339,7 +341,7 @@ def test_a_short_list_stops_the_container_with_one_line(tmp_path) -> None:
     env = {**CONNECTOR, **DECODE, "KIT_ROLE_GPUS": "4", "KIT_ROLE_REPLICAS": "2"}
     env |= {"KIT_REPLICA_INDEX": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.28.0.9"}
     res = subprocess.run(
-        [sys.executable, str(PATH), *DECODE_ARGV],
+        [sys.executable, str(PACKAGE), *DECODE_ARGV],
         env={"PATH": "/usr/bin:/bin", "KIT_CRASH_FILE": str(tmp_path / "c.json"), **env},
         capture_output=True,
         text=True,

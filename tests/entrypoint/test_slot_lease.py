@@ -1,6 +1,7 @@
-"""Slots by lease (compose/entrypoint/slot_lease.py and the entrypoint's use of it): real flock
-locks on real files, held and released by real processes, so the kernel's semantics are what is
-tested. The GPU ids a replica gets follow the slot it leased, never compose's container number."""
+"""Slots by lease (compose/entrypoint/vllm_serve/slots.py and the entrypoint's use of it): real
+flock locks on real files, held and released by real processes, so the kernel's semantics are what
+is tested. The GPU ids a replica gets follow the slot it leased, never compose's container
+number."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from vllm_serve import main as entry
+from vllm_serve import slots
 
-from tests.entrypoint.loader import PATH, entrypoint, main_env
-
-serve = entrypoint()
-slots = serve._sibling("slot_lease")
+from tests.entrypoint.loader import PACKAGE, main_env
 
 PREFILL_ARGV = ["--model", "m", "--tensor-parallel-size", "1", "--prefill-context-parallel-size=2"]
 CONNECTOR = {
@@ -125,14 +125,14 @@ def start_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def run_main(monkeypatch, tmp_path, env, lookup=None) -> list[dict[str, str]]:
     main_env(monkeypatch, tmp_path, env)
     if lookup is not None:
-        monkeypatch.setattr(serve, "looked_up_index", lookup)
+        monkeypatch.setattr(entry, "looked_up_index", lookup)
     seen: list[dict[str, str]] = []
-    monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
-    monkeypatch.setattr(serve, "wait_for_gpus", lambda env, argv, stop: None)
-    monkeypatch.setattr(serve, "kv_transport_setup", lambda env: ({}, None))
-    monkeypatch.setattr(serve, "check_kv_transport", lambda env, mode: None)  # its own tests
+    monkeypatch.setattr(entry, "supervise", lambda cmd, env, **kw: seen.append(env) or 0)
+    monkeypatch.setattr(entry, "wait_for_gpus", lambda env, argv, stop: None)
+    monkeypatch.setattr(entry, "kv_transport_setup", lambda env: ({}, None))
+    monkeypatch.setattr(entry, "check_kv_transport", lambda env, mode: None)  # its own tests
     with pytest.raises(SystemExit) as done:
-        serve.main(PREFILL_ARGV)
+        entry.main(PREFILL_ARGV)
     assert done.value.code == 0
     return seen
 
@@ -183,7 +183,7 @@ def test_one_replica_too_many_waits_and_a_sigterm_exits_cleanly(tmp_path, holder
     holders(tmp_path / "slots" / "prefill-slot-1")
     env = start_env(tmp_path, KIT_ROLE_GPUS="0,1", KIT_ROLE_REPLICAS="1")
     proc = subprocess.Popen(
-        [sys.executable, str(PATH), *PREFILL_ARGV],
+        [sys.executable, str(PACKAGE), *PREFILL_ARGV],
         env={"PATH": "/usr/bin:/bin", **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -215,7 +215,7 @@ def test_a_bad_setting_is_refused_before_any_wait(tmp_path, holders) -> None:
     holders(tmp_path / "slots" / "prefill-slot-1")
     env = start_env(tmp_path, KIT_ROLE_GPUS="0,1,2", KIT_ROLE_REPLICAS="1")
     res = subprocess.run(
-        [sys.executable, str(PATH), *PREFILL_ARGV],
+        [sys.executable, str(PACKAGE), *PREFILL_ARGV],
         env={"PATH": "/usr/bin:/bin", **env},
         capture_output=True,
         text=True,

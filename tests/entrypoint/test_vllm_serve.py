@@ -9,10 +9,21 @@ import subprocess
 import sys
 
 import pytest
+from vllm_serve import (
+    command,
+    crash_loop,
+    environment,
+    gpus,
+    kv_config,
+    replica,
+    secret_files,
+    supervise,
+    switches,
+)
+from vllm_serve import main as entry
 
-from tests.entrypoint.loader import PATH, effective_argv, entrypoint, main_env
-
-serve = entrypoint()
+from tests.entrypoint import ENTRYPOINT_DIR
+from tests.entrypoint.loader import CONTAINER_PATH, PACKAGE, effective_argv, main_env
 
 CONNECTOR = {"KIT_KV_CONNECTOR": "PcpCanonicalNixlConnector"}
 CONNECTOR |= {"KIT_KV_CONNECTOR_MODULE_PATH": "pcp_nixl_connector"}
@@ -38,7 +49,7 @@ DECODE_CPU |= {"KIT_NIXL_PROGRESS_DELAY_US": "1000"}
     ],
 )
 def test_role_gpus_map_to_in_container_ids(role, all_ids, want) -> None:
-    assert serve.cuda_visible_devices(role, all_ids) == want
+    assert gpus.cuda_visible_devices(role, all_ids) == want
 
 
 @pytest.mark.parametrize(
@@ -47,35 +58,35 @@ def test_role_gpus_map_to_in_container_ids(role, all_ids, want) -> None:
 )
 def test_bad_gpu_lists_are_refused(role, all_ids, needle) -> None:
     with pytest.raises(ValueError, match=needle):
-        serve.cuda_visible_devices(role, all_ids)
+        gpus.cuda_visible_devices(role, all_ids)
 
 
 def test_environment_sets_devices_and_secrets_from_files(tmp_path, monkeypatch) -> None:
     token, key = tmp_path / "hf_token", tmp_path / "key"
     token.write_text("hf_secret\n")
     key.write_text("vllm-key")
-    monkeypatch.setattr(serve, "HF_TOKEN_FILE", token)
-    monkeypatch.setattr(serve, "VLLM_KEY_FILE", key)
-    env = serve.serve_environment({"KIT_ROLE_GPUS": "2", "KIT_ALL_GPUS": "0,1,2", "X": "y"})
+    monkeypatch.setattr(secret_files, "HF_TOKEN_FILE", token)
+    monkeypatch.setattr(secret_files, "VLLM_KEY_FILE", key)
+    env = environment.serve_environment({"KIT_ROLE_GPUS": "2", "KIT_ALL_GPUS": "0,1,2", "X": "y"})
     assert env["CUDA_VISIBLE_DEVICES"] == "2"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert (env["HF_TOKEN"], env["VLLM_API_KEY"], env["X"]) == ("hf_secret", "vllm-key", "y")
-    every = serve.serve_environment(
+    every = environment.serve_environment(
         {"KIT_ROLE_GPUS": "5,6", "KIT_ALL_GPUS": "all"}, argv=["--tensor-parallel-size", "2"]
     )
     assert (every["CUDA_VISIBLE_DEVICES"], every["CUDA_DEVICE_ORDER"]) == ("5,6", "PCI_BUS_ID")
     # The list must hold the server's TP x PCP x PP ids: a TP1 server refuses two.
     with pytest.raises(ValueError, match="KIT_ROLE_GPUS lists 2 GPU"):
-        serve.serve_environment({"KIT_ROLE_GPUS": "5,6", "KIT_ALL_GPUS": "all"})
+        environment.serve_environment({"KIT_ROLE_GPUS": "5,6", "KIT_ALL_GPUS": "all"})
 
 
 def test_cpu_containers_and_absent_secrets_change_nothing(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(serve, "HF_TOKEN_FILE", tmp_path / "absent")
+    monkeypatch.setattr(secret_files, "HF_TOKEN_FILE", tmp_path / "absent")
     empty = tmp_path / "empty"
     empty.write_text("")
-    monkeypatch.setattr(serve, "VLLM_KEY_FILE", empty)
+    monkeypatch.setattr(secret_files, "VLLM_KEY_FILE", empty)
     host = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7"}
-    assert serve.serve_environment({"A": "b", **host}) == {"A": "b", **host}
+    assert environment.serve_environment({"A": "b", **host}) == {"A": "b", **host}
 
 
 def test_side_channel_host_is_this_replicas_own_address() -> None:
@@ -85,11 +96,11 @@ def test_side_channel_host_is_this_replicas_own_address() -> None:
     def never() -> str:
         raise AssertionError("looked up although the variable was set")
 
-    assert serve.serve_environment({"A": "b"}, address=lambda: "172.28.0.9") == {
+    assert environment.serve_environment({"A": "b"}, address=lambda: "172.28.0.9") == {
         "A": "b",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.28.0.9",
     }
-    kept = serve.serve_environment({"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.1.2.3"}, address=never)
+    kept = environment.serve_environment({"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.1.2.3"}, address=never)
     assert kept["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3"
 
 
@@ -98,28 +109,28 @@ def test_own_address_resolves_this_hosts_name() -> None:
     import ipaddress
     import socket
 
-    address = serve.own_address()
+    address = replica.own_address()
     assert ipaddress.ip_address(address)
     assert address == socket.gethostbyname(socket.gethostname())
 
 
 # ------------------------------------------------------------------ --kv-transfer-config
 def test_gpu_config_is_connector_module_and_role() -> None:
-    assert serve.kv_transfer_config({**PREFILL, "UNRELATED": "x"}) == {
+    assert kv_config.kv_transfer_config({**PREFILL, "UNRELATED": "x"}) == {
         "kv_connector": "PcpCanonicalNixlConnector",
         "kv_connector_module_path": "pcp_nixl_connector",
         "kv_role": "kv_producer",
     }
-    decode = serve.kv_transfer_config({**PREFILL, "KIT_KV_ROLE": "kv_consumer"})
+    decode = kv_config.kv_transfer_config({**PREFILL, "KIT_KV_ROLE": "kv_consumer"})
     assert decode["kv_role"] == "kv_consumer"
     # The delay is the CPU buffers' knob: without them it changes nothing.
-    assert serve.kv_transfer_config({**PREFILL, "KIT_NIXL_PROGRESS_DELAY_US": "5"}) == (
-        serve.kv_transfer_config(PREFILL)
+    assert kv_config.kv_transfer_config({**PREFILL, "KIT_NIXL_PROGRESS_DELAY_US": "5"}) == (
+        kv_config.kv_transfer_config(PREFILL)
     )
 
 
 def test_cpu_buffers_add_the_connectors_cpu_options() -> None:
-    assert serve.kv_transfer_config({**DECODE_CPU, "KIT_NIXL_PROGRESS_DELAY_US": "250"}) == {
+    assert kv_config.kv_transfer_config({**DECODE_CPU, "KIT_NIXL_PROGRESS_DELAY_US": "250"}) == {
         "kv_connector": "PcpCanonicalNixlConnector",
         "kv_connector_module_path": "pcp_nixl_connector",
         "kv_role": "kv_consumer",
@@ -130,8 +141,8 @@ def test_cpu_buffers_add_the_connectors_cpu_options() -> None:
             "cpu_early_kv_load": False,
         },
     }
-    assert serve.kv_transfer_config({**PREFILL, "KIT_KV_BUFFER_DEVICE": "cuda"}) == {
-        **serve.kv_transfer_config(PREFILL),
+    assert kv_config.kv_transfer_config({**PREFILL, "KIT_KV_BUFFER_DEVICE": "cuda"}) == {
+        **kv_config.kv_transfer_config(PREFILL),
         "kv_buffer_device": "cuda",
     }
 
@@ -170,15 +181,15 @@ def test_bad_or_missing_settings_are_refused(change, needle) -> None:
     for key in [k for k, v in change.items() if v is None]:
         env.pop(key)
     with pytest.raises(ValueError) as info:
-        serve.kv_transfer_config(env)
+        kv_config.kv_transfer_config(env)
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_extra_connectors_make_a_multiconnector_with_the_kits_first() -> None:
     extra = '[{"kv_connector":"ExampleConnector","kv_role":"kv_both"}]'
-    alone = serve.kv_transfer_config(DECODE_CPU)
-    config = serve.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": extra})
+    alone = kv_config.kv_transfer_config(DECODE_CPU)
+    config = kv_config.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": extra})
     assert config["kv_connector"] == "MultiConnector" and config["kv_role"] == "kv_consumer"
     kit, example = config["kv_connector_extra_config"]["connectors"]
     assert kit == {
@@ -189,31 +200,31 @@ def test_extra_connectors_make_a_multiconnector_with_the_kits_first() -> None:
         },
     }
     assert example == {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
-    assert serve.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": " "}) == alone
+    assert kv_config.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": " "}) == alone
 
 
 def test_bad_extra_connectors_are_refused_naming_both_variables() -> None:
     with pytest.raises(ValueError) as info:
-        serve.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": "[{oops"})
+        kv_config.kv_transfer_config({**DECODE_CPU, "KIT_KV_EXTRA_CONNECTORS": "[{oops"})
     assert "KIT_KV_EXTRA_CONNECTORS (KV_EXTRA_CONNECTORS) is not JSON" in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_command_appends_the_built_config() -> None:
     argv = ["--model", "m", "--port", "8100"]
-    cmd = serve.vllm_command(argv, PREFILL, "/usr/bin/python3")
+    cmd = command.vllm_command(argv, PREFILL, "/usr/bin/python3")
     assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.launchers.api_server.entry"]
     assert cmd[3:-2] == argv
     assert cmd[-2] == "--kv-transfer-config"
-    assert json.loads(cmd[-1]) == serve.kv_transfer_config(PREFILL)
+    assert json.loads(cmd[-1]) == kv_config.kv_transfer_config(PREFILL)
     assert " " not in cmd[-1]  # one compact argv entry, as the compose files used to write it
 
 
 def test_headless_engines_run_vllm_serve_with_the_same_config() -> None:
     """LeaderWorkerSet workers: no API server, the same connector and role as their leader."""
-    cmd = serve.vllm_command(["--model", "m", "--headless"], PREFILL, "python3")
+    cmd = command.vllm_command(["--model", "m", "--headless"], PREFILL, "python3")
     assert cmd[:2] == ["vllm", "serve"]
-    assert cmd[-2:] == serve.vllm_command(["--model", "m"], PREFILL, "python3")[-2:]
+    assert cmd[-2:] == command.vllm_command(["--model", "m"], PREFILL, "python3")[-2:]
 
 
 @pytest.mark.parametrize(
@@ -227,13 +238,13 @@ def test_headless_engines_run_vllm_serve_with_the_same_config() -> None:
 )
 def test_a_config_in_the_arguments_is_refused(flag) -> None:
     with pytest.raises(ValueError, match="--kv-transfer-config is in the arguments"):
-        serve.vllm_command(["--model", "m", *flag], PREFILL, "python3")
+        command.vllm_command(["--model", "m", *flag], PREFILL, "python3")
 
 
 def test_effective_argv_goes_through_the_entrypoint_only() -> None:
-    container = ["python3", "/opt/pcp-pd-kit/entrypoint/vllm_serve.py", "--port", "8200"]
+    container = ["python3", CONTAINER_PATH, "--port", "8200"]
     decode = {**PREFILL, "KIT_KV_ROLE": "kv_consumer"}
-    assert effective_argv(container, decode) == serve.vllm_command(
+    assert effective_argv(container, decode) == command.vllm_command(
         ["--port", "8200"], decode, "python3"
     )
     assert effective_argv(["vllm", "serve", "--port", "1"], {}) == ["vllm", "serve", "--port", "1"]
@@ -242,12 +253,12 @@ def test_effective_argv_goes_through_the_entrypoint_only() -> None:
 def test_main_runs_vllm_with_the_config(monkeypatch, tmp_path, capsys) -> None:
     main_env(monkeypatch, tmp_path, DECODE_CPU)
     seen = []
-    monkeypatch.setattr(serve, "supervise", lambda cmd, env, **kw: seen.append((cmd, env)) or 0)
+    monkeypatch.setattr(entry, "supervise", lambda cmd, env, **kw: seen.append((cmd, env)) or 0)
     with pytest.raises(SystemExit) as done:
-        serve.main(["--port", "8200"])
+        entry.main(["--port", "8200"])
     assert done.value.code == 0
     ((cmd, env),) = seen
-    assert cmd == serve.vllm_command(["--port", "8200"], DECODE_CPU, sys.executable)
+    assert cmd == command.vllm_command(["--port", "8200"], DECODE_CPU, sys.executable)
     assert env["KIT_KV_ROLE"] == "kv_consumer"
     assert f"--kv-transfer-config {cmd[-1]}" in capsys.readouterr().out
 
@@ -262,7 +273,7 @@ def test_main_runs_vllm_with_the_config(monkeypatch, tmp_path, capsys) -> None:
     ],
 )
 def test_exit_status_makes_an_unasked_exit_a_failure(returncode, stopped, status) -> None:
-    assert serve.exit_status(returncode, stopped) == status
+    assert supervise.exit_status(returncode, stopped) == status
 
 
 # For the runners below: SIGTERM to this process once supervise() forwards it (its handler is
@@ -292,15 +303,15 @@ def test_supervise_forwards_sigterm_and_reports_an_unasked_exit(tmp_path) -> Non
     )
     runner = (
         "import os, pathlib, signal, sys, threading, time\n"
-        f"sys.path.insert(0, {str(PATH.parent)!r})\n"
-        "import vllm_serve\n"
+        f"sys.path.insert(0, {str(ENTRYPOINT_DIR)!r})\n"
+        "from vllm_serve.supervise import supervise\n"
         f"ready = pathlib.Path({str(tmp_path)!r}) / ('ready-' + sys.argv[1])\n"
         f"{STOP_WHEN_SUPERVISING}"
         "if sys.argv[1] == 'stop':\n"
         "    threading.Thread(target=stop_when_supervising, args=(ready,), daemon=True).start()\n"
         f"cmd = [sys.executable, {str(script)!r}, '30' if sys.argv[1] == 'stop' else '0', "
         "str(ready)]\n"
-        "sys.exit(vllm_serve.supervise(cmd, dict(os.environ)))\n"
+        "sys.exit(supervise(cmd, dict(os.environ)))\n"
     )
     stopped = subprocess.run(
         [sys.executable, "-c", runner, "stop"], capture_output=True, timeout=60
@@ -330,7 +341,7 @@ def test_the_container_exits_with_one_clear_line(env, argv, needle, tmp_path) ->
     starts (nothing on stdout); the refusal counts towards the crash-loop bound."""
     crashes = tmp_path / "crashes.json"
     res = subprocess.run(
-        [sys.executable, str(PATH), "--model", "m", *argv],
+        [sys.executable, str(PACKAGE), "--model", "m", *argv],
         env={"PATH": "/usr/bin:/bin", "KIT_CRASH_FILE": str(crashes), **env},
         capture_output=True,
         text=True,
@@ -354,18 +365,18 @@ def test_the_container_exits_with_one_clear_line(env, argv, needle, tmp_path) ->
     ],
 )
 def test_interface_change_names_what_ucx_no_longer_has(before, now, want) -> None:
-    assert serve.interface_change(frozenset(before), frozenset(now)) == want
+    assert supervise.interface_change(frozenset(before), frozenset(now)) == want
 
 
 def test_network_interfaces_leave_out_loopback() -> None:
-    names = {name for _, name in serve.network_interfaces()}
+    names = {name for _, name in supervise.network_interfaces()}
     assert "lo" not in names
 
 
 def test_supervise_stops_vllm_and_exits_1_when_an_interface_goes(tmp_path, monkeypatch) -> None:
     """For real: the child gets SIGTERM (vLLM drains) once the interfaces differ from the start,
     and the container's status is 1 for the restart policy, though the child exited 0."""
-    monkeypatch.setattr(serve.signal, "signal", lambda *args: None)  # keep pytest's handlers
+    monkeypatch.setattr(supervise.signal, "signal", lambda *args: None)  # keep pytest's handlers
     marker, ready = tmp_path / "terminated", tmp_path / "ready"
     script = tmp_path / "child.py"
     script.write_text(
@@ -386,7 +397,7 @@ def test_supervise_stops_vllm_and_exits_1_when_an_interface_goes(tmp_path, monke
             return frozenset({(1, "eth0")})
         return frozenset({(9, "eth1")})
 
-    status = serve.supervise(
+    status = supervise.supervise(
         [sys.executable, str(script)], dict(os.environ), interfaces=interfaces, poll_s=0.2
     )
     assert status == 1 and marker.exists()
@@ -394,7 +405,7 @@ def test_supervise_stops_vllm_and_exits_1_when_an_interface_goes(tmp_path, monke
 
 def test_early_kv_load_follows_its_knob_and_defaults_off() -> None:
     def early(env: dict[str, str]) -> object:
-        extra = serve.kv_transfer_config(env)["kv_connector_extra_config"]
+        extra = kv_config.kv_transfer_config(env)["kv_connector_extra_config"]
         return extra["cpu_early_kv_load"]  # type: ignore[index]
 
     assert early({**DECODE_CPU, "KIT_NIXL_EARLY_KV_LOAD": "0"}) is False
@@ -415,22 +426,22 @@ def test_early_kv_load_follows_its_knob_and_defaults_off() -> None:
     ],
 )
 def test_enforce_eager_switch(value, eager) -> None:
-    cmd = serve.vllm_command(["--port", "1"], {**PREFILL, "KIT_ENFORCE_EAGER": value}, "py")
+    cmd = command.vllm_command(["--port", "1"], {**PREFILL, "KIT_ENFORCE_EAGER": value}, "py")
     assert ("--enforce-eager" in cmd) is eager, cmd
-    assert serve.enforce_eager({"KIT_ENFORCE_EAGER": value}) is eager
+    assert switches.enforce_eager({"KIT_ENFORCE_EAGER": value}) is eager
 
 
 def test_enforce_eager_unset_is_off_and_never_doubled() -> None:
-    assert "--enforce-eager" not in serve.vllm_command([], PREFILL, "py")
+    assert "--enforce-eager" not in command.vllm_command([], PREFILL, "py")
     argv = ["--enforce-eager"]
-    cmd = serve.vllm_command(argv, {**PREFILL, "KIT_ENFORCE_EAGER": "1"}, "py")
+    cmd = command.vllm_command(argv, {**PREFILL, "KIT_ENFORCE_EAGER": "1"}, "py")
     assert cmd.count("--enforce-eager") == 1
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "enabled", "0n"])
 def test_enforce_eager_refuses_other_values(value) -> None:
     with pytest.raises(ValueError, match="ENFORCE_EAGER"):
-        serve.vllm_command([], {**PREFILL, "KIT_ENFORCE_EAGER": value}, "py")
+        command.vllm_command([], {**PREFILL, "KIT_ENFORCE_EAGER": value}, "py")
 
 
 @pytest.mark.parametrize(
@@ -438,43 +449,43 @@ def test_enforce_eager_refuses_other_values(value) -> None:
     [
         (0, True, 5.0, 1),
         (2, True, 5.0, 3),  # a third quick crash in a row: the bound
-        (2, True, serve.CRASH_RESET_S, 1),  # after a long run: a new series
+        (2, True, crash_loop.CRASH_RESET_S, 1),  # after a long run: a new series
         (2, False, 5.0, 0),  # a stop asked for (compose stop, engine shutdown) clears it
     ],
 )
 def test_crash_count(previous, crashed, ran_s, want) -> None:
-    assert serve.next_crash_count(previous, crashed, ran_s) == want
+    assert crash_loop.next_crash_count(previous, crashed, ran_s) == want
 
 
 def test_crash_record_survives_garbage(tmp_path) -> None:
     path = tmp_path / "sub" / "crashes.json"
-    assert serve.read_crashes(path) == (0, "")
-    serve.write_crashes(path, 2, "vLLM exited with 1")
-    assert serve.read_crashes(path) == (2, "vLLM exited with 1")
+    assert crash_loop.read_crashes(path) == (0, "")
+    crash_loop.write_crashes(path, 2, "vLLM exited with 1")
+    assert crash_loop.read_crashes(path) == (2, "vLLM exited with 1")
     path.write_text("{not json")
-    assert serve.read_crashes(path) == (0, "")
+    assert crash_loop.read_crashes(path) == (0, "")
 
 
 def test_supervise_counts_unasked_exits_and_a_stop_clears_them(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(serve.signal, "signal", lambda *args: None)  # keep pytest's handlers
+    monkeypatch.setattr(supervise.signal, "signal", lambda *args: None)  # keep pytest's handlers
     crashes = tmp_path / "crashes.json"
     crash = [sys.executable, "-c", "raise SystemExit(0)"]  # vLLM's API server after its engine died
     for want in (1, 2):
-        assert serve.supervise(crash, dict(os.environ), crash_file=crashes) == 1
-        assert serve.read_crashes(crashes) == (want, "vLLM exited with 0")
+        assert supervise.supervise(crash, dict(os.environ), crash_file=crashes) == 1
+        assert crash_loop.read_crashes(crashes) == (want, "vLLM exited with 0")
     runner = (
         "import os, signal, sys, threading, time\n"
-        f"sys.path.insert(0, {str(PATH.parent)!r})\n"
-        "import vllm_serve\n"
+        f"sys.path.insert(0, {str(ENTRYPOINT_DIR)!r})\n"
+        "from vllm_serve.supervise import supervise\n"
         f"{STOP_WHEN_SUPERVISING}"
         "threading.Thread(target=stop_when_supervising, daemon=True).start()\n"
         "cmd = [sys.executable, '-c', 'import time; time.sleep(30)']\n"
-        f"sys.exit(vllm_serve.supervise(cmd, dict(os.environ), crash_file=__import__('pathlib')"
+        f"sys.exit(supervise(cmd, dict(os.environ), crash_file=__import__('pathlib')"
         f".Path({str(crashes)!r})))\n"
     )
     stopped = subprocess.run([sys.executable, "-c", runner], capture_output=True, timeout=60)
     assert stopped.returncode in (0, 143), stopped.stderr
-    assert serve.read_crashes(crashes) == (0, "")
+    assert crash_loop.read_crashes(crashes) == (0, "")
 
 
 def test_after_the_crash_limit_the_container_waits_without_vllm(tmp_path) -> None:
@@ -482,9 +493,9 @@ def test_after_the_crash_limit_the_container_waits_without_vllm(tmp_path) -> Non
     started (the settings here would be refused, so reaching them would exit 2); the process
     stays up until stopped, then exits 0 and clears the count for the next start."""
     crashes = tmp_path / "crashes.json"
-    serve.write_crashes(crashes, serve.CRASH_LIMIT, "vLLM exited with 1")
+    crash_loop.write_crashes(crashes, crash_loop.CRASH_LIMIT, "vLLM exited with 1")
     proc = subprocess.Popen(
-        [sys.executable, str(PATH), "--model", "m"],
+        [sys.executable, str(PACKAGE), "--model", "m"],
         env={"PATH": "/usr/bin:/bin", "KIT_CRASH_FILE": str(crashes)},
         stderr=subprocess.PIPE,
         text=True,
@@ -499,4 +510,4 @@ def test_after_the_crash_limit_the_container_waits_without_vllm(tmp_path) -> Non
     finally:
         proc.kill()
         proc.wait()
-    assert serve.read_crashes(crashes) == (0, "")
+    assert crash_loop.read_crashes(crashes) == (0, "")

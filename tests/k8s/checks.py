@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from tests.entrypoint.loader import effective_argv, entrypoint
+from tests.entrypoint.loader import CONTAINER_PATH, effective_argv, replica
+from tests.entrypoint.loader import gpus as entrypoint_gpus
 from tests.k8s.manifests import (
     ALERTS,
     CONNECTOR_PKG,
@@ -269,7 +270,6 @@ def check_replica_meaning(objs: list[Obj], compose: Mapping[str, Any]) -> list[s
     ``compose`` is compose.yaml rendered with the knobs set to those counts, and each role's
     service must scale to the same count, each replica (its slice of the role's GPU list, by the
     entrypoint's own rule) taking as many GPUs as one instance requests."""
-    serve = entrypoint()
     problems = []
     for role, (count, per) in sorted(instances(objs).items()):
         service = compose["services"][role]
@@ -282,7 +282,9 @@ def check_replica_meaning(objs: list[Obj], compose: Mapping[str, Any]) -> list[s
         ids = [i.strip() for i in env.get("KIT_ROLE_GPUS", "").split(",") if i.strip()]
         try:
             every = [
-                serve.replica_gpus(ids, scale, serve.gpus_per_replica(argv), index)
+                entrypoint_gpus.replica_gpus(
+                    ids, scale, entrypoint_gpus.gpus_per_replica(argv), index
+                )
                 for index in range(1, scale + 1)
             ]
         except ValueError as exc:
@@ -299,7 +301,6 @@ def check_replica_meaning(objs: list[Obj], compose: Mapping[str, Any]) -> list[s
 def check_pods_pick_no_gpus(objs: list[Obj]) -> list[str]:
     """Each vLLM pod gets its GPUs from the device plugin: the entrypoint must pick none (no
     KIT_ROLE_GPUS) and take the pod for one replica without looking anything up."""
-    serve = entrypoint()
 
     def no_lookup() -> int:
         raise ValueError("looked up a replica index")
@@ -310,7 +311,7 @@ def check_pods_pick_no_gpus(objs: list[Obj]) -> list[str]:
             container = t.container(VLLM_CONTAINER)
             env = container_env(container, objs, t.injected)
             try:
-                place = serve.placement(env, vllm_argv(t, objs), no_lookup)
+                place = replica.placement(env, vllm_argv(t, objs), no_lookup)
             except ValueError as exc:
                 problems.append(f"{t.owner}: {exc}")
                 continue
@@ -484,9 +485,9 @@ def check_shm(objs: list[Obj], shm_bytes: int) -> list[str]:
 
 
 def entrypoint_paths() -> dict[str, str]:
-    """The secret file paths the kit's vLLM entrypoint reads (module constants)."""
+    """The secret file paths the kit's vLLM entrypoint reads (secret_files.py's constants)."""
     out = {}
-    for node in ast.parse(ENTRYPOINT.read_text()).body:
+    for node in ast.parse((ENTRYPOINT / "secret_files.py").read_text()).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             name = node.targets[0].id if isinstance(node.targets[0], ast.Name) else ""
             if name.endswith("_FILE") and node.value.args:
@@ -500,8 +501,9 @@ def check_vllm_secrets(objs: list[Obj]) -> list[str]:
     problems = []
     paths = entrypoint_paths()
     entry_cm = generated(objs, "ConfigMap", "pcp-pd-entrypoint")
-    if entry_cm.get("data", {}).get(ENTRYPOINT.name) != ENTRYPOINT.read_text():
-        problems.append("the entrypoint ConfigMap differs from compose/entrypoint/vllm_serve.py")
+    package = {path.name: path.read_text() for path in sorted(ENTRYPOINT.glob("*.py"))}
+    if entry_cm.get("data", {}) != package:
+        problems.append("the entrypoint ConfigMap differs from compose/entrypoint/vllm_serve")
     for t in role_templates(objs, "prefill") + role_templates(objs, "decode"):
         container = t.container(VLLM_CONTAINER)
         files = files_provided(t, container)
@@ -510,8 +512,8 @@ def check_vllm_secrets(objs: list[Obj]) -> list[str]:
             if source != ("secret", "pcp-pd-vllm-api-key", "vllm_api_key"):
                 problems.append(f"{t.owner}: {paths.get('VLLM_KEY_FILE')} comes from {source}")
         # Every vLLM pod runs it, LeaderWorkerSet workers included (it builds their KV config).
-        entry = provides(files, f"/opt/pcp-pd-kit/entrypoint/{ENTRYPOINT.name}")
-        if entry is None or entry[1] != entry_cm["metadata"]["name"]:
+        entry = [provides(files, f"{CONTAINER_PATH}/{name}") for name in package]
+        if any(e is None or e[1] != entry_cm["metadata"]["name"] for e in entry):
             problems.append(f"{t.owner}: the kit's entrypoint is not mounted")
         token = provides(files, paths.get("HF_TOKEN_FILE", "?"))
         if token is None or token[:2] != ("secret", "pcp-pd-kit-secrets"):

@@ -62,13 +62,16 @@ def test_drift_is_reported_and_fixed(copy_of_the_tree) -> None:
     (pkg / "stats.py").write_text((pkg / "stats.py").read_text() + "\n# changed\n")
     (pkg / "sub").mkdir()
     (pkg / "sub" / "new_module.py").write_text("X = 1\n")
-    (root / "compose/entrypoint/vllm_serve.py").unlink()
-    (root / "compose/entrypoint/vllm_serve.py").write_text("# other\n")
+    entry = root / "compose/entrypoint/vllm_serve"
+    (entry / "main.py").unlink()
+    (entry / "main.py").write_text("# other\n")
+    (entry / "new_step.py").write_text("X = 1\n")
     (root / "deploy/k8s/base/generated/connector/gone.py").write_text("")
     found = sources.problems()
     assert "deploy/k8s/base/generated/connector/stats.py differs from its source" in found
     assert "deploy/k8s/base/generated/connector/sub/new_module.py is missing" in found
-    assert "deploy/k8s/base/generated/entrypoint/vllm_serve.py differs from its source" in found
+    assert "deploy/k8s/base/generated/entrypoint/main.py differs from its source" in found
+    assert "deploy/k8s/base/generated/entrypoint/new_step.py is missing" in found
     assert "deploy/k8s/base/generated/connector/gone.py has no source any more" in found
     assert "deploy/k8s/base/generated/kustomization.yaml differs from its source" in found
     assert "deploy/k8s/base/generated/connector-volume.yaml differs from its source" in found
@@ -76,6 +79,7 @@ def test_drift_is_reported_and_fixed(copy_of_the_tree) -> None:
     assert sources.problems() == []
     kustomization = (root / "deploy/k8s/base/generated/kustomization.yaml").read_text()
     assert "sub.new_module.py=connector/sub/new_module.py" in kustomization
+    assert "      - entrypoint/new_step.py\n" in kustomization  # the package's new module ships
     volume = (root / "deploy/k8s/base/generated/connector-volume.yaml").read_text()
     assert "key: sub.new_module.py\n                path: sub/new_module.py" in volume
     assert not (root / "deploy/k8s/base/generated/connector/gone.py").exists()

@@ -180,7 +180,7 @@ def test_no_selected_service_is_a_warning(host: FakeHost) -> None:
 
 def test_a_kv_pull_left_to_tcp_fails_before_anything_starts(host: FakeHost) -> None:
     """GET zero-copy at UCX's `auto` (off without NVLink) and UCX_TLS without cuda_ipc: the
-    entrypoint's own rule (compose/entrypoint/kv_transport.py) names both, per server."""
+    entrypoint's own rule (compose/entrypoint/vllm_serve/transport.py) names both, per server."""
     host.services["decode"]["environment"] = {"UCX_TLS": "tcp,self"}
     out = host.run()
     assert out.status("kv-transport") == ["FAIL"], out.dump()

@@ -15,9 +15,12 @@ KIT = REPO / "scripts" / "pcp_pd_kit"
 PACKAGE = KIT / "preflight"
 PROXY = REPO / "proxy" / "pd_proxy"
 CONNECTOR = REPO / "connector" / "pcp_nixl_connector"
+ENTRYPOINT = REPO / "compose" / "entrypoint" / "vllm_serve"
 # What `python3 -m pcp_pd_kit.preflight` loads: the kit package's __init__ and preflight itself,
 # plus pd-proxy's timeout rule (check_timeouts imports it from the checkout's proxy/) and the
-# connector's list of supported vLLM releases (check_vllm imports it from connector/).
+# connector's list of supported vLLM releases (check_vllm imports it from connector/). The vLLM
+# servers' own rules (preflight/entrypoint.py imports them from compose/entrypoint/vllm_serve) are
+# checked below with the rest of that package: standard library at import, Python 3.8 syntax.
 SOURCES = [
     KIT / "__init__.py",
     *sorted(PACKAGE.glob("*.py")),
@@ -32,6 +35,7 @@ def test_the_portability_checks_see_the_package() -> None:
     names = {p.name for p in SOURCES}
     assert {"__init__.py", "__main__.py", "cli.py", "memory.py", "settings.py"} <= names
     assert {"timeouts.py", "check_timeouts.py", "releases.py"} <= names
+    assert {"gpus.py", "switches.py", "transport.py"} <= {p.name for p in ENTRYPOINT.glob("*.py")}
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
@@ -48,6 +52,7 @@ def test_imports_only_the_standard_library(path: Path) -> None:
             own = root == "pcp_pd_kit" or root.startswith("pcp_pd_kit.preflight")
             own = own or root == "pd_proxy.timeouts"
             own = own or root == "pcp_nixl_connector.releases"
+            own = own or root.startswith("vllm_serve.")
             assert own or root.split(".")[0] in sys.stdlib_module_names, (path.name, root)
 
 
@@ -68,18 +73,20 @@ def test_runs_on_the_oldest_python(host: FakeHost) -> None:
     assert out.returncode == 2 and {r["check"] for r in out.fails} == {"memory", "moe-backend"}
 
 
-def test_the_loaded_entrypoint_is_python_3_8_at_import() -> None:
-    """Preflight loads the vLLM containers' entrypoint by path (its GPU and switch rules): its
-    syntax must be 3.8's and its top-level imports the standard library (dnspython and the
-    connector are imported inside the functions that run in the containers)."""
-    path = REPO / "compose" / "entrypoint" / "vllm_serve.py"
+@pytest.mark.parametrize("path", sorted(ENTRYPOINT.glob("*.py")), ids=lambda p: p.name)
+def test_the_entrypoint_package_is_python_3_8_at_import(path: Path) -> None:
+    """Preflight imports the vLLM containers' entrypoint package (its GPU, switch and UCX rules),
+    and a module may start importing another at any time: each one's syntax must be 3.8's and
+    its top-level imports the standard library or the package itself (dnspython, the connector,
+    torch and nixl are imported inside the functions that run in the containers)."""
     tree = ast.parse(path.read_text(), feature_version=(3, 8))
     for node in tree.body:
         if isinstance(node, ast.Import):
             roots = [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             roots = [node.module.split(".")[0]]
         else:
-            continue
+            continue  # a relative import: the package's own module
         for root in roots:
-            assert root in sys.stdlib_module_names or root == "__future__", root
+            own = root == "vllm_serve" and path.name == "__main__.py"
+            assert own or root in sys.stdlib_module_names or root == "__future__", root

@@ -3,7 +3,7 @@ PREFILL_GPUS / DECODE_GPUS name existing, distinct GPUs (by index or UUID) in th
 
 With several replicas per role (PREFILL_REPLICAS / DECODE_REPLICAS) each list holds every
 replica's GPUs and each replica takes its own run of them: the servers' entrypoint decides which
-(compose/entrypoint/vllm_serve.py, loaded by path), and preflight applies that same rule and
+(compose/entrypoint/vllm_serve, imported), and preflight applies that same rule and
 prints each replica's GPUs."""
 
 from __future__ import annotations
@@ -126,16 +126,15 @@ def _ids(ctx: Context, found: list[gpus.Gpu]) -> list[Result]:
     owner: dict[int, str] = {}
     problems: list[str] = []
     placed: list[str] = []
-    serve = entrypoint.load()
     for role in ROLES:
         env, ids = s.env(role.gpus), s.id_list(role.gpus)
         replicas, per_replica = role.count(s), math.prod(role.shape(s))
         ctx.assigned[role.name] = []
         try:
             # The entrypoint's rule: replica i takes the i-th run of TP x PCP (x PP) ids.
-            knobs = serve.ROLE_KNOBS[role.kv_role]
+            knobs = entrypoint.ROLE_KNOBS[role.kv_role]
             slices = [
-                serve.replica_gpus(ids, replicas, per_replica, index, knobs)
+                entrypoint.replica_gpus(ids, replicas, per_replica, index, knobs)
                 for index in range(1, replicas + 1)
             ]
         except ValueError as exc:
@@ -194,7 +193,7 @@ def _command_sizes(ctx: Context, role: Role, per_replica: int) -> list[str]:
         return []
     s = ctx.need_settings()
     try:
-        got = entrypoint.load().gpus_per_replica([str(arg) for arg in command])
+        got = entrypoint.gpus_per_replica([str(arg) for arg in command])
     except ValueError as exc:
         return [f"the {role.name} service's vLLM flags: {exc}; fix them in {ctx.env_label}."]
     if got == per_replica:

@@ -1,7 +1,7 @@
 """The GPU servers' kernel settings against vLLM 0.32.0. MOE_BACKEND: a name it knows, one it
 accepts for an unquantized MoE model, and a kernel that runs on the assigned GPUs' compute
 capability (else vLLM raises at start-up). ENFORCE_EAGER: read by the servers' entrypoint's own
-switch parser (compose/entrypoint/vllm_serve.py, loaded by path), so preflight refuses exactly
+switch parser (compose/entrypoint/vllm_serve, imported), so preflight refuses exactly
 what the containers would refuse."""
 
 from __future__ import annotations
@@ -78,9 +78,8 @@ def enforce_eager(ctx: Context) -> list[Result]:
     """Silent when off (vLLM's compiled default); one line when eager; FAIL where the servers'
     entrypoint would refuse the value and exit before vLLM starts."""
     value = ctx.need_settings().text("enforce_eager")
-    serve = entrypoint.load()
     try:
-        eager = serve.enforce_eager({serve.EAGER_ENV: value})
+        eager = entrypoint.enforce_eager({entrypoint.EAGER_ENV: value})
     except ValueError as exc:
         return [
             fail(

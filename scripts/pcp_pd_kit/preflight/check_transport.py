@@ -1,5 +1,5 @@
 """The GPU servers' UCX settings for the KV pull, as Compose renders them: the same rule the
-servers' entrypoint applies at start (compose/entrypoint/kv_transport.py, loaded by path), so a
+servers' entrypoint applies at start (compose/entrypoint/vllm_serve/transport.py), so a
 deployment whose pull would fall back to TCP is named before anything starts. What UCX really
 picks needs the GPUs: each server reads it from UCX's own table at run time (docs/gpu.md,
 "KV transport")."""
@@ -27,11 +27,10 @@ def kv_transport(ctx: Context) -> list[Result]:
     view = ctx.view
     if view is None:
         return []
-    rules = entrypoint.load()._sibling("kv_transport")
     problems = [
         f"{name}: {warning}"
         for name in settings.gpu_services(view)
-        for warning in rules.transport_warnings(environment(view.services[name]))
+        for warning in entrypoint.transport_warnings(environment(view.services[name]))
     ]
     if problems:
         msg = (

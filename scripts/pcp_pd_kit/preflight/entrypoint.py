@@ -1,23 +1,29 @@
-"""The vLLM containers' entrypoint (compose/entrypoint/vllm_serve.py), loaded by path: it is no
-package, and it is standard library only at import. Preflight calls its rules (the ENFORCE_EAGER
-switch, each replica's GPUs) so it refuses exactly what the containers would refuse."""
+"""The vLLM servers' own rules, imported from their entrypoint package (compose/entrypoint/
+vllm_serve): each replica's GPUs, the ENFORCE_EAGER switch and the UCX settings that leave the KV
+pull to TCP, so preflight refuses exactly what the containers would refuse.
+
+The package is not installed for a host's system python3; its folder is put on sys.path here, as
+check_vllm does for the connector's release list. The modules imported below use only the
+standard library, in Python 3.8 syntax (tests/preflight checks both)."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-from types import ModuleType
+import sys
 
 from pcp_pd_kit import repo_root
 
-PATH = repo_root() / "compose" / "entrypoint" / "vllm_serve.py"
+_ENTRYPOINT_DIR = str(repo_root() / "compose" / "entrypoint")
+if _ENTRYPOINT_DIR not in sys.path:
+    sys.path.append(_ENTRYPOINT_DIR)
+from vllm_serve.gpus import ROLE_KNOBS, gpus_per_replica, replica_gpus  # noqa: E402
+from vllm_serve.switches import EAGER_ENV, enforce_eager  # noqa: E402
+from vllm_serve.transport import transport_warnings  # noqa: E402
 
-
-@functools.lru_cache(maxsize=None)  # noqa: UP033 (functools.cache is Python 3.9+)
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kit_vllm_serve", PATH)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load the vLLM entrypoint {PATH}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+__all__ = [
+    "EAGER_ENV",
+    "ROLE_KNOBS",
+    "enforce_eager",
+    "gpus_per_replica",
+    "replica_gpus",
+    "transport_warnings",
+]

@@ -7,7 +7,7 @@ servers' entrypoint reads UCX's tables as vLLM runs; this probe shows the same c
 model, on any host with nixl and torch (inside the vLLM image on a GPU host, in the kit's venv on
 CPU), so the table format the entrypoint parses is the one this UCX prints.
 
-    python3 compose/entrypoint/nixl_read_probe.py --device cuda --mib 256 --log ucx.txt
+    python3 compose/entrypoint/vllm_serve/nixl_read_probe.py --device cuda --mib 256 --log ucx.txt
 
 Prints one JSON line (transfer times, GB/s, the data checked) and leaves UCX's output in --log
 (the reading side, decode's) and --log.target (the side read from).

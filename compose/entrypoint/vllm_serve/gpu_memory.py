@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
+
+from .console import log
+from .gpus import flag_value, split_ids
+from .slots import SLOT_DIR_ENV
+from .stop_flag import StopFlag
 
 GIB = 1 << 30
 HEADROOM_ENV = "KIT_GPU_FREE_HEADROOM_GIB"  # .env GPU_FREE_HEADROOM_GIB
@@ -167,3 +172,16 @@ def wait_with_nvml(
         return wait_for_free_memory(gpus, utilization, headroom, nvml_reader(nvml), wait, log)
     finally:
         nvml.nvmlShutdown()
+
+
+def wait_for_gpus(env: Mapping[str, str], argv: Sequence[str], stop: StopFlag) -> None:
+    """Block until this replica's GPUs (its CUDA_VISIBLE_DEVICES) have the memory vLLM will
+    ask for plus GPU_FREE_HEADROOM_GIB; SystemExit(0) when stopped while waiting."""
+    gpus = split_ids(env.get("CUDA_VISIBLE_DEVICES", ""))
+    if not gpus or not env.get(SLOT_DIR_ENV, "").strip():
+        return
+    share = utilization(flag_value(argv, UTILIZATION_FLAG))
+    headroom = headroom_bytes(env.get(HEADROOM_ENV, "1"))
+    if not wait_with_nvml(gpus, share, headroom, stop.wait, log):
+        log("stopped while waiting for GPU memory")
+        raise SystemExit(0)

@@ -9,7 +9,8 @@ SIGKILL included, and the vLLM process inherits the descriptor, so a server whos
 still holds its GPUs until it is gone too. The container number is only the first slot tried, so
 names and slots usually match. When every slot is held, the replica waits and says by whom; a
 wait is not a crash, so it never reaches the entrypoint's crash-loop hold.
-Standard library only (it runs before vLLM is imported, and preflight loads its neighbour on 3.8).
+take_slot() is the entrypoint's step: the lease, or None without KIT_SLOT_DIR (Kubernetes: the
+scheduler places pods). Standard library only (it runs before vLLM is imported).
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
+
+from .console import log
+from .gpus import REPLICA_INDEX_ENV, role_knobs
+from .kv_config import KV_ENV
+from .replica import replica_index
+from .stop_flag import StopFlag
 
 SLOT_DIR_ENV = "KIT_SLOT_DIR"  # compose: the kit-slots volume; unset (Kubernetes): no lease
 WAIT_LOG_EVERY_S = 30.0
@@ -129,3 +136,48 @@ def lease_slot(
         if wait(poll_s):
             return None
         since_log += poll_s
+
+
+def preferred_slot(env: Mapping[str, str], replicas: int, lookup: Callable[[], int]) -> int | None:
+    """The slot to try first: the container number (so names and slots usually match); None
+    when it cannot be looked up (then any free slot: a lookup never decides alone)."""
+    if replicas == 1:
+        return 1
+    try:
+        return lookup()
+    except ValueError as exc:
+        log(f"container number unknown ({exc}): taking the first free slot")
+        return None
+
+
+def pinned_slot(env: Mapping[str, str]) -> int | None:
+    """KIT_REPLICA_INDEX, the override: lease exactly that slot."""
+    raw = env.get(REPLICA_INDEX_ENV, "").strip()
+    return replica_index(env, 1) if raw else None
+
+
+def take_slot(
+    env: Mapping[str, str], replicas: int, stop: StopFlag, lookup: Callable[[], int]
+) -> Lease | None:
+    """This replica's slot lease, waiting while every slot is held; None
+    without KIT_SLOT_DIR (Kubernetes: the scheduler places pods). SystemExit(0) when stopped
+    while waiting."""
+    folder = env.get(SLOT_DIR_ENV, "").strip()
+    if not folder:
+        return None
+    pinned = pinned_slot(env)
+    preferred = None if pinned else preferred_slot(env, replicas, lookup)
+    order = slot_order(replicas, preferred, pinned)
+    lease = lease_slot(
+        Path(folder),
+        env.get(KV_ENV["role"], "").strip(),
+        order,
+        replicas,
+        role_knobs(env).replicas,
+        wait=stop.wait,
+        log=log,
+    )
+    if lease is None:
+        log("stopped while waiting for a slot")
+        raise SystemExit(0)
+    return lease
