@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 # ENFORCE_EAGER (compose: KIT_ENFORCE_EAGER; Kubernetes: the params' ENFORCE_EAGER via the KIT_
-# prefix), read here and nowhere else: the one switch parser (preflight loads this file too).
+# prefix), read here and nowhere else: the one switch parser (preflight imports it too).
 EAGER_ENV = "KIT_ENFORCE_EAGER"
 SWITCH_ON = ("1", "true", "on")
 SWITCH_OFF = ("0", "false", "off", "")

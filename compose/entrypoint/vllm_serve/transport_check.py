@@ -80,7 +80,7 @@ def probe_verdict(returncode: int, stdout: str, stderr: str, ucx_log: str) -> Pr
 
 def probe_kv_transport(env: Mapping[str, str]) -> ProbeVerdict:
     """One NIXL READ between two processes on this replica's first GPU with the server's own UCX
-    settings (nixl_read_probe.py beside this file), judged by probe_verdict(): what UCX will
+    settings (nixl_read_probe.py beside this module), judged by probe_verdict(): what UCX will
     choose for the KV pull, known before the first request."""
     probe = Path(__file__).resolve().with_name("nixl_read_probe.py")
     with tempfile.TemporaryDirectory(prefix="kit-kv-probe-") as tmp:

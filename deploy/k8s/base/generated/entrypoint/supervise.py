@@ -26,7 +26,7 @@ from .crash_loop import record_exit
 
 NETWORK_POLL_S = 2.0
 RELAY_DRAIN_S = 10.0  # how long vLLM's last stdout lines may take to pass through at its exit
-if TYPE_CHECKING:  # an alias for annotations only: preflight loads this file on Python 3.8
+if TYPE_CHECKING:  # an alias for annotations only: the package keeps Python 3.8 syntax
     Interfaces = frozenset[tuple[int, str]]
 
 
