@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from pd_proxy.admission.gate import Lease
     from pd_proxy.tracing import RequestSpans
 from pd_proxy.routing.breaker import Breaker
-from pd_proxy.routing.cache.load import leg_tokens
 from pd_proxy.routing.pool import Backend, BackendPool
 
 log = logging.getLogger("pd_proxy.request")
@@ -204,6 +203,7 @@ class Legs:
         consume: Callable[[Backend, Reply], Awaitable[T]],
         movable: bool = False,
         want: Backend | None = None,
+        tokens: int = 0,
     ) -> T:
         """POST to a backend of ``pool`` (``pick``) and hand its answer to ``consume``.
 
@@ -220,9 +220,12 @@ class Legs:
           the request, and KV already handed out expires with its lease.
 
         ``want`` is the backend the route chose ahead; it takes the leg while it is healthy and
-        not draining, else the pool picks. Each retry is counted in ``pd_proxy_retries_total``.
-        Other upstream errors become a ``ProxyError`` (502, or 504 for a time limit). ``total``
-        bounds each attempt (connect included), ``silence`` each wait for the backend.
+        not draining, else the pool picks. ``tokens`` (the route's uncached prompt tokens this
+        leg computes) count in the backend's ``tokens_in_flight`` while the leg runs there: the
+        work the cache scorer sees queued on it. Each retry is counted in
+        ``pd_proxy_retries_total``. Other upstream errors become a ``ProxyError`` (502, or 504
+        for a time limit). ``total`` bounds each attempt (connect included), ``silence`` each
+        wait for the backend.
         """
         upstream = self.upstream
         stage = pool.role
@@ -230,7 +233,6 @@ class Legs:
         backend = want if chosen and want is not None else pick(pool)
         task = asyncio.current_task() if movable else None
         moved = resent = False  # at most one move to another backend, one resend on a new conn
-        tokens = leg_tokens(stage)  # what the cache router planned this leg to compute
         otel = trace.otel
         while True:
             backend.outstanding += 1
@@ -321,6 +323,7 @@ class Legs:
         headers: Fields,
         trace: Trace,
         want: Backend | None = None,
+        tokens: int = 0,
     ) -> tuple[Backend, bytes]:
         """POST ``payload`` to a prefill backend; its 200 answer's body, or the error it is."""
         start = time.perf_counter()
@@ -335,6 +338,7 @@ class Legs:
             read_whole,
             movable=True,
             want=want,
+            tokens=tokens,
         )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
@@ -383,8 +387,10 @@ class Legs:
         headers: Fields,
         trace: Trace,
         want: Backend | None = None,
+        tokens: int = 0,
     ) -> web.StreamResponse:
-        """The normal decode leg: ``payload`` to a decode backend, its answer relayed."""
+        """The normal decode leg: ``payload`` to a decode backend, its answer relayed
+        (``tokens``: the prompt tokens it computes itself, on the decode-alone path)."""
         start = time.perf_counter()
 
         async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
@@ -423,6 +429,7 @@ class Legs:
             trace,
             answer,
             want=want,
+            tokens=tokens,
         )
 
     def release_kv(

@@ -21,5 +21,11 @@ class DecodeAloneMode:
     async def __call__(self, call: Call, route: Route, trace: Trace) -> web.StreamResponse:
         trace.path = LOCAL
         return await self.legs.decode_leg(
-            call.request, call.endpoint, call.body, call.headers, trace, route.decode
+            call.request,
+            call.endpoint,
+            call.body,
+            call.headers,
+            trace,
+            route.decode,
+            route.uncached_tokens or 0,
         )

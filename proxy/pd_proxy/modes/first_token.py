@@ -71,7 +71,9 @@ class FirstTokenMode:
             return await self.normal(call, route, trace)
         self.block_sizes.prefetch(b for b in legs.prefill_pool.backends if b.healthy)
         payload = dumps(ft.prefill_body_first_token(client_body))
-        backend, data = await legs.prefill_leg(endpoint, payload, headers, trace, route.prefill)
+        backend, data = await legs.prefill_leg(
+            endpoint, payload, headers, trace, route.prefill, route.uncached_tokens or 0
+        )
         try:
             answer = loads(data)
         except (ValueError, UnicodeDecodeError):

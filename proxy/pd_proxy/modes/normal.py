@@ -18,7 +18,9 @@ class NormalMode:
         legs = self.legs
         endpoint, headers = call.endpoint, call.headers
         prefill = dumps(prefill_body(call.client_body))
-        backend, data = await legs.prefill_leg(endpoint, prefill, headers, trace, route.prefill)
+        backend, data = await legs.prefill_leg(
+            endpoint, prefill, headers, trace, route.prefill, route.uncached_tokens or 0
+        )
         try:
             kv_params = kv_params_from_prefill(data)
         except ValueError:

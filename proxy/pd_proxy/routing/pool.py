@@ -65,7 +65,7 @@ class Backend:
         # discovered ones start down, so none gets a request before its first check passes.
         self.healthy = healthy
         self.outstanding = 0
-        # Prompt tokens its legs in flight compute (pd_proxy.routing.cache.load; 0 unplanned).
+        # Prompt tokens its legs in flight compute (the route's uncached tokens; 0 unplanned).
         self.tokens_in_flight = 0
         self.draining = False  # left every source: no new requests, dropped once idle
         self.slow_checks = 0  # health checks in a row that timed out while it was busy

@@ -21,7 +21,6 @@ from pd_proxy.routing.cache import scorer
 from pd_proxy.routing.cache.extra import PLAIN, RequestKeys
 from pd_proxy.routing.cache.follow import CacheFollower
 from pd_proxy.routing.cache.keys import Key, chain, hit_tokens
-from pd_proxy.routing.cache.load import plan_legs
 from pd_proxy.routing.cache.metrics import CacheMetrics
 from pd_proxy.routing.pool import Backend, BackendPool
 
@@ -68,8 +67,8 @@ class CacheRouter:
     def route(self, ids: Sequence[int] | None, local_max: int, extra: RequestKeys = PLAIN) -> Route:
         """The route for a prompt of ``ids`` (None: unknown) with ``extra`` keys (its
         ``cache_salt``, its model): the decode first, the path on the tokens it does not hold,
-        then (P/D) the prefill; the chosen replicas' records learn what they will hold, and the
-        legs the tokens they will compute (pd_proxy.routing.cache.load)."""
+        then (P/D) the prefill; the chosen replicas' records learn what they will hold. The legs
+        read the tokens they compute from the route (``Route.uncached_tokens``)."""
         if ids is None:
             path, reason = decider.decide(None, 0, local_max)
             return Route(path, reason)
@@ -81,9 +80,6 @@ class CacheRouter:
         if path == PD:
             prefill, prefill_hit = self.choose(self.prefill_pool, ids, plan)
             roles.append(("prefill", prefill, prefill_hit))
-            plan_legs({"prefill": len(ids) - prefill_hit})
-        else:
-            plan_legs({"decode": len(ids) - decode_hit})
         for role, backend, hit in roles:
             self.metrics.prompt_tokens.labels(role).inc(len(ids))
             self.metrics.predicted.labels(role).inc(hit)

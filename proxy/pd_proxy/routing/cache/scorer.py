@@ -5,8 +5,8 @@ queued or running there.
 ``cost = weight * uncached_tokens + tokens_in_flight + outstanding``:
 
 - ``uncached_tokens``: the prompt tokens it does not hold (its prefill for this request);
-- ``tokens_in_flight``: the uncached prompt tokens of the proxy's legs running there
-  (pd_proxy.routing.cache.load): prefills queued or running ahead of this one;
+- ``tokens_in_flight``: the uncached prompt tokens of the proxy's legs running there (each leg
+  counts its route's, pd_proxy.legs): prefills queued or running ahead of this one;
 - ``outstanding``: its requests in flight, one token each: every running decode takes a token
   of every step this request's prefill shares.
 
