@@ -20,14 +20,13 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from pd_proxy.admission.fair_queue import FairQueue, Ticket
 from pd_proxy.admission.metrics import (
     ADMITTED,
     CLIENT_GONE,
-    KINDS,
     LEFT,
     NO_BACKEND,
     NOW,
@@ -154,6 +153,7 @@ class Gate:
             ("decode", "pulls", limits.pending_pulls),
         ):
             metrics.limit.labels(role, kind).set(value)
+        metrics.watch(self.room_rows)
 
     # --- the stage ---------------------------------------------------------------------------
 
@@ -239,7 +239,6 @@ class Gate:
         use.requests += 1
         if pd:
             use.pulls += 1
-        self._show_room()
         placed = replace(route, decode=decode, prefill=prefill if pd else route.prefill)
         return placed, Lease(self, None if prefill is None else prefill.url, decode.url, tokens, pd)
 
@@ -259,7 +258,6 @@ class Gate:
 
     def changed(self) -> None:
         """Room was given back: admit what now fits."""
-        self._show_room()
         if len(self.queue):
             self._dispatch()
 
@@ -347,15 +345,11 @@ class Gate:
     def _show_depth(self, label: str, name: str) -> None:
         self.metrics.depth.labels(label).set(self.queue.depth(name))
 
-    def _show_room(self) -> None:
-        gauge = self.metrics.in_flight
+    def room_rows(self) -> Iterator[tuple[str, str, str, int]]:
+        """(role, backend, kind, value) for every replica: the in-flight gauge's samples."""
         for role in ROLES:
+            kinds = ("requests", "tokens") if role == "prefill" else ("requests", "pulls")
             for b in self.pools[role].backends:
                 use = self.room.of(b.url)
-                values = (use.requests, use.tokens, use.pulls)
-                for kind, value in zip(KINDS, values, strict=True):
-                    if role == "prefill" and kind == "pulls":
-                        continue
-                    if role == "decode" and kind == "tokens":
-                        continue
-                    gauge.labels(role, b.url, kind).set(value)
+                for kind in kinds:
+                    yield role, b.url, kind, getattr(use, kind)

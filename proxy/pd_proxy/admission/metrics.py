@@ -6,7 +6,11 @@ past ``MAX_FLOW_LABELS`` distinct names the rest share the label ``other``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Outcomes and their reasons (pd_proxy_admission_total's labels).
 ADMITTED, REFUSED, LEFT = "admitted", "refused", "left"
@@ -54,13 +58,8 @@ class AdmissionMetrics:
             buckets=WAIT_BUCKETS,
             registry=reg,
         )
-        self.in_flight = Gauge(
-            "pd_proxy_admitted_in_flight",
-            "What the proxy has admitted to each replica and not yet seen finish: requests, "
-            "uncached prompt tokens (prefill), KV waiting for this decode's pull (pulls).",
-            ("role", "backend", "kind"),
-            registry=reg,
-        )
+        self._rows: Callable[[], Iterable[tuple[str, str, str, int]]] = tuple
+        reg.register(_InFlight(lambda: self._rows()))
         self.limit = Gauge(
             "pd_proxy_admission_limit",
             "Admission's limit per replica, by role and kind (0: none); room = limit - in flight.",
@@ -68,6 +67,7 @@ class AdmissionMetrics:
             registry=reg,
         )
         self._flows: set[str] = set()
+        self._children: dict[tuple[str, str], Counter] = {}
 
     def flow(self, name: str) -> str:
         """The label for flow ``name``."""
@@ -79,4 +79,28 @@ class AdmissionMetrics:
         return name
 
     def count(self, outcome: str, reason: str) -> None:
-        self.outcomes.labels(outcome, reason).inc()
+        child = self._children.get((outcome, reason))
+        if child is None:
+            child = self._children[outcome, reason] = self.outcomes.labels(outcome, reason)
+        child.inc()
+
+    def watch(self, rows: Callable[[], Iterable[tuple[str, str, str, int]]]) -> None:
+        """Export what is admitted to each replica, read from the gate when scraped (so the
+        request path updates no gauge): ``rows()`` gives (role, backend, kind, value)."""
+        self._rows = rows
+
+
+class _InFlight(Collector):
+    def __init__(self, rows: Callable[[], Iterable[tuple[str, str, str, int]]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "pd_proxy_admitted_in_flight",
+            "What the proxy has admitted to each replica and not yet seen finish: requests, "
+            "uncached prompt tokens (prefill), KV waiting for this decode's pull (pulls).",
+            labels=("role", "backend", "kind"),
+        )
+        for role, backend, kind, value in self._rows():
+            family.add_metric((role, backend, kind), value)
+        yield family
