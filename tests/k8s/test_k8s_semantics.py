@@ -317,6 +317,11 @@ def test_secret_check_fails_on_a_literal_key_or_a_missing_mount() -> None:
     mounts = vllm(objs, "pcp-pd-prefill")["volumeMounts"]
     mounts[:] = [m for m in mounts if m["mountPath"] != "/run/kit-keys"]
     assert ck.check_vllm_secrets(objs)
+    objs = base()  # the package's modules one folder too high: `python3 .../vllm_serve` finds none
+    for mount in vllm(objs, "pcp-pd-decode")["volumeMounts"]:
+        if mount["name"] == "entrypoint":
+            mount["mountPath"] = "/opt/pcp-pd-kit/entrypoint"
+    assert any("the kit's entrypoint is not mounted" in p for p in ck.check_vllm_secrets(objs))
 
 
 def test_proxy_check_fails_on_a_wrong_port_rbac_or_key_file() -> None:
