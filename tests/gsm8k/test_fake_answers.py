@@ -10,8 +10,9 @@ from typing import Any
 
 import aiohttp
 
-from pd_proxy.testing import fake_vllm
-from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
+from pd_proxy.testing import fake_model as fake_vllm
+from pd_proxy.testing.fake_model import DECODE, PREFILL
+from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.support.paths import REPO
 
 SLICE = REPO / "scripts" / "data" / "gsm8k_slice"

@@ -13,7 +13,8 @@ from multidict import CIMultiDict
 
 from pd_proxy.api.app import PROXY_KEY, RUNNING_KEY, build_app, build_metrics_app, make_runner
 from pd_proxy.config import ProxyConfig
-from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
+from pd_proxy.testing.fake_model import DECODE, PREFILL
+from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.support.net import closed_port_url
 
 # The prefill leg's kv_transfer_params as the protocol spells it, written out independently of

@@ -79,7 +79,7 @@ async def test_prompts_up_to_n_tokens_go_to_decode_alone(endpoint: str, stream: 
     """The fake counts BOS + one token per word (its chat template adds its own): find N for a
     prompt with the fake's /tokenize, then N-1, N and N+1 tokens take local, local, P/D and all
     three answer as the normal flow does."""
-    from pd_proxy.testing.fake_vllm import render_chat, tokenize
+    from pd_proxy.testing.fake_model import render_chat, tokenize
     from tests.proxy.proxy_harness import pd_stack
 
     def body(words: int) -> dict:

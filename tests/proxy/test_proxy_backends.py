@@ -11,7 +11,8 @@ from aiohttp import web
 from pd_proxy.api.app import RUNNING_KEY, build_app, make_runner
 from pd_proxy.config import ProxyConfig
 from pd_proxy.routing.pool import BackendPool
-from pd_proxy.testing.fake_vllm import DECODE, FakeVLLM
+from pd_proxy.testing.fake_model import DECODE
+from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.proxy.proxy_harness import pd_stack
 
 

@@ -41,7 +41,7 @@ from pd_proxy.testing.dns import (
     parse_query,
     parse_response,
 )
-from pd_proxy.testing.fake_vllm import DECODE, PREFILL
+from pd_proxy.testing.fake_model import DECODE, PREFILL
 from tests.proxy.discovery_helpers import HOSTS, WAIT_S, complete, find, fleet, url
 from tests.proxy.proxy_harness import Stack
 from tests.support.waits import until

@@ -23,7 +23,8 @@ from aiohttp import web
 
 from pd_proxy.api.app import PROXY_KEY, build_app, make_runner
 from pd_proxy.config import ProxyConfig
-from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
+from pd_proxy.testing.fake_model import DECODE, PREFILL
+from pd_proxy.testing.fake_vllm import FakeVLLM
 
 PREFILL_TIMEOUT_S = 20.0  # a request that waited for it would stand out
 CONCURRENCY = 6

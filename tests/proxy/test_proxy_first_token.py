@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from pd_proxy.config import ConfigError, load_config
-from pd_proxy.testing.fake_vllm import GEN_BASE, render_chat, tokenize
+from pd_proxy.testing.fake_model import GEN_BASE, render_chat, tokenize
 from tests.proxy.proxy_harness import EXPECTED_PREFILL_KV, Stack, pd_stack, sse_events
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"

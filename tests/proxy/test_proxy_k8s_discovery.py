@@ -35,7 +35,7 @@ from pd_proxy.discovery.k8s_service import (
     slice_endpoints,
 )
 from pd_proxy.discovery.kube_api import InCluster, KubeConfigError
-from pd_proxy.testing.fake_vllm import DECODE, PREFILL
+from pd_proxy.testing.fake_model import DECODE, PREFILL
 from tests.proxy.discovery_helpers import complete, find, fleet, url
 from tests.proxy.fake_kube_api import FakeKubeApi
 from tests.proxy.proxy_harness import Stack

@@ -10,7 +10,8 @@ import sys
 
 import aiohttp
 
-from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
+from pd_proxy.testing.fake_model import DECODE, PREFILL
+from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.proxy.proxy_harness import sse_events
 
 TOKENS = 20

@@ -15,7 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pd_proxy.testing.fake_vllm import DECODE, PREFILL, FakeVLLM
+from pd_proxy.testing.fake_model import DECODE, PREFILL
+from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.proxy.proxy_harness import sse_events
 
 pytestmark = pytest.mark.skipif(

@@ -126,7 +126,7 @@ async def test_legs_count_their_planned_tokens_on_their_replica_while_they_run()
     import asyncio
 
     from pd_proxy.rewrite import COMPLETIONS
-    from pd_proxy.testing.fake_vllm import tokenize
+    from pd_proxy.testing.fake_model import tokenize
     from tests.proxy.proxy_harness import pd_stack
     from tests.support.waits import until
 

@@ -11,7 +11,7 @@ import pytest
 from pd_proxy.rewrite import COMPLETIONS
 from pd_proxy.routing.cache.events import decode as decode_frames
 from pd_proxy.routing.cache.index import ReplicaIndex
-from pd_proxy.testing.fake_vllm import tokenize
+from pd_proxy.testing.fake_model import tokenize
 from tests.support.waits import until
 
 from .vllm_events import frames, stored

@@ -16,7 +16,7 @@ from pd_proxy.routing.cache.extra import PLAIN, UNKEYABLE, RequestKeys, request_
 from pd_proxy.routing.cache.index import ReplicaIndex
 from pd_proxy.routing.cache.keys import chain
 from pd_proxy.routing.cache.pending import PendingIndex
-from pd_proxy.testing.fake_vllm import tokenize
+from pd_proxy.testing.fake_model import tokenize
 
 from .vllm_events import BLOCK, blocks, frames, stored, vllm_extra_keys
 

@@ -1,190 +1,74 @@
 """A fake vLLM OpenAI server that enforces the NIXL P/D ``kv_transfer_params`` protocol.
 
-Used by the proxy tests, the benchmark and the GSM8K eval tests. A ``prefill`` fake rejects
-requests that do not ask for a remote decode (or that stream, or generate more than one token) and
-returns signed ``kv_transfer_params``; a ``decode`` fake rejects requests whose params were not
-signed by a prefill fake for the same ``X-Request-Id`` (nor, with ``prefill_engine_id``, by that
-engine). Knobs (mutable at run time through ``fake.knobs``) add delay, per-token delay, failures,
-a stream that dies mid-way, a prefill serving requests without ``kv_transfer_params`` in full
-(``plain_requests``, as vLLM does) and a decode answering wrong text with HTTP 200 (``corrupt``).
-With ``api_key`` set it guards ``/v1/*`` like ``vllm serve --api-key`` (401 ``{"error":
-"Unauthorized"}``); with ``record`` every ``/v1`` request, rejected ones included, lands in
-``received``.
+Used by the proxy tests, the benchmark and the GSM8K eval tests, so that they run the proxy against
+vLLM's HTTP behaviour without a GPU; this module holds the server, its knobs and what it recorded.
+A ``prefill`` fake rejects requests that do not ask for a remote decode (or that stream, or
+generate more than one token) and returns signed ``kv_transfer_params``; a ``decode`` fake rejects
+requests whose params were not signed by a prefill fake for the same ``X-Request-Id`` (nor, with
+``prefill_engine_id``, by that engine). Knobs (mutable at run time through ``fake.knobs``) add
+delay, per-token delay, failures, a stream that dies mid-way, a prefill serving requests without
+``kv_transfer_params`` in full (``plain_requests``, as vLLM does) and a decode answering wrong text
+with HTTP 200 (``corrupt``). With ``api_key`` set it guards ``/v1/*`` like ``vllm serve --api-key``
+(401 ``{"error": "Unauthorized"}``); with ``record`` every ``/v1`` request, rejected ones included,
+lands in ``received``.
 
 With ``answers`` (``--gsm8k-data DIR``, DIR/test.jsonl) it plays the server an eval harness
 drives: it rejects a request for another model or with more than one prompt, and a decode (or
 plain) fake answers the prompt's last ``Question: ...`` with ``#### <number>``, right or wrong by
 ``knobs.gsm8k_mode`` (``POST /fake/mode {"mode": ...}`` switches it). ``/version`` and a
 vLLM-looking ``/metrics`` give the eval's topology probe something real to read. Run standalone
-with ``python -m pd_proxy.testing.fake_vllm --role decode --port 0``.
+with ``python -m pd_proxy.testing.fake_vllm --role decode --port 0`` (``__main__``).
 
-Its "model" is deterministic in the token context, so a continuation is exact the way vLLM's is:
-prompts are tokenized (``tokenize``; chat messages through a small template), generated token
-``k`` has id ``GEN_BASE + k`` and text `` t{k}``, and a prompt that ends in generated tokens
-(prompt + token 1, as a first-token-from-prefill decode gets it) continues from the next ``k``.
-``knobs.eos_at`` makes token ``k`` EOS. It honours ``stop`` (strings), ``stop_token_ids``,
-``min_tokens``, ``ignore_eos``, ``max_tokens`` / ``max_completion_tokens`` (chat without either:
-``knobs.max_model_len`` minus the prompt, when set), ``return_token_ids``, ``stream_options``
-(``include_usage``, ``continuous_usage_stats``), a chat stream's first role-only chunk, and
-vLLM 0.32's decode-side token reuse (``kv_transfer_params.prompt_token_ids`` on chat). A prefill
-answers ``remote_block_ids`` per KV group and ``remote_num_tokens`` for ``knobs.block_size``
-(also its ``/metrics`` ``vllm:cache_config_info``), and a decode enforces vLLM's NIXL invariant
-that its prompt fits the blocks it pulls: where vLLM's engine would die on an assertion, it
-answers 500 and counts ``crashes``.
+What it generates, and the checks it applies, are ``fake_model``'s pure functions. It adds
+``return_token_ids``, ``stream_options`` (``include_usage``, ``continuous_usage_stats``) and a
+chat stream's first role-only chunk. A prefill answers ``remote_block_ids`` per KV group and
+``remote_num_tokens`` for ``knobs.block_size`` (also its ``/metrics``
+``vllm:cache_config_info``), and a decode enforces vLLM's NIXL invariant that its prompt fits the
+blocks it pulls: where vLLM's engine would die on an assertion, it answers 500 and counts
+``crashes``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import hashlib
-import hmac
 import itertools
 import json
-import re
-import signal
-import sys
 import time
-import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 
-DEFAULT_SECRET = b"pd-proxy-fake-vllm"
-PREFILL, DECODE, PLAIN = "prefill", "decode", "plain"
-VERSION = "0.32.0-fake"
-PROMPT_TOKENS = 4  # prompt tokens per request in the /metrics counters
-BOS_ID, EOS_ID = 1, 2
-GEN_BASE = 100_000  # generated token k has id GEN_BASE + k
-VOCAB = 200_000
-GSM8K_MODES = ("correct", "wrong", "mixed")
-UNKNOWN_ANSWER = " I do not know."
-_QUESTION = re.compile(r"Question: (.*?)\nAnswer:", re.S)
-
-Answers = dict[str, tuple[str, int]]  # GSM8K question -> (final answer, row index)
-
-
-# ---------------------------------------------------------------------- GSM8K answers (pure)
-def load_answers(data_dir: Path) -> Answers:
-    """Every test question with the number after its answer's ``#### `` and its row index (the
-    index decides which rows ``mixed`` gets right)."""
-    answers = {}
-    lines = (data_dir / "test.jsonl").read_text(encoding="utf-8").splitlines()
-    for index, line in enumerate(lines):
-        row = json.loads(line)
-        answers[row["question"].strip()] = (row["answer"].rsplit("#### ", 1)[-1].strip(), index)
-    return answers
-
-
-def is_right(mode: str, index: int) -> bool:
-    """correct: always; wrong: never; mixed: 13 of every 20 rows (0.65, the reference score)."""
-    return mode == "correct" or (mode == "mixed" and index % 20 < 13)
-
-
-def wrong(answer: str) -> str:
-    """A number strict-match cannot mistake for ``answer``."""
-    try:
-        return str(int(answer.replace(",", "")) + 7)
-    except ValueError:
-        return "-1"
-
-
-def gsm8k_reply(answers: Answers, mode: str, prompt: str) -> str | None:
-    """The completion for a few-shot prompt: its last question is the one asked (the others are
-    the shots). None when that question is not in the data."""
-    questions = _QUESTION.findall(prompt)
-    found = answers.get(questions[-1].strip()) if questions else None
-    if found is None:
-        return None
-    answer, index = found
-    final = answer if is_right(mode, index) else wrong(answer)
-    return f" Let me think step by step.\n#### {final}\n\n"
-
-
-def prompt_text(body: dict[str, Any]) -> str | None:
-    """The request's one text prompt (a chat's messages joined), or None for a batch or token ids:
-    one answer cannot serve several questions."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        contents = [m.get("content") for m in messages if isinstance(m, dict)]
-        return "\n".join(c for c in contents if isinstance(c, str))
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    return prompt if isinstance(prompt, str) else None
-
-
-def tokenize(text: str) -> list[int]:
-    """The fake tokenizer: BOS, then one id per whitespace-separated word (below GEN_BASE)."""
-    return [BOS_ID, *(1000 + zlib.crc32(w.encode()) % 90_000 for w in text.split())]
-
-
-def render_chat(body: dict[str, Any]) -> str:
-    """The fake chat template."""
-    parts = []
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        role = message.get("role") if isinstance(message, dict) else None
-        parts.append(f"<|{role}|> {content or ''}\n")
-    if body.get("add_generation_prompt", True):
-        parts.append("<|assistant|>")
-    return "".join(parts)
-
-
-def token_text(token_id: int) -> str:
-    return f" t{token_id - GEN_BASE}" if token_id >= GEN_BASE else ""
-
-
-@dataclass
-class Generation:
-    """What one request generates: token ids, their texts, and how it ended."""
-
-    token_ids: list[int]
-    pieces: list[str]
-    finish: str
-    stop_reason: int | str | None = None
-
-
-def metrics_text(role: str, ok: int, rejected: int, unknown: int, block_size: int = 128) -> str:
-    """The vLLM series the eval's topology probe reads (KV arrived over NIXL on a decode), plus
-    the fake's own request counts, which a test reads to prove no request was rejected."""
-    source = "local_compute" if role == PREFILL else "external_kv_transfer"
-    lines = [
-        "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{block_size="{block_size}",engine="0",role="{role}"}} 1.0',
-        f'vllm:prompt_tokens_by_source_total{{engine="0",source="{source}"}} {ok * PROMPT_TOKENS}',
-        f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {ok}',
-        'vllm:nixl_num_failed_transfers_total{engine="0"} 0',
-        f'fake_requests_total{{result="ok"}} {ok}',
-        f'fake_requests_total{{result="rejected"}} {rejected}',
-        f'fake_requests_total{{result="unknown_question"}} {unknown}',
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def prefill_problem(body: dict[str, Any], kv: dict[str, Any]) -> str | None:
-    """Why a request is not a P/D prefill leg (vLLM would silently run it as a normal one)."""
-    if kv.get("do_remote_decode") is not True:
-        return "prefill needs kv_transfer_params.do_remote_decode=true"
-    if kv.get("do_remote_prefill") is not False:
-        return "prefill needs kv_transfer_params.do_remote_prefill=false"
-    if body.get("stream"):
-        return "prefill must not stream"
-    if body.get("max_tokens") != 1:
-        return "prefill needs max_tokens=1"
-    # vLLM runs these as several engine requests that each keep KV, and answers one handle.
-    n = body.get("n")
-    if isinstance(n, int) and n > 1:
-        return "prefill with n > 1 would keep n-1 requests' KV nobody reads"
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
-        return "prefill with several prompts would keep KV nobody reads"
-    return None
+from pd_proxy.testing.fake_model import (
+    DECODE,
+    DEFAULT_SECRET,
+    GEN_BASE,
+    GSM8K_MODES,
+    PLAIN,
+    PREFILL,
+    UNKNOWN_ANSWER,
+    VERSION,
+    Answer,
+    Answers,
+    Generation,
+    authorized,
+    block_mismatch,
+    completion_body,
+    completion_limit,
+    decode_problem,
+    eval_problem,
+    generate,
+    gsm8k_reply,
+    json_copy,
+    metrics_text,
+    prefill_problem,
+    prompt_ids_of,
+    prompt_text,
+    render_chat,
+    sign,
+    tokenize,
+)
 
 
 @dataclass
@@ -314,49 +198,26 @@ class FakeVLLM:
 
     # ------------------------------------------------------------------ protocol
     def sign(self, params: dict[str, Any]) -> str:
-        fields = ("remote_engine_id", "remote_block_ids", "remote_request_id")
-        msg = "|".join(str(params.get(k)) for k in fields)
-        return hmac.new(self.secret, msg.encode(), hashlib.sha256).hexdigest()
+        return sign(self.secret, params)
 
     def _check(self, body: dict[str, Any], rid: str) -> str | None:
         """Why the request breaks the P/D protocol for this role (or, answering, is not what an
         eval harness sends), or None."""
         kv = body.get("kv_transfer_params")
         kv = kv if isinstance(kv, dict) else {}
-        if self.answers is not None and (problem := self._eval_problem(body)):
+        if self.answers is not None and (problem := eval_problem(body, self.model)):
             return problem
         if self.role == PREFILL and not self._plain(body):
             return prefill_problem(body, kv)
         if self.role == DECODE and not self._plain(body):
             if body.get("prompt_logprobs") is not None:
                 return "decode reading remote KV computes no prompt logprobs (vLLM hangs)"
-            return self._decode_problem(kv, rid)
-        return None
-
-    def _decode_problem(self, kv: dict[str, Any], rid: str) -> str | None:
-        """Why ``kv`` are not handles a prefill issued for this very request."""
-        if kv.get("do_remote_prefill") is not True:
-            return "decode needs the kv_transfer_params a prefill returned"
-        engine = kv.get("remote_engine_id")
-        if self.prefill_engine_id is not None and engine != self.prefill_engine_id:
-            return f"decode kv_transfer_params name engine {engine!r}, not the prefill's"
-        if kv.get("remote_request_id") != rid:
-            return "decode X-Request-Id differs from the prefill's"
-        if not hmac.compare_digest(str(kv.get("fake_signature")), self.sign(kv)):
-            return "decode kv_transfer_params were not issued by a prefill"
+            return decode_problem(kv, rid, self.secret, self.prefill_engine_id)
         return None
 
     def _plain(self, body: dict[str, Any]) -> bool:
         """A request without kv_transfer_params served in full (knobs.plain_requests)."""
         return self.knobs.plain_requests and body.get("kv_transfer_params") is None
-
-    def _eval_problem(self, body: dict[str, Any]) -> str | None:
-        """A harness asking for another model, or batching prompts, would score garbage."""
-        if body.get("model") != self.model:
-            return f"model {body.get('model')!r} is not served here"
-        if prompt_text(body) is None:
-            return "one text prompt per request expected"
-        return None
 
     def _prefill_params(self, rid: str, prompt_len: int) -> dict[str, Any]:
         """The KV handles of a prefilled prompt: its blocks (one KV cache group), as vLLM 0.32."""
@@ -378,53 +239,6 @@ class FakeVLLM:
         params["fake_signature"] = self.sign(params)
         return params
 
-    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
-        """The request's prompt as token ids; ``ValueError`` says what vLLM would refuse."""
-        kv = body.get("kv_transfer_params")
-        if chat:
-            ids = kv.pop("prompt_token_ids", None) if isinstance(kv, dict) else None
-            if ids is None:
-                return tokenize(render_chat(body))
-            if not isinstance(ids, list) or not ids or any(type(x) is not int for x in ids):
-                raise ValueError("`kv_transfer_params['prompt_token_ids']` must be a list of ints")
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-                prompt = prompt[0]  # a batch: the fake answers its first prompt
-            if isinstance(prompt, str):
-                return tokenize(prompt)
-            ids = prompt
-            if not isinstance(ids, list) or not ids or any(type(x) is not int for x in ids):
-                raise ValueError("prompt must be a string or token ids")
-        if any(not 0 <= x < VOCAB for x in ids):
-            raise ValueError(f"token id out of vocabulary (0-{VOCAB - 1})")
-        return ids
-
-    def _block_mismatch(self, body: dict[str, Any], prompt_len: int) -> str | None:
-        """vLLM's NIXL decode asserts its prompt's blocks are no more than the prefill's it reads
-        (``_apply_prefix_caching``); the engine dies when they are not."""
-        kv = body.get("kv_transfer_params")
-        if self.role != DECODE or not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
-            return None
-        groups = kv.get("remote_block_ids") or []
-        needed = -(-prompt_len // self.knobs.block_size)
-        for group in groups:
-            if isinstance(group, list) and needed > len(group):
-                return f"AssertionError: {needed} decode blocks > {len(group)} prefill blocks"
-        return None
-
-    def _limit(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
-        if self.role == PREFILL and not self._plain(body):
-            return 1
-        value = body.get("max_completion_tokens") if chat else None
-        if value is None:
-            value = body.get("max_tokens")
-        if isinstance(value, int) and value > 0:
-            return value
-        if chat and self.knobs.max_model_len is not None:
-            return self.knobs.max_model_len - prompt_len
-        return self.knobs.tokens
-
     def _generate(self, body: dict[str, Any], prompt_ids: list[int], chat: bool) -> Generation:
         """The fake model: a GSM8K answer when answering (a prefill's one token is thrown away,
         so it never answers), else numbered tokens, continuing the prompt's own, up to a stop."""
@@ -434,43 +248,13 @@ class FakeVLLM:
                 self.unknown_questions += 1
                 text = UNKNOWN_ANSWER
             return Generation([GEN_BASE], [text], "stop")
-        last = prompt_ids[-1]
-        k = last - GEN_BASE + 1 if last >= GEN_BASE else 0
-        limit = self._limit(body, chat, len(prompt_ids))
-        min_tokens = body.get("min_tokens") or 0
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        stop_ids = body.get("stop_token_ids") or []
-        keep_stop = bool(body.get("include_stop_str_in_output"))
-        gen = Generation([], [], "length")
-        text = ""
-        while len(gen.token_ids) < limit:
-            count = len(gen.token_ids)  # this request's tokens so far
-            token = GEN_BASE + k
-            eos = k == self.knobs.eos_at and not body.get("ignore_eos")
-            if count >= min_tokens and (eos or token in stop_ids):
-                gen.token_ids.append(EOS_ID if eos else token)
-                gen.pieces.append(token_text(token) if keep_stop and not eos else "")
-                gen.finish, gen.stop_reason = "stop", None if eos else token
-                break
-            piece = token_text(token)
-            if self.knobs.corrupt and self.role == DECODE:
-                piece = piece.replace(" t", " x", 1)
-            gen.token_ids.append(token)
-            k += 1
-            before = len(text)
-            text += piece
-            if count + 1 > min_tokens:
-                found = [(text.find(s, max(0, before - len(s) + 1)), s) for s in stop if s]
-                found = [(i, s) for i, s in found if i >= 0]
-                if found:
-                    i, string = min(found)
-                    end = i + len(string) if keep_stop else i
-                    gen.pieces.append(piece[: max(0, end - before)])
-                    gen.finish, gen.stop_reason = "stop", string
-                    break
-            gen.pieces.append(piece)
-        return gen
+        knobs = self.knobs
+        if self.role == PREFILL and not self._plain(body):
+            limit = 1
+        else:
+            limit = completion_limit(body, chat, len(prompt_ids), knobs.tokens, knobs.max_model_len)
+        corrupt = knobs.corrupt and self.role == DECODE
+        return generate(body, prompt_ids, limit, knobs.eos_at, corrupt)
 
     # ------------------------------------------------------------------ handlers
     @web.middleware
@@ -480,18 +264,9 @@ class FakeVLLM:
         if self.record:
             self.received.append((request.method, request.path, CIMultiDict(request.headers)))
             self._notify()
-        if self.api_key is not None and not self._authorized(request.headers):
+        if self.api_key is not None and not authorized(self.api_key, request.headers):
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
-
-    def _authorized(self, headers) -> bool:
-        """vLLM's check: a bearer token whose SHA-256 matches the key's."""
-        assert self.api_key is not None
-        scheme, _, token = (headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        want = hashlib.sha256(self.api_key.encode()).digest()
-        return hmac.compare_digest(hashlib.sha256(token.encode()).digest(), want)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.knobs.healthy else 503)
@@ -607,10 +382,12 @@ class FakeVLLM:
             return self._reject(problem)
         chat = request.path.endswith("/chat/completions")
         try:
-            prompt_ids = self._prompt_ids(body, chat)
+            prompt_ids = prompt_ids_of(body, chat)
         except ValueError as exc:
             return self._reject(str(exc))
-        crash = self._block_mismatch(body, len(prompt_ids))
+        crash = None
+        if self.role == DECODE:
+            crash = block_mismatch(body, len(prompt_ids), self.knobs.block_size)
         if crash is not None:
             self.crashes += 1
             self._notify()
@@ -632,30 +409,7 @@ class FakeVLLM:
         return resp
 
     def _json(self, a: Answer, kv: dict[str, Any] | None) -> web.Response:
-        text = "".join(a.gen.pieces)
-        ids = a.body.get("return_token_ids")
-        choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": text}}
-            if a.chat
-            else {"index": 0, "text": text}
-        )
-        choice["finish_reason"] = a.gen.finish
-        choice["stop_reason"] = a.gen.stop_reason
-        choice["token_ids"] = a.gen.token_ids if ids else None
-        if not a.chat:
-            choice["prompt_token_ids"] = a.prompt_ids if ids else None
-        data: dict[str, Any] = {
-            "id": ("chatcmpl-" if a.chat else "cmpl-") + a.rid,
-            "object": "chat.completion" if a.chat else "text_completion",
-            "created": int(time.time()),
-            "model": self.model,
-            "choices": [choice],
-            "usage": a.usage(len(a.gen.token_ids)),
-            "kv_transfer_params": kv,
-        }
-        if a.chat:
-            data["prompt_token_ids"] = a.prompt_ids if ids else None
-        payload = json.dumps(data).encode()
+        payload = json.dumps(completion_body(a, kv, self.model)).encode()
         if self.record:
             self.sent[a.rid] = payload
         return web.Response(body=payload, content_type="application/json")
@@ -716,98 +470,3 @@ class FakeVLLM:
             self.sent[a.rid] = b"".join(sent)
         await resp.write_eof()
         return resp
-
-
-@dataclass
-class Answer:
-    """One request being answered."""
-
-    rid: str
-    chat: bool
-    body: dict[str, Any]
-    prompt_ids: list[int]
-    gen: Generation
-
-    def usage(self, completion_tokens: int) -> dict[str, int]:
-        n = len(self.prompt_ids)
-        return {
-            "prompt_tokens": n,
-            "total_tokens": n + completion_tokens,
-            "completion_tokens": completion_tokens,
-        }
-
-
-def json_copy(obj: Any) -> Any:
-    """A deep copy of a JSON value (what a request looked like before it was served)."""
-    return json.loads(json.dumps(obj))
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--role", choices=(PREFILL, DECODE, PLAIN), default=PLAIN)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--model", default="fake-model")
-    parser.add_argument("--delay", type=float, default=0.0)
-    parser.add_argument("--token-delay", type=float, default=0.0)
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument(
-        "--api-key-file", help="require the first line of this file as a bearer key on /v1/*"
-    )
-    parser.add_argument("--engine-id", default="", help="prefill: the engine its handles name")
-    parser.add_argument("--prefill-engine-id", help="decode: accept only this engine's handles")
-    parser.add_argument("--gsm8k-data", help="answer the GSM8K questions of DIR/test.jsonl")
-    parser.add_argument("--gsm8k-mode", choices=GSM8K_MODES, default="mixed")
-    return parser.parse_args(argv)
-
-
-def from_args(args: argparse.Namespace) -> FakeVLLM:
-    """The fake the command line describes; it records nothing (it may serve a benchmark)."""
-    api_key = None
-    if args.api_key_file:
-        with open(args.api_key_file, encoding="utf-8") as f:
-            api_key = f.readline().strip()
-    knobs = Knobs(
-        delay=args.delay,
-        token_delay=args.token_delay,
-        tokens=args.tokens,
-        gsm8k_mode=args.gsm8k_mode,
-    )
-    return FakeVLLM(
-        role=args.role,
-        model=args.model,
-        record=False,
-        knobs=knobs,
-        engine_id=args.engine_id,
-        prefill_engine_id=args.prefill_engine_id,
-        answers=load_answers(Path(args.gsm8k_data)) if args.gsm8k_data else None,
-        api_key=api_key,
-    )
-
-
-async def serve(fake: FakeVLLM, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT; the ``listening on URL`` line tells a parent the port."""
-    url = await fake.start(host, port)
-    print(f"listening on {url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await fake.stop()
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    run = serve(from_args(args), args.host, args.port)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(run)
-    else:
-        uvloop.run(run)
-    sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()
