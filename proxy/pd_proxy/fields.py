@@ -10,6 +10,7 @@ here with a 400 naming the parameter, before any backend is touched. Pure functi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pd_proxy.errors import ProxyError
@@ -78,3 +79,22 @@ def read_fields(body: dict[str, Any]) -> None:
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# Bytes of request body per prompt token, for a request whose tokens were not counted (no local
+# prefill limit, no cache-aware routing): English text runs about four characters a token, and
+# the JSON around the prompt is small next to a long one.
+BYTES_PER_TOKEN = 4
+
+
+def estimated_tokens(body: bytes) -> int:
+    return max(1, len(body) // BYTES_PER_TOKEN)
+
+
+def request_priority(body: Mapping[str, Any]) -> int:
+    """The request's ``priority`` (vLLM's field: an integer, lower is earlier), 0 if absent or
+    not an integer (vLLM refuses such a request itself)."""
+    value = body.get("priority")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return 0

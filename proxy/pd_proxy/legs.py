@@ -18,7 +18,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+from functools import partial
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -37,14 +38,10 @@ from pd_proxy.http.sse import MEDIA_TYPE
 from pd_proxy.http.upstream import Fields, Upstream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
-from pd_proxy.route import PD, Route
-from pd_proxy.tracing import end_leg, traceparent
-
-if TYPE_CHECKING:
-    from pd_proxy.admission.gate import Lease
-    from pd_proxy.tracing import RequestSpans
+from pd_proxy.route import Route
 from pd_proxy.routing.breaker import Breaker
 from pd_proxy.routing.pool import Backend, BackendPool
+from pd_proxy.tracing import Trace, end_leg, traceparent
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -73,40 +70,6 @@ class Call:
     body: bytes
     client_body: dict[str, Any]
     headers: Fields
-
-
-class Trace:
-    """What happened to one request, for its log line and metrics: filled in as it goes, never
-    read to decide anything (the decision is the ``Route``)."""
-
-    __slots__ = (
-        "rid",
-        "start",
-        "path",
-        "prefill",
-        "decode",
-        "prefill_s",
-        "ttfb_s",
-        "status",
-        "lease",
-        "otel",
-        "route",
-    )
-
-    def __init__(self, rid: str, start: float = 0.0) -> None:
-        self.rid = rid
-        self.start = start  # perf_counter() when the request arrived
-        self.path = PD  # or LOCAL: decode alone (pd_proxy.modes.decode_alone)
-        self.prefill = "-"
-        self.decode = "-"
-        self.prefill_s = -1.0
-        self.ttfb_s = -1.0
-        self.status = 500
-        # The admission lease (pd_proxy.admission.gate): told when the prefill answered and when
-        # decode's first byte came, so each part of the request's room goes back then.
-        self.lease: Lease | None = None
-        self.otel: RequestSpans | None = None  # the request's spans when tracing is on
-        self.route: Route | None = None  # the route it went (for the log line), once admitted
 
 
 class Mode(Protocol):
@@ -413,7 +376,7 @@ class Legs:
                 backend,
                 self.metrics,
                 self.config.decode_timeout,
-                lambda: self.first_byte(start, trace, sent=True),
+                partial(trace.first_byte, start, self.metrics, True),
             )
             if client_left:
                 trace.status = CLIENT_GONE
@@ -469,19 +432,9 @@ class Legs:
         raise ProxyError(502, f"decode backend {backend.url} returned {status}: {snippet(data)}")
 
     def first_byte(self, start: float, trace: Trace, sent: bool = False) -> float:
-        """The decode leg's first byte arrived (``start``: the leg was sent); returns now.
-        ``sent``: it goes on to the client at once (a relayed stream), see ``sent``."""
-        now = time.perf_counter()
-        trace.ttfb_s = elapsed = now - start
-        if trace.lease is not None:
-            trace.lease.decode_started()
-        if trace.otel is not None:
-            trace.otel.first_byte()
-        self.metrics.decode_ttfb.observe(elapsed)
-        if sent:
-            self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)
-        return now
+        """The decode leg's first byte arrived (``start``: the leg was sent); returns now."""
+        return trace.first_byte(start, self.metrics, sent)
 
     def sent(self, trace: Trace, now: float) -> None:
         """The client gets the first byte of a 200 answer at ``now``."""
-        self.metrics.ttfb_by_path[trace.path].observe(now - trace.start)
+        trace.sent(self.metrics, now)

@@ -32,13 +32,13 @@ import aiohttp
 from aiohttp import web
 
 from pd_proxy.admission.gate import Flow
-from pd_proxy.admission.setup import build_gate, estimated_tokens, request_priority
+from pd_proxy.admission.setup import build_gate
 from pd_proxy.api.auth import ANONYMOUS, BackendKey, Client, ClientKeys
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError, error_response, unauthorized_response
-from pd_proxy.fields import read_fields
+from pd_proxy.fields import estimated_tokens, read_fields, request_priority
 from pd_proxy.http.upstream import Upstream
-from pd_proxy.legs import CLIENT_GONE, Call, Legs, Trace
+from pd_proxy.legs import CLIENT_GONE, Call, Legs
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes.decode_alone import DecodeAloneMode
 from pd_proxy.modes.fanout import FanoutMode
@@ -49,7 +49,7 @@ from pd_proxy.route import LOCAL, PD, Route
 from pd_proxy.routing.planner import Planner, build_planner
 from pd_proxy.routing.pool import BackendPool
 from pd_proxy.routing.shapes import FANOUT, REFUSE, classify, fanout_size
-from pd_proxy.tracing import Tracing
+from pd_proxy.tracing import Trace, Tracing
 
 log = logging.getLogger("pd_proxy.request")
 

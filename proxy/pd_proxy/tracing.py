@@ -1,5 +1,7 @@
-"""One trace per request: OpenTelemetry spans for the request, its plan, its wait in the
-admission queue, each leg and the relay, configured by the standard ``OTEL_*`` variables.
+"""What happened to one request: its ``Trace`` (the facts its log line and metrics read, and
+the moments its admission lease and spans are told of), and, with tracing on, OpenTelemetry
+spans for the request, its plan, its wait in the admission queue, each leg and the relay,
+configured by the standard ``OTEL_*`` variables.
 
 - ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT``) turns tracing on;
   without one there is no exporter, no SDK import and nothing on the request path but a
@@ -22,9 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pd_proxy.route import PD
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
+    from pd_proxy.admission.gate import Lease
+    from pd_proxy.metrics import ProxyMetrics
     from pd_proxy.route import Route
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -33,6 +39,59 @@ PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PROTOCOL = "grpc"  # vLLM's default: one setting reaches the proxy and every server
 SERVICE_NAME = "pd-proxy"
 HTTP_TRACES_PATH = "/v1/traces"  # OTLP/HTTP's signal path, added to a generic endpoint
+
+
+class Trace:
+    """What happened to one request, for its log line and metrics: filled in as it goes, never
+    read to decide anything (the decision is the ``Route``)."""
+
+    __slots__ = (
+        "rid",
+        "start",
+        "path",
+        "prefill",
+        "decode",
+        "prefill_s",
+        "ttfb_s",
+        "status",
+        "lease",
+        "otel",
+        "route",
+    )
+
+    def __init__(self, rid: str, start: float = 0.0) -> None:
+        self.rid = rid
+        self.start = start  # perf_counter() when the request arrived
+        self.path = PD  # or LOCAL: decode alone (pd_proxy.modes.decode_alone)
+        self.prefill = "-"
+        self.decode = "-"
+        self.prefill_s = -1.0
+        self.ttfb_s = -1.0
+        self.status = 500
+        # The admission lease (pd_proxy.admission.gate): told when the prefill answered and when
+        # decode's first byte came, so each part of the request's room goes back then.
+        self.lease: Lease | None = None
+        self.otel: RequestSpans | None = None  # the request's spans when tracing is on
+        self.route: Route | None = None  # the route it went (for the log line), once admitted
+
+    def first_byte(self, start: float, metrics: ProxyMetrics, sent: bool = False) -> float:
+        """The decode leg's first byte arrived (``start``: the leg was sent); returns now. The
+        lease gives back the decode's pending pull and the spans start the relay. ``sent``: it
+        goes on to the client at once (a relayed stream), see ``sent``."""
+        now = time.perf_counter()
+        self.ttfb_s = elapsed = now - start
+        if self.lease is not None:
+            self.lease.decode_started()
+        if self.otel is not None:
+            self.otel.first_byte()
+        metrics.decode_ttfb.observe(elapsed)
+        if sent:
+            metrics.ttfb_by_path[self.path].observe(now - self.start)
+        return now
+
+    def sent(self, metrics: ProxyMetrics, now: float) -> None:
+        """The client gets the first byte of a 200 answer at ``now``."""
+        metrics.ttfb_by_path[self.path].observe(now - self.start)
 
 
 class TracingError(ValueError):

@@ -247,7 +247,8 @@ class Gate:
     ) -> Backend | None:
         if chosen is not None and chosen.healthy and not chosen.draining:
             return chosen if fits(chosen) else None
-        return self.pools[role].pick(only=fits)
+        room = [b for b in self._healthy(role) if fits(b)]
+        return self.pools[role].pick(among=room) if room else None
 
     def give_prefill(self, url: str, tokens: int, finished: bool = True) -> None:
         use = self.room.of(url)

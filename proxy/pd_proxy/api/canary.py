@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pd_proxy.errors import Passthrough, ProxyError
 from pd_proxy.http.upstream import Fields
-from pd_proxy.legs import Legs, Trace, read_whole
+from pd_proxy.legs import Legs, read_whole
 from pd_proxy.rewrite import (
     COMPLETIONS,
     decode_payload,
@@ -47,6 +47,7 @@ from pd_proxy.rewrite import (
     loads,
     prefill_body,
 )
+from pd_proxy.tracing import Trace
 
 log = logging.getLogger("pd_proxy.api.canary")
 

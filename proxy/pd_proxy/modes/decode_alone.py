@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pd_proxy.legs import Call, Legs, Trace
+from pd_proxy.legs import Call, Legs
 from pd_proxy.route import LOCAL, Route
+from pd_proxy.tracing import Trace
 
 
 class DecodeAloneMode:

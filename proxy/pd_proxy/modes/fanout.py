@@ -27,7 +27,7 @@ from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
 from pd_proxy.http.connection import Reply
 from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse
 from pd_proxy.http.sse import SSE_TYPE
-from pd_proxy.legs import CLIENT_GONE, Call, Legs, Trace, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Call, Legs, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes import fanout_rewrite as rewrite_fanout
 from pd_proxy.rewrite import (
@@ -40,6 +40,7 @@ from pd_proxy.rewrite import (
 )
 from pd_proxy.routing.pool import Backend
 from pd_proxy.routing.shapes import Shape, samples
+from pd_proxy.tracing import Trace
 
 T = TypeVar("T")
 # What consumes one leg's decode answer: (backend, reply, taken) -> its result; it calls

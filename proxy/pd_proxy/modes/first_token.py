@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -29,13 +30,14 @@ from pd_proxy.http.connection import Reply
 from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse, relay_events
 from pd_proxy.http.sse import SSE_TYPE
 from pd_proxy.http.upstream import Fields
-from pd_proxy.legs import CLIENT_GONE, Call, Legs, Trace, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Call, Legs, is_event_stream
 from pd_proxy.modes import first_token_rewrite as ft
 from pd_proxy.modes.normal import NormalMode
 from pd_proxy.rewrite import JSON_TYPE, decode_payload, dumps, loads
 from pd_proxy.route import Route
 from pd_proxy.routing.block_size import BlockSizes
 from pd_proxy.routing.pool import Backend
+from pd_proxy.tracing import Trace
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -225,7 +227,7 @@ class FirstTokenMode:
                 backend,
                 legs.metrics,
                 legs.config.decode_timeout,
-                lambda: legs.first_byte(start, trace),
+                partial(trace.first_byte, start, legs.metrics),
             )
 
         try:

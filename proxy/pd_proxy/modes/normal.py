@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pd_proxy.legs import Call, Legs, Trace
+from pd_proxy.legs import Call, Legs
 from pd_proxy.rewrite import decode_payload, dumps, kv_params_from_prefill, prefill_body
 from pd_proxy.route import Route
+from pd_proxy.tracing import Trace
 
 
 class NormalMode:

@@ -24,10 +24,11 @@ from pd_proxy.routing.cache.extra import request_keys  # pure: no library of the
 from pd_proxy.routing.token_count import TokenCounter
 
 if TYPE_CHECKING:
-    from pd_proxy.legs import Call, Legs, Trace
+    from pd_proxy.legs import Call, Legs
     from pd_proxy.routing.cache.follow import CacheFollower
     from pd_proxy.routing.cache.metrics import CacheMetrics
     from pd_proxy.routing.cache.router import CacheRouter
+    from pd_proxy.tracing import Trace
 
 Job = tuple[str, Callable[[aiohttp.ClientSession], Coroutine[Any, Any, None]]]
 

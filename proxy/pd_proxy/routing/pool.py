@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import aiohttp
 from yarl import URL
@@ -134,11 +134,11 @@ class BackendPool:
         self.chooser = Chooser()
 
     def pick(
-        self, exclude: Backend | None = None, only: Callable[[Backend], bool] | None = None
+        self, exclude: Backend | None = None, among: Collection[Backend] | None = None
     ) -> Backend | None:
         """The backend for a leg: ``chooser`` among the healthy ones (not ``exclude``; with
-        ``only``, those it accepts: admission's room), in rotation order; a probing one only
-        while it has nothing in flight, unless no other is healthy."""
+        ``among``, only those: admission's replicas with room), in rotation order; a probing one
+        only while it has nothing in flight, unless no other is healthy."""
         backends = self.backends
         n = len(backends)
         start = self._next
@@ -146,7 +146,7 @@ class BackendPool:
         spare: list[Backend] = []  # busy probing backends: the last resort
         for i in range(start, start + n):
             b = backends[i % n]
-            if b.healthy and b is not exclude and (only is None or only(b)):
+            if b.healthy and b is not exclude and (among is None or b in among):
                 (spare if b.probing and b.outstanding else candidates).append(b)
         if not candidates:
             if not spare:

@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pd_proxy.errors import ProxyError
+from pd_proxy.legs import read_whole
 from pd_proxy.rewrite import COMPLETIONS, dumps, loads
 
 if TYPE_CHECKING:
-    from pd_proxy.http.connection import Reply
-    from pd_proxy.legs import Call, Legs, Trace
+    from pd_proxy.legs import Call, Legs
     from pd_proxy.routing.cache.metrics import CacheMetrics
-    from pd_proxy.routing.pool import Backend
+    from pd_proxy.tracing import Trace
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -143,15 +143,12 @@ class TokenCounter:
         if request is None:
             return None
 
-        async def read(backend: Backend, resp: Reply) -> tuple[int, bytes]:
-            return resp.status, await resp.read()
-
         # The least busy decode, without moving the pool's round-robin: otherwise the count and
         # the request would alternate in step and every request land on the same decode.
         healthy = [b for b in self.legs.decode_pool.backends if b.healthy]
         least = min(healthy, key=lambda b: b.outstanding) if healthy else None
         try:
-            status, data = await self.legs.exchange(
+            _, status, data, _ = await self.legs.exchange(
                 self.legs.decode_pool,
                 TOKENIZE,
                 dumps(request),
@@ -159,7 +156,7 @@ class TokenCounter:
                 self.timeout,
                 None,
                 trace,
-                read,
+                read_whole,
                 want=least,
             )
             return ids_from_answer(data) if status == 200 else None
