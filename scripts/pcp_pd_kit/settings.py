@@ -122,6 +122,16 @@ class StackSettings:
     proxy_prefill_timeout_s: float
     proxy_decode_timeout_s: float
     local_prefill_max_tokens: int
+    admission: bool
+    prefill_max_inflight: int
+    prefill_max_tokens: int
+    decode_max_inflight: int
+    decode_max_pending_pulls: int
+    queue_size: int
+    queue_timeout_s: float
+    flow_header: str
+    client_priority: bool
+    api_key_file: str
     eval_request_timeout_s: float
     kv_connector: str
     kv_connector_module_path: str
@@ -185,6 +195,18 @@ ENV_KEYS: dict[str, str] = {
     "PROXY_PREFILL_TIMEOUT_S": "proxy_prefill_timeout_s",
     "PROXY_DECODE_TIMEOUT_S": "proxy_decode_timeout_s",
     "LOCAL_PREFILL_MAX_TOKENS": "local_prefill_max_tokens",
+    # Admission: the switch, timeout, flow header and priority are every stack's; the limits are
+    # the CPU ones (the compose cpu profile reads the same).
+    "PROXY_ADMISSION": "admission",
+    "CPU_PROXY_PREFILL_MAX_INFLIGHT": "prefill_max_inflight",
+    "CPU_PROXY_PREFILL_MAX_TOKENS": "prefill_max_tokens",
+    "CPU_PROXY_DECODE_MAX_INFLIGHT": "decode_max_inflight",
+    "CPU_PROXY_DECODE_MAX_PENDING_PULLS": "decode_max_pending_pulls",
+    "CPU_PROXY_QUEUE_SIZE": "queue_size",
+    "PROXY_QUEUE_TIMEOUT_S": "queue_timeout_s",
+    "PROXY_FLOW_HEADER": "flow_header",
+    "PROXY_CLIENT_PRIORITY": "client_priority",
+    "LOCAL_API_KEY_FILE": "api_key_file",
     "EVAL_REQUEST_TIMEOUT_S": "eval_request_timeout_s",
     "KV_CONNECTOR": "kv_connector",
     "KV_CONNECTOR_MODULE_PATH": "kv_connector_module_path",
@@ -195,9 +217,27 @@ ENV_KEYS: dict[str, str] = {
     "DEMO_EXPECTED_SCORE": "demo_expected_score",
 }
 # Keys whose empty value means something (the tiny model; the served name derived from the model;
-# no extra KV connectors).
+# no extra KV connectors; no flow header; no client key).
 # Any other knob set empty most likely means a broken .env, and guessing would hide that.
-MAY_BE_EMPTY = frozenset({"MODEL", "LOCAL_SERVED_MODEL_NAME", "KV_EXTRA_CONNECTORS"})
+MAY_BE_EMPTY = frozenset(
+    {
+        "MODEL",
+        "LOCAL_SERVED_MODEL_NAME",
+        "KV_EXTRA_CONNECTORS",
+        "PROXY_FLOW_HEADER",
+        "LOCAL_API_KEY_FILE",
+    }
+)
+# The variable pd-proxy reads its client key file from: set in the environment of `make up` with
+# LOCAL_API_KEY_FILE empty, it is the local stack's key file (the proxy would read it anyway).
+PROXY_KEY_FILE_VARIABLE = "PD_PROXY_API_KEY_FILE"
+# The admission limits per replica, where 0 means none.
+ADMISSION_COUNTS = {
+    "CPU_PROXY_PREFILL_MAX_INFLIGHT": "prefill_max_inflight",
+    "CPU_PROXY_PREFILL_MAX_TOKENS": "prefill_max_tokens",
+    "CPU_PROXY_DECODE_MAX_INFLIGHT": "decode_max_inflight",
+    "CPU_PROXY_DECODE_MAX_PENDING_PULLS": "decode_max_pending_pulls",
+}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -240,6 +280,8 @@ def settings_from_env(env: Mapping[str, str]) -> StackSettings:
             raise SettingsError(f"{env_key} is set but empty: set a value or unset it in .env")
         kind = type_of[str(kinds[field_name])]
         values[field_name] = _convert(env_key, raw, kind)
+    if not values["api_key_file"]:
+        values["api_key_file"] = env.get(PROXY_KEY_FILE_VARIABLE, "").strip()
     settings = StackSettings(**values)  # type: ignore[arg-type]
     validate(settings)
     return settings
@@ -290,6 +332,11 @@ def validate(s: StackSettings) -> None:
         raise SettingsError("MAX_MODEL_LEN must be at least one block")
     if s.local_prefill_max_tokens < 0:
         raise SettingsError("LOCAL_PREFILL_MAX_TOKENS must be >= 0 (0: every request P/D)")
+    for env_key, field_name in ADMISSION_COUNTS.items():
+        if getattr(s, field_name) < 0:
+            raise SettingsError(f"{env_key} must be >= 0 (0: no limit)")
+    if s.queue_size < 0:
+        raise SettingsError("CPU_PROXY_QUEUE_SIZE must be >= 0 (0: refuse when there is no room)")
     if s.prefix_cache_routing not in CACHE_ROUTING_MODES:
         raise SettingsError(
             f"PREFIX_CACHE_ROUTING={s.prefix_cache_routing!r}: expected one of "
@@ -321,6 +368,7 @@ def validate(s: StackSettings) -> None:
         "proxy_prefill_timeout_s",
         "proxy_decode_timeout_s",
         "eval_request_timeout_s",
+        "queue_timeout_s",
     ):
         if getattr(s, name) <= 0:
             env_key = next(k for k, v in ENV_KEYS.items() if v == name)

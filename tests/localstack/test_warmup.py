@@ -108,7 +108,7 @@ def test_stack_warms_only_a_whole_pd_path(
     monkeypatch.setattr("pcp_pd_kit.localstack.stack.ManagedProcess", FakeProcess)
     monkeypatch.setattr("pcp_pd_kit.localstack.stack.wait_healthy", lambda procs, timeout: None)
     monkeypatch.setattr(
-        warmup, "proxy_sender", lambda url, model, timeout_s: lambda: sent.append(url)
+        warmup, "proxy_sender", lambda url, model, timeout_s, *rest: lambda: sent.append(url)
     )
     stack.start()
     assert sent == ([stack.urls["proxy"]] if warms else [])

@@ -219,6 +219,10 @@ def proxy_spec(
         "--prefix-cache-routing",
         settings.prefix_cache_routing if settings.prefix_caching else "off",
     ]
+    argv += admission_args(settings)
+    if settings.api_key_file:
+        # Client keys: the file's path only (pd-proxy reads it, and re-reads it when it changes).
+        argv += ["--api-key-file", settings.api_key_file]
     if tokenizer is not None:
         argv += ["--tokenizer", tokenizer]
     if first_token_port is not None:
@@ -228,6 +232,34 @@ def proxy_spec(
         argv=argv,
         health_url=f"{settings.url(port)}/health",
     )
+
+
+def admission_args(settings: StackSettings) -> list[str]:
+    """pd-proxy's admission flags: the CPU limits per replica (CPU_PROXY_*), the queue's bounds,
+    and who a flow is (a trusted header, a request's own priority); ``--no-admission`` alone
+    when PROXY_ADMISSION is off."""
+    if not settings.admission:
+        return ["--no-admission"]
+    argv = [
+        "--admission",
+        "--prefill-max-inflight",
+        str(settings.prefill_max_inflight),
+        "--prefill-max-tokens",
+        str(settings.prefill_max_tokens),
+        "--decode-max-inflight",
+        str(settings.decode_max_inflight),
+        "--decode-max-pending-pulls",
+        str(settings.decode_max_pending_pulls),
+        "--queue-size",
+        str(settings.queue_size),
+        "--queue-timeout",
+        f"{settings.queue_timeout_s:g}",
+    ]
+    if settings.flow_header:
+        argv += ["--flow-header", settings.flow_header]
+    if settings.client_priority:
+        argv.append("--client-priority")
+    return argv
 
 
 def prometheus_spec(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from pcp_pd_kit.localstack.demo_task import DemoTask, gsm8k_task
+from pcp_pd_kit.localstack.keys import EVAL_KEY_VARIABLE
 from pcp_pd_kit.localstack.live import live_checks
 from pcp_pd_kit.localstack.process import signal_group
 from pcp_pd_kit.localstack.report import Check
@@ -102,6 +103,8 @@ def run_eval(
         log.error("%s is missing", script)
         return EvalResult(127, 0.0, log_path)
     env = {**os.environ, **task.eval_env}
+    if target == "proxy" and stack.client_key is not None:
+        env[EVAL_KEY_VARIABLE] = stack.client_key  # the proxy wants a key; the reference none
     start = time.monotonic()
     log.info("running %s on %s against the %s (limit %d)", script.name, task.label, target, limit)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,5 +179,7 @@ def demo_checks(
             f"exited: {', '.join(dead)} (logs in {stack.log_dir})" if dead else "all running",
         )
     )
-    checks.extend(live_checks(stack.urls, stack.settings.prefill_pcp_size))
+    checks.extend(
+        live_checks(stack.urls, stack.settings.prefill_pcp_size, proxy_headers=stack.proxy_headers)
+    )
     return checks, result

@@ -43,8 +43,9 @@ def _fetch(request: urllib.request.Request | str, timeout_s: float) -> tuple[int
         raise HttpError(url, None, str(exc)) from None
 
 
-def get_text(url: str, timeout_s: float = 10.0) -> str:
-    return _fetch(url, timeout_s)[1]
+def get_text(url: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> str:
+    """The body of a GET; ``headers``: e.g. the proxy's client key (keys.auth_headers)."""
+    return _fetch(urllib.request.Request(url, headers=headers or {}), timeout_s)[1]
 
 
 def _decode_json(url: str, status: int | None, text: str) -> Any:
@@ -61,20 +62,25 @@ def get_json(url: str, params: dict[str, str] | None = None, timeout_s: float = 
     return _decode_json(url, *_fetch(url, timeout_s))
 
 
-def post_json(url: str, payload: dict[str, Any], timeout_s: float = 300.0) -> Any:
+def post_json(
+    url: str,
+    payload: dict[str, Any],
+    timeout_s: float = 300.0,
+    headers: dict[str, str] | None = None,
+) -> Any:
     request = urllib.request.Request(
         url,
         data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **(headers or {})},
         method="POST",
     )
     return _decode_json(url, *_fetch(request, timeout_s))
 
 
-def scrape(url: str) -> list[Sample]:
+def scrape(url: str, headers: dict[str, str] | None = None) -> list[Sample]:
     """Parsed /metrics of one server; an unreadable or unparsable page raises HttpError."""
     metrics_url = f"{url}/metrics"
-    text = get_text(metrics_url)
+    text = get_text(metrics_url, headers=headers)
     try:
         return parse_metrics(text)
     except ValueError as exc:
@@ -182,15 +188,21 @@ def prefill_view(prometheus_url: str) -> report.PrefillView:
     )
 
 
-def live_checks(urls: dict[str, str], pcp: int, settle_timeout_s: float = 60.0) -> list[Check]:
-    """Every report check, read from the running proxy, decode and Prometheus.
+def live_checks(
+    urls: dict[str, str],
+    pcp: int,
+    settle_timeout_s: float = 60.0,
+    proxy_headers: dict[str, str] | None = None,
+) -> list[Check]:
+    """Every report check, read from the running proxy (with ``proxy_headers``: its client key),
+    decode and Prometheus.
 
     The dedup invariants are read back from Prometheus after prefill settled and Prometheus
     scraped it once more, so they compare the finished traffic, not a sample taken mid-flight.
     """
     checks: list[Check] = []
     try:
-        checks.append(report.requests_served(scrape(urls["proxy"])))
+        checks.append(report.requests_served(scrape(urls["proxy"], proxy_headers)))
     except HttpError as exc:
         checks.append(Check("proxy served requests", False, str(exc)))
     try:

@@ -26,28 +26,41 @@ def scrape_targets(settings: StackSettings) -> dict[str, str]:
     }
 
 
-def render_config(settings: StackSettings, rule_files: list[Path]) -> str:
-    """prometheus.yml text; rule_files are absolute paths (Prometheus resolves them itself)."""
+def render_config(
+    settings: StackSettings, rule_files: list[Path], proxy_credentials: Path | None = None
+) -> str:
+    """prometheus.yml text; rule_files are absolute paths (Prometheus resolves them itself).
+    ``proxy_credentials``: a file holding the proxy's client key, sent as a bearer token when the
+    proxy takes keys (its /metrics is behind them)."""
     interval = f"{settings.prometheus_scrape_interval_s:g}s"
+    jobs: list[dict[str, object]] = []
+    for job, target in scrape_targets(settings).items():
+        scrape: dict[str, object] = {
+            "job_name": job,
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": [target], "labels": {"stack": "local"}}],
+        }
+        if job == "proxy" and proxy_credentials is not None:
+            scrape["authorization"] = {
+                "type": "Bearer",
+                "credentials_file": str(proxy_credentials),
+            }
+        jobs.append(scrape)
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [
-            {
-                "job_name": job,
-                "metrics_path": "/metrics",
-                "static_configs": [{"targets": [target], "labels": {"stack": "local"}}],
-            }
-            for job, target in scrape_targets(settings).items()
-        ],
+        "scrape_configs": jobs,
     }
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def write_config(settings: StackSettings, out_dir: Path, repo: Path) -> Path:
+def write_config(
+    settings: StackSettings, out_dir: Path, repo: Path, proxy_credentials: Path | None = None
+) -> Path:
     """Write prometheus.yml under out_dir and return its path; alerts.yml is loaded if present."""
     alerts = repo / "compose" / "prometheus" / "alerts.yml"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "prometheus.yml"
-    path.write_text(render_config(settings, [alerts.resolve()] if alerts.is_file() else []))
+    rules = [alerts.resolve()] if alerts.is_file() else []
+    path.write_text(render_config(settings, rules, proxy_credentials))
     return path

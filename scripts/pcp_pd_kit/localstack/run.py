@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -30,6 +31,14 @@ def cmd_up(settings: StackSettings) -> int:
 def cmd_demo(settings: StackSettings, limit: int) -> int:
     wall_start = time.monotonic()
     settings, task = choose(settings, repo_root())
+    if settings.local_prefill_max_tokens:
+        # The demo proves the P/D path (its report reads the KV that crossed NIXL): its short
+        # questions would otherwise go to decode alone (LOCAL_PREFILL_MAX_TOKENS).
+        log.info(
+            "the demo sends every question P/D (LOCAL_PREFILL_MAX_TOKENS=%d ignored)",
+            settings.local_prefill_max_tokens,
+        )
+        settings = dataclasses.replace(settings, local_prefill_max_tokens=0)
     limit = task.limit or limit
     stack = Stack(settings)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.localstack import commands, host, prometheus_config, warmup
+from pcp_pd_kit.localstack import commands, host, keys, prometheus_config, warmup
 from pcp_pd_kit.localstack.host import run_dir
 from pcp_pd_kit.localstack.model_source import ResolvedModel, resolve_model, tokenizer_folder
 from pcp_pd_kit.localstack.process import (
@@ -76,6 +76,8 @@ class Stack:
         # warm=False leaves the first request to the caller (the first-request test's A/B).
         self.warm = warm
         self.warmup: warmup.WarmupResult | None = None
+        # The proxy's client key the stack's own requests send (LOCAL_API_KEY_FILE's first).
+        self.client_key = keys.client_key(settings.api_key_file)
         self._atexit_registered = False
 
     # --- URLs -------------------------------------------------------------------------------
@@ -92,6 +94,11 @@ class Stack:
             LOCAL_PREFILL_PROXY: s.url(self.local_prefill_proxy_port),
         }
         return {name: url for name, url in all_urls.items() if name in self.parts}
+
+    @property
+    def proxy_headers(self) -> dict[str, str]:
+        """What a request to the stack's proxy sends besides its body: the client key, if any."""
+        return keys.auth_headers(self.client_key)
 
     @property
     def served_model_name(self) -> str:
@@ -148,7 +155,10 @@ class Stack:
                     "apt-get install prometheus)"
                 )
             prom_dir = self.work_dir / "prometheus"
-            config = prometheus_config.write_config(s, prom_dir, self.repo)
+            credentials = None
+            if self.client_key is not None:
+                credentials = keys.write_credentials(self.client_key, prom_dir / "proxy_key")
+            config = prometheus_config.write_config(s, prom_dir, self.repo, credentials)
             data = prom_dir / "data"
             shutil.rmtree(data, ignore_errors=True)  # a fresh TSDB: the report reads this run
             return commands.prometheus_spec(s, config, data, binary)
@@ -188,7 +198,13 @@ class Stack:
         # The proxy's own limits end a stalled try (its 504); ours only backs them up.
         timeout_s = 2 * s.proxy_connect_timeout_s + s.proxy_prefill_timeout_s
         timeout_s += s.proxy_decode_timeout_s + 10.0
-        send = warmup.proxy_sender(self.urls["proxy"], self.served_model_name, timeout_s)
+        send = warmup.proxy_sender(
+            self.urls["proxy"],
+            self.served_model_name,
+            timeout_s,
+            s.local_prefill_max_tokens,
+            self.proxy_headers,
+        )
         try:
             self.warmup = warmup.warm_up(send)
         except warmup.WarmupError as exc:

@@ -8,6 +8,10 @@ once in a while it got no answer at all (the proxy's 504 at its decode limit) wh
 request was fine. Start-up now sends that first request itself, through the same proxy, prefill
 and decode a client uses, and retries it, so the first client request finds the path open.
 
+The request must go P/D to open that path: its prompt is longer than the proxy's
+LOCAL_PREFILL_MAX_TOKENS (a shorter one would go to decode alone), and it sends the stack's client
+key when the proxy wants one.
+
 The loop is pure (``warm_up`` takes the sender); ``proxy_sender`` is the real request.
 """
 
@@ -23,6 +27,8 @@ from pcp_pd_kit.localstack.live import HttpError, post_json
 log = logging.getLogger("pcp_pd_kit.localstack")
 
 PROMPT = "Warm-up: 1, 2, 3,"
+# Numbers past the local-prefill limit: each ", N" is at least one token in any tokenizer.
+MARGIN = 16
 MAX_TOKENS = 4
 ATTEMPTS = 3
 PAUSE_S = 1.0  # between a failed attempt and the next
@@ -70,11 +76,27 @@ def warm_up(
     )
 
 
-def proxy_sender(proxy_url: str, model: str, timeout_s: float) -> Callable[[], None]:
-    """A greedy completion through the proxy (prefill leg, KV over NIXL, decode leg)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+def warmup_prompt(local_prefill_max_tokens: int) -> str:
+    """PROMPT, counted on past ``local_prefill_max_tokens`` tokens so the proxy sends it P/D."""
+    if local_prefill_max_tokens <= 0:
+        return PROMPT
+    count = local_prefill_max_tokens + MARGIN
+    return "Warm-up: " + ", ".join(str(n) for n in range(1, count + 1)) + ","
+
+
+def proxy_sender(
+    proxy_url: str,
+    model: str,
+    timeout_s: float,
+    local_prefill_max_tokens: int = 0,
+    headers: dict[str, str] | None = None,
+) -> Callable[[], None]:
+    """A greedy completion through the proxy (prefill leg, KV over NIXL, decode leg): a prompt
+    the proxy sends P/D, with ``headers`` (the stack's client key, keys.auth_headers)."""
+    prompt = warmup_prompt(local_prefill_max_tokens)
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
 
     def send() -> None:
-        post_json(f"{proxy_url}/v1/completions", body, timeout_s=timeout_s)
+        post_json(f"{proxy_url}/v1/completions", body, timeout_s=timeout_s, headers=headers)
 
     return send
