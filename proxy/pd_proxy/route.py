@@ -41,6 +41,20 @@ class Route:
     def prompt_tokens(self) -> int | None:
         return None if self.token_ids is None else len(self.token_ids)
 
+    def placed(self, decode: Backend | None, prefill: Backend | None) -> Route:
+        """This route with its replicas settled (admission's choice where the plan left it)."""
+        if decode is self.decode and prefill is self.prefill:
+            return self
+        return Route(
+            self.path,
+            self.reason,
+            decode,
+            prefill,
+            self.token_ids,
+            self.decode_hit,
+            self.prefill_hit,
+        )
+
     @property
     def uncached_tokens(self) -> int | None:
         """Prompt tokens the path's first replica must compute (the prefill's on P/D)."""

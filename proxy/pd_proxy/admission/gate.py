@@ -21,7 +21,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pd_proxy.admission.fair_queue import FairQueue, Ticket
 from pd_proxy.admission.metrics import (
@@ -207,7 +207,7 @@ class Gate:
 
     def _check_healthy(self, pd: bool) -> None:
         for role in ROLES if pd else ("decode",):
-            if not self._healthy(role):
+            if not any(b.healthy and not b.draining for b in self.pools[role].backends):
                 self.metrics.count(REFUSED, NO_BACKEND)
                 down = ", ".join(self.pools[role].down()) or "none"
                 raise Refused(
@@ -239,7 +239,7 @@ class Gate:
         use.requests += 1
         if pd:
             use.pulls += 1
-        placed = replace(route, decode=decode, prefill=prefill if pd else route.prefill)
+        placed = route.placed(decode, prefill if pd else route.prefill)
         return placed, Lease(self, None if prefill is None else prefill.url, decode.url, tokens, pd)
 
     def _choose(
@@ -247,7 +247,10 @@ class Gate:
     ) -> Backend | None:
         if chosen is not None and chosen.healthy and not chosen.draining:
             return chosen if fits(chosen) else None
-        room = [b for b in self._healthy(role) if fits(b)]
+        healthy = self._healthy(role)
+        room = [b for b in healthy if fits(b)]
+        if len(room) == len(healthy):  # room everywhere: the pool's own choice, as without
+            return self.pools[role].pick()
         return self.pools[role].pick(among=room) if room else None
 
     def give_prefill(self, url: str, tokens: int, finished: bool = True) -> None:
