@@ -73,6 +73,9 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeS
         VLLM_START_PERIOD="10m",
         # Not the default subnet, so a deployment of the user's own can run beside the tests.
         PD_SUBNET="172.29.251.0/24",
+        # Every prompt takes the P/D path, short ones too: the checks here read the prefill's
+        # work and the KV that crossed NIXL (decode alone has its own tests, tests/e2e).
+        LOCAL_PREFILL_MAX_TOKENS="0",
     )
     stack = ComposeStack(
         env=env,

@@ -452,6 +452,9 @@ async def test_endpoints_file_add_remove_and_bad_edits(tmp_path, caplog):
         async with proxy(endpoints_file=str(path)) as s:
             pool = s.proxy.decode_pool
             assert [b.url for b in pool.backends] == [d0]
+            # A discovered backend joins unhealthy until a check passes; on a loaded host the
+            # first round can end after start-up's bounded wait for it.
+            await until(lambda: pool.backends[0].healthy, "d0 to pass its first check")
             for i in range(2):
                 assert await complete(s, i) is None
 
