@@ -33,9 +33,9 @@ from aiohttp import web
 
 from pd_proxy.admission.gate import Flow
 from pd_proxy.admission.setup import build_gate
-from pd_proxy.api.auth import ANONYMOUS, BackendKey, Client, ClientKeys
+from pd_proxy.api.auth import ANONYMOUS, BackendKey, Client, ClientKeys, unauthorized
 from pd_proxy.config import ProxyConfig
-from pd_proxy.errors import Passthrough, ProxyError, error_response, unauthorized_response
+from pd_proxy.errors import Passthrough, ProxyError, error_response
 from pd_proxy.fields import estimated_tokens, read_fields, request_priority
 from pd_proxy.http.upstream import Upstream
 from pd_proxy.legs import CLIENT_GONE, Call, Legs
@@ -99,7 +99,7 @@ class Pipeline:
         if self.client_keys is not None:
             found = self.client_keys.identify(request.headers.get("Authorization"))
             if isinstance(found, str):
-                return self._unauthorized(request, endpoint, found)
+                return unauthorized(request, found, self.metrics, endpoint)
             client = found
         start = time.perf_counter()
         metrics = self.metrics
@@ -235,19 +235,6 @@ class Pipeline:
                 _ms(trace.ttfb_s),
                 elapsed * 1e3,
             )
-
-    def _unauthorized(self, request: web.Request, endpoint: str, problem: str) -> web.Response:
-        """A bad or missing key: a 401, counted and logged, and no backend touched."""
-        self.metrics.count_request(endpoint, 401)
-        if log.isEnabledFor(logging.INFO):
-            log.info(
-                "rid=- %s %s status=401 from=%s: %s",
-                request.method,
-                request.path,
-                request.remote,
-                problem,
-            )
-        return unauthorized_response(problem)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes

@@ -30,12 +30,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.api.auth import BackendKey, ClientKeys, KeyFileError
+from pd_proxy.api.auth import BackendKey, ClientKeys, KeyFileError, unauthorized
 from pd_proxy.api.canary import Canary
 from pd_proxy.api.side import SideEndpoints, metrics_page, not_found
 from pd_proxy.config import ConfigError, ProxyConfig
 from pd_proxy.discovery.watch import Discovery, Resolver
-from pd_proxy.errors import error_response, unauthorized_response
+from pd_proxy.errors import error_response
 from pd_proxy.http.upstream import Upstream
 from pd_proxy.metrics import SYNC_INTERVAL_S, ProxyMetrics
 from pd_proxy.pipeline import Pipeline
@@ -290,17 +290,7 @@ def _require_key(
         problem = keys.check(request.headers.get("Authorization"))
         if problem is None:
             return await handler(request)
-        if endpoint is not None:
-            metrics.count_request(endpoint, 401)
-        if request_log.isEnabledFor(logging.INFO):
-            request_log.info(
-                "rid=- %s %s status=401 from=%s: %s",
-                request.method,
-                request.path,
-                request.remote,
-                problem,
-            )
-        return unauthorized_response(problem)
+        return unauthorized(request, problem, metrics, endpoint)
 
     return guarded
 

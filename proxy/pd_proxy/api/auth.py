@@ -24,10 +24,18 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
 
 from pd_proxy.config.textfile import TextFileError, read_text
+from pd_proxy.errors import unauthorized_response
+
+if TYPE_CHECKING:
+    from pd_proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("pd_proxy.api.auth")
+request_log = logging.getLogger("pd_proxy.request")
 
 RELOAD_INTERVAL_S = 1.0
 MISSING_KEY = "missing API key: send the header 'Authorization: Bearer <key>'"
@@ -226,3 +234,21 @@ class BackendKey(KeyFile):
         """The ``Authorization`` value for a backend request."""
         self.refresh()
         return self._header
+
+
+def unauthorized(
+    request: web.Request, problem: str, metrics: ProxyMetrics, endpoint: str | None
+) -> web.Response:
+    """A bad or missing client key: a 401, counted (for an endpoint the metrics name) and logged
+    in the request log, and no backend touched."""
+    if endpoint is not None:
+        metrics.count_request(endpoint, 401)
+    if request_log.isEnabledFor(logging.INFO):
+        request_log.info(
+            "rid=- %s %s status=401 from=%s: %s",
+            request.method,
+            request.path,
+            request.remote,
+            problem,
+        )
+    return unauthorized_response(problem)
