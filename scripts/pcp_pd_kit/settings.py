@@ -25,6 +25,7 @@ from pcp_nixl_connector.extra_connectors import parse_extra_connectors
 from pcp_pd_kit import repo_root
 from pd_proxy.config import CACHE_ROUTING_MODES
 from pd_proxy.timeouts import KIT_NAMES, ProxyLimits, timeout_problems
+from pd_proxy.tracing import PROTOCOLS as OTLP_PROTOCOLS
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -132,6 +133,8 @@ class StackSettings:
     flow_header: str
     client_priority: bool
     api_key_file: str
+    otlp_traces_endpoint: str
+    otlp_traces_protocol: str
     eval_request_timeout_s: float
     kv_connector: str
     kv_connector_module_path: str
@@ -207,6 +210,9 @@ ENV_KEYS: dict[str, str] = {
     "PROXY_FLOW_HEADER": "flow_header",
     "PROXY_CLIENT_PRIORITY": "client_priority",
     "LOCAL_API_KEY_FILE": "api_key_file",
+    # Request tracing, every stack's (OpenTelemetry's own names): empty endpoint, off.
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "otlp_traces_endpoint",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "otlp_traces_protocol",
     "EVAL_REQUEST_TIMEOUT_S": "eval_request_timeout_s",
     "KV_CONNECTOR": "kv_connector",
     "KV_CONNECTOR_MODULE_PATH": "kv_connector_module_path",
@@ -217,7 +223,7 @@ ENV_KEYS: dict[str, str] = {
     "DEMO_EXPECTED_SCORE": "demo_expected_score",
 }
 # Keys whose empty value means something (the tiny model; the served name derived from the model;
-# no extra KV connectors; no flow header; no client key).
+# no extra KV connectors; no flow header; no client key; no tracing).
 # Any other knob set empty most likely means a broken .env, and guessing would hide that.
 MAY_BE_EMPTY = frozenset(
     {
@@ -226,6 +232,7 @@ MAY_BE_EMPTY = frozenset(
         "KV_EXTRA_CONNECTORS",
         "PROXY_FLOW_HEADER",
         "LOCAL_API_KEY_FILE",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     }
 )
 # The variable pd-proxy reads its client key file from: set in the environment of `make up` with
@@ -356,6 +363,11 @@ def validate(s: StackSettings) -> None:
                 f"LOCAL_HOST={s.host!r}: must be an IPv4 address while PREFIX_CACHING is on (the "
                 "KV-event publishers bind it; commands.kv_events_endpoint)"
             ) from None
+    if s.otlp_traces_protocol not in OTLP_PROTOCOLS:
+        raise SettingsError(
+            f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={s.otlp_traces_protocol!r}: expected one of "
+            f"{', '.join(OTLP_PROTOCOLS)}"
+        )
     if s.nixl_progress_delay_us < 0:
         raise SettingsError("NIXL_PROGRESS_DELAY_US must be >= 0")
     if s.kv_lease_s < 6:

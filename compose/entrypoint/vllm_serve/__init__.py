@@ -13,6 +13,7 @@ Kubernetes pods the same from their ConfigMap. One module per concern:
     environment.py      vLLM's environment (side-channel host, devices, secrets)
     kv_config.py        --kv-transfer-config from the KIT_KV_* variables
     kv_events.py        --kv-events-config for pd-proxy's cache index
+    tracing.py          --otlp-traces-endpoint, the protocol and this replica's service name
     cpu_topology.py     a CPU server's PCP/EP flags, cores and prefix-caching switch
     switches.py         the one on/off parser (ENFORCE_EAGER)
     command.py          the vLLM command line

@@ -94,6 +94,25 @@ def kv_events_config(settings: StackSettings, role: Role) -> dict[str, object] |
     }
 
 
+def tracing_env(settings: StackSettings, service: str) -> dict[str, str]:
+    """OpenTelemetry's variables for one process of the stack when
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (else none): the endpoint and protocol every process
+    shares, and ``service``, its own name in a trace (docs/tracing.md)."""
+    if not settings.otlp_traces_endpoint:
+        return {}
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": settings.otlp_traces_endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": settings.otlp_traces_protocol,
+        "OTEL_SERVICE_NAME": service,
+    }
+
+
+def vllm_service_name(role: Role) -> str:
+    """A server's service name in a trace: its role and replica, as compose names replica n
+    (the local stack runs one of each: 1); the reference has no replicas."""
+    return "vllm-reference" if role == "reference" else f"vllm-{role}-1"
+
+
 def vllm_server_spec(
     settings: StackSettings, role: Role, model: str, served_model_name: str, repo: Path
 ) -> ProcessSpec:
@@ -162,6 +181,10 @@ def vllm_server_spec(
         # Triton's interpreter (docs/cpu.md).
         **topology_env,
     }
+    if settings.otlp_traces_endpoint:
+        # vLLM traces requests only with the flag (the variables alone give start-up spans).
+        argv += ["--otlp-traces-endpoint", settings.otlp_traces_endpoint]
+        env.update(tracing_env(settings, vllm_service_name(role)))
     if role in KV_ROLES:
         side_channel = (
             settings.prefill_side_channel_port
@@ -230,6 +253,8 @@ def proxy_spec(
     return ProcessSpec(
         name="proxy" if first_token_port is None else "proxy-first-token",
         argv=argv,
+        # Tracing: the servers' endpoint and protocol (pd-proxy reads OTEL_* itself).
+        env=tracing_env(settings, "pd-proxy"),
         health_url=f"{settings.url(port)}/health",
     )
 

@@ -31,6 +31,7 @@ from .replica import Placement, looked_up_index, placement
 from .slots import SLOT_DIR_ENV, Lease, pinned_slot, take_slot
 from .stop_flag import StopFlag
 from .supervise import supervise
+from .tracing import TRACES_FLAG
 from .transport import kv_transport_setup
 from .transport_check import CHECK_ENV, check_kv_transport, check_mode
 
@@ -123,5 +124,10 @@ def print_start_lines(
         print(f"vllm_serve: {KV_EVENTS_FLAG} {cmd[cmd.index(KV_EVENTS_FLAG) + 1]}")
     elif env.get(KV_EVENTS_PORT_ENV, "").strip():
         print("vllm_serve: no KV events: prefix caching is off")
+    if TRACES_FLAG in cmd:
+        print(
+            f"vllm_serve: tracing to {cmd[cmd.index(TRACES_FLAG) + 1]} "
+            f"({env.get('OTEL_EXPORTER_OTLP_TRACES_PROTOCOL')}) as {env.get('OTEL_SERVICE_NAME')}"
+        )
     print(f"vllm_serve: {KV_FLAG} {cmd[-1]}")
     sys.stdout.flush()
