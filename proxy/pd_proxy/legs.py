@@ -216,9 +216,10 @@ class Legs:
                 try:
                     result = await consume(backend, resp)
                 finally:
+                    status = resp.status  # release() resets it when the connection is reused
                     resp.release()  # closes the connection if the body was not read to the end
                     if span is not None:
-                        end_leg(span, resp.status)
+                        end_leg(span, status)
                         span = None
                 if backend.probing:
                     Breaker.proved(backend)
