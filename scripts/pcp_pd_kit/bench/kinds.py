@@ -31,6 +31,7 @@ KINDS: dict[str, str] = {
     "xpyd": "pcp_pd_kit.bench.xpyd",
     "cache": "pcp_pd_kit.bench.cache",
     "prefix-ttft": "pcp_pd_kit.bench.prefix_ttft",
+    "overload": "pcp_pd_kit.bench.overload",
 }
 
 
