@@ -1,7 +1,7 @@
 """Admission: a request starts only when its route has room, else it waits in a bounded, fair
 queue, else it is refused at once with ``Retry-After``.
 
-- ``fair_queue``: the queued requests, by priority band, then weighted deficit round robin over
+- ``fair_queue``: the queued requests, by priority band, then start-time fair queuing over
   flows by token cost (pure);
 - ``room``: what each replica has in flight (requests, prompt tokens, KV waiting for a decode's
   pull) against the limits, and the replica with most room (pure);
