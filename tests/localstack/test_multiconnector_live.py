@@ -80,7 +80,13 @@ def multi_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         }
     ]
     env = {**example_env(), **os.environ, "KV_EXTRA_CONNECTORS": json.dumps(extra)}
-    return dataclasses.replace(settings_from_env(env), **PORTS)  # type: ignore[arg-type]
+    # Every prompt here is short: the proxy must not serve them on decode alone
+    # (LOCAL_PREFILL_MAX_TOKENS), or no KV crosses the MultiConnector this test is about.
+    return dataclasses.replace(
+        settings_from_env(env),
+        local_prefill_max_tokens=0,
+        **PORTS,  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture(scope="module")

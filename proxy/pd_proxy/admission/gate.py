@@ -76,17 +76,20 @@ class Settings:
 class Lease:
     """The room one admitted request holds; each part is given back once."""
 
-    __slots__ = ("_gate", "_prefill", "_decode", "_tokens", "_pd", "_pull", "_done")
+    __slots__ = ("_gate", "_prefill", "_decode", "_tokens", "_pull", "_timed", "_done")
 
     def __init__(self, gate: Gate, prefill: str | None, decode: str, tokens: int, pd: bool) -> None:
         self._gate = gate
         self._prefill = prefill
         self._decode = decode
         self._tokens = tokens
-        self._pd = pd
         # A P/D request's KV will wait on its prefill for this decode's pull: counted from
         # admission, so a decode that cannot keep up stops new prefill legs for it.
         self._pull = pd
+        # Its prompt's computation is timed for the rate: until the prefill leg answers (P/D),
+        # or the decode's first byte (decode alone).
+        self._timed = True
+        gate.rate.begin(gate.clock())
         self._done = False
 
     def prefill_done(self) -> None:
@@ -95,20 +98,22 @@ class Lease:
             return
         url, self._prefill = self._prefill, None
         self._gate.give_prefill(url, self._tokens)
+        self._stop_timing(self._tokens)
         self._gate.changed()
 
     def decode_started(self) -> None:
         """The decode answered its first byte: the KV was pulled (or the prompt computed there,
         which is the work a decode-alone request's rate counts)."""
-        if self._done or not (self._pull or not self._pd):
+        if self._done:
             return
         gate = self._gate
         if self._pull:
             self._pull = False
             gate.room.of(self._decode).pulls -= 1
+        elif self._timed:
+            self._stop_timing(self._tokens)
         else:
-            gate.rate.done(gate.clock(), self._tokens)
-            self._pd = True  # the rate counts a request once
+            return
         gate.changed()
 
     def release(self) -> None:
@@ -116,8 +121,9 @@ class Lease:
         if self._done:
             return
         if self._prefill is not None:
-            self._gate.give_prefill(self._prefill, self._tokens, finished=False)
+            self._gate.give_prefill(self._prefill, self._tokens)
             self._prefill = None
+        self._stop_timing(None)
         self._done = True
         gate = self._gate
         use = gate.room.of(self._decode)
@@ -126,6 +132,11 @@ class Lease:
             use.pulls -= 1
             self._pull = False
         gate.changed()
+
+    def _stop_timing(self, tokens: int | None) -> None:
+        if self._timed:
+            self._timed = False
+            self._gate.rate.end(self._gate.clock(), tokens)
 
 
 class Gate:
@@ -163,17 +174,18 @@ class Gate:
         pd = route.path == PD
         self._check_healthy(pd)
         tokens = max(1, tokens)
+        label = self.metrics.flow(flow.name)
         if not len(self.queue):
             placed = self._place(route, tokens, pd)
             if placed is not None:
                 self.metrics.count(ADMITTED, NOW)
+                self.metrics.waited(label, 0.0)
                 return placed
         self._check_bounds(flow, tokens)
         ticket = Ticket(flow.name, tokens, flow.band, flow.weight, (route, pd), self.clock())
         future: asyncio.Future[tuple[Route, Lease]] = asyncio.get_running_loop().create_future()
         self._waiting[ticket] = future
         self.queue.push(ticket)
-        label = self.metrics.flow(flow.name)
         self._show_depth(label, flow.name)
         self._dispatch()
         try:
@@ -253,12 +265,10 @@ class Gate:
             return self.pools[role].pick()
         return self.pools[role].pick(among=room) if room else None
 
-    def give_prefill(self, url: str, tokens: int, finished: bool = True) -> None:
+    def give_prefill(self, url: str, tokens: int) -> None:
         use = self.room.of(url)
         use.requests -= 1
         use.tokens -= tokens
-        if finished:
-            self.rate.done(self.clock(), tokens)
 
     def changed(self) -> None:
         """Room was given back: admit what now fits."""
@@ -344,7 +354,7 @@ class Gate:
             future.cancel()
 
     def _observe_wait(self, label: str, ticket: Ticket) -> None:
-        self.metrics.wait.labels(label).observe(self.clock() - ticket.arrived)
+        self.metrics.waited(label, self.clock() - ticket.arrived)
 
     def _show_depth(self, label: str, name: str) -> None:
         self.metrics.depth.labels(label).set(self.queue.depth(name))

@@ -53,7 +53,8 @@ class AdmissionMetrics:
         )
         self.wait = Histogram(
             "pd_proxy_queue_wait_seconds",
-            "Time a queued request waited before it was admitted, refused or left, by flow.",
+            "Time each request waited for admission before it was admitted, refused or left, by "
+            "flow (0 for one admitted at once).",
             ("flow",),
             buckets=WAIT_BUCKETS,
             registry=reg,
@@ -66,17 +67,26 @@ class AdmissionMetrics:
             ("role", "kind"),
             registry=reg,
         )
-        self._flows: set[str] = set()
+        # Each flow's wait histogram child, by label; a new flow's depth series starts at 0, so
+        # the dashboard shows every flow seen, queued or not.
+        self._waits: dict[str, Histogram] = {}
         self._children: dict[tuple[str, str], Counter] = {}
 
     def flow(self, name: str) -> str:
         """The label for flow ``name``."""
-        if name in self._flows:
+        if name in self._waits:
             return name
-        if len(self._flows) >= MAX_FLOW_LABELS:
-            return "other"
-        self._flows.add(name)
+        if len(self._waits) >= MAX_FLOW_LABELS:
+            name = "other"
+            if name in self._waits:
+                return name
+        self.depth.labels(name).set(0)
+        self._waits[name] = self.wait.labels(name)
         return name
+
+    def waited(self, label: str, seconds: float) -> None:
+        """A request of flow ``label`` (from ``flow``) stopped waiting after ``seconds``."""
+        self._waits[label].observe(seconds)
 
     def count(self, outcome: str, reason: str) -> None:
         child = self._children.get((outcome, reason))

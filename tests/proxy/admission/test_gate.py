@@ -128,8 +128,8 @@ async def test_a_wait_predicted_past_the_timeout_is_refused_at_once() -> None:
     clock = Clock()
     g = gate(queue_size=100, queue_timeout=5.0, clock=clock)
     for second in range(5):  # served: 100 tokens a second
-        clock.now = float(second)
-        g.rate.done(clock.now, 100)
+        g.rate.begin(float(second))
+        g.rate.end(float(second + 1), 100)
     _, holder = await g.admit(PD_ROUTE, Flow("a"), 100)
     queued = [asyncio.create_task(g.admit(PD_ROUTE, Flow("a"), 100)) for _ in range(5)]
     await settle()
@@ -198,3 +198,31 @@ async def test_the_route_s_chosen_replica_is_waited_for() -> None:
 
 def test_a_lease_is_a_lease() -> None:
     assert Lease.__slots__  # no per-request dict on the hot path
+
+
+async def test_the_rate_is_timed_by_the_leases_and_idle_time_is_left_out() -> None:
+    """P/D: from admission to the prefill's answer; decode alone: to the decode's first byte."""
+    clock = Clock()
+    g = gate(clock=clock)
+    for i, route in enumerate((PD_ROUTE, LOCAL_ROUTE) * 2):
+        clock.now = 10.0 * i  # a request every 10 s, each prompt served in 0.5 s
+        _, lease = await g.admit(route, Flow("a"), 100)
+        clock.now += 0.5
+        lease.prefill_done()
+        lease.decode_started()
+        clock.now += 3.0  # decoding: not the prompt's time
+        lease.release()
+    assert g.rate.per_second() == 200.0
+
+
+async def test_every_flow_seen_has_its_series_even_when_it_never_queued() -> None:
+    registry = CollectorRegistry()
+    settings = Settings(DEFAULT_LIMITS, 4, 5.0, retry_503_s=5.0)
+    pools = BackendPool("prefill", (P,)), BackendPool("decode", (D,))
+    g = Gate(settings, *pools, AdmissionMetrics(registry), Clock())
+    _, lease = await g.admit(PD_ROUTE, Flow("team-a"), 10)
+    lease.release()
+    labels = {"flow": "team-a"}
+    assert registry.get_sample_value("pd_proxy_queue_depth", labels) == 0
+    assert registry.get_sample_value("pd_proxy_queue_wait_seconds_count", labels) == 1
+    assert registry.get_sample_value("pd_proxy_queue_wait_seconds_sum", labels) == 0
