@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,20 +35,23 @@ from pcp_pd_kit.bench import cache_clients as clients
 from pcp_pd_kit.bench import cache_plan as cp
 from pcp_pd_kit.bench import cache_report as report
 from pcp_pd_kit.bench import serve_plan as spec
-from pcp_pd_kit.bench.client import bench_env, run_process
-from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.client import bench_env, read_result, run_process
+from pcp_pd_kit.bench.kinds import add_flags
+from pcp_pd_kit.bench.results import Outcome, knobs, startup_s
 from pcp_pd_kit.localstack import commands
 from pcp_pd_kit.localstack.host import ensure_ports_free
 from pcp_pd_kit.localstack.model_source import ResolvedModel
 from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
 from pcp_pd_kit.localstack.stack import Stack
-from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
+from pcp_pd_kit.settings import StackSettings
 
 HELP = "prefix caching: follow-up turns, short prompts, shared prefixes across two decodes"
 log = logging.getLogger("pcp_pd_kit.bench")
 STACK_PARTS = ("prefill", "decode", "proxy", "reference")
 WARM_CONVERSATIONS = 2
 WARM_SHORT = 3
+RESULT_FIELDS = ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
+                 "median_e2el_ms")  # fmt: skip
 EVENTS_SETTLE_S = 2.0  # after the proxies are healthy: their event subscriptions connect
 
 
@@ -68,28 +69,24 @@ class EventsStack(Stack):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = cp.CachePlan()
-    a = parser.add_argument
-    a("--concurrency", default=",".join(map(str, d.levels)), help="multi-turn levels (%(default)s)")
-    a(
-        "--conversations",
-        type=int,
-        default=d.conversations,
-        help="per target and level (%(default)s)",
-    )
-    a("--context", type=int, default=d.context, help="first turn, token ids (%(default)s)")
-    a("--new", type=int, default=d.new, help="token ids a follow-up adds (%(default)s)")
-    a("--think-ms", type=float, default=d.think_ms, help="pause between turns (%(default)s)")
-    a("--local-max-tokens", type=int, default=d.local_max, help="the proxies' N (%(default)s)")
-    a("--short-requests", type=int, default=d.short_requests, help="per target (%(default)s)")
-    a("--prefix-len", type=int, default=d.prefix_len, help="shared prefix tokens (%(default)s)")
-    a("--suffix-len", type=int, default=d.suffix_len, help="(%(default)s)")
-    a("--prefixes", type=int, default=d.prefixes, help="distinct prefixes (%(default)s)")
-    a("--per-prefix", type=int, default=d.per_prefix, help="requests per prefix (%(default)s)")
-    a("--shared-rounds", type=int, default=d.shared_rounds, help="runs per routing (%(default)s)")
-    a("--kv-blocks", type=int, default=d.kv_blocks, help="each decode's KV cache (%(default)s)")
-    a("--skip", default="", help="comma-separated parts not to run: multi-turn,short,shared")
-    a("--port-base", type=int, default=spec.DEFAULT_PORT_BASE, help="(%(default)s)")
+    c, d = cp.CachePlan(), "(%(default)s)"
+    add_flags(parser, [
+        ("--concurrency", str, ",".join(map(str, c.levels)), f"multi-turn levels {d}"),
+        ("--conversations", int, c.conversations, f"per target and level {d}"),
+        ("--context", int, c.context, f"first turn, token ids {d}"),
+        ("--new", int, c.new, f"token ids a follow-up adds {d}"),
+        ("--think-ms", float, c.think_ms, f"pause between turns {d}"),
+        ("--local-max-tokens", int, c.local_max, f"the proxies' N {d}"),
+        ("--short-requests", int, c.short_requests, f"per target {d}"),
+        ("--prefix-len", int, c.prefix_len, f"shared prefix tokens {d}"),
+        ("--suffix-len", int, c.suffix_len, d),
+        ("--prefixes", int, c.prefixes, f"distinct prefixes {d}"),
+        ("--per-prefix", int, c.per_prefix, f"requests per prefix {d}"),
+        ("--shared-rounds", int, c.shared_rounds, f"runs per routing {d}"),
+        ("--kv-blocks", int, c.kv_blocks, f"each decode's KV cache {d}"),
+        ("--skip", str, "", "comma-separated parts not to run: multi-turn,short,shared"),
+        ("--port-base", int, spec.DEFAULT_PORT_BASE, d),
+    ])  # fmt: skip
 
 
 SKIPPABLE = ("multi-turn", "short", "shared")
@@ -102,22 +99,9 @@ def plan_from_args(args: argparse.Namespace) -> cp.CachePlan:
         raise cp.CachePlanError(
             f"--concurrency {args.concurrency!r}: comma-separated integers"
         ) from None
-    return dataclasses.replace(
-        cp.CachePlan(),
-        levels=levels,
-        conversations=args.conversations,
-        context=args.context,
-        new=args.new,
-        think_ms=args.think_ms,
-        local_max=args.local_max_tokens,
-        short_requests=args.short_requests,
-        prefix_len=args.prefix_len,
-        suffix_len=args.suffix_len,
-        prefixes=args.prefixes,
-        per_prefix=args.per_prefix,
-        shared_rounds=args.shared_rounds,
-        kv_blocks=args.kv_blocks,
-    )
+    same = ("conversations", "context", "new", "think_ms", "short_requests", "prefix_len",
+            "suffix_len", "prefixes", "per_prefix", "shared_rounds", "kv_blocks")  # fmt: skip
+    return cp.CachePlan(levels=levels, local_max=args.local_max_tokens, **knobs(args, *same))
 
 
 def skipped(args: argparse.Namespace) -> set[str]:
@@ -132,13 +116,7 @@ def stack_parts(skip: set[str]) -> tuple[str, ...]:
 
 def _settings(port_base: int) -> StackSettings:
     """The stack's settings on the bench's ports, prefix caching on, no proxy counting."""
-    base = settings_from_env(kit_env(os.environ))
-    return dataclasses.replace(
-        base,
-        **spec.bench_ports(port_base),  # type: ignore[arg-type]
-        prefix_caching=True,
-        local_prefill_max_tokens=0,
-    )
+    return spec.bench_settings(port_base, prefix_caching=True, local_prefill_max_tokens=0)
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -155,14 +133,9 @@ def check(args: argparse.Namespace) -> str | None:
 
 # --- processes --------------------------------------------------------------------------------
 def proxy_process(
-    settings: StackSettings,
-    name: str,
-    port: int,
-    local_max: int,
-    flags: list[str],
-    log_dir: Path,
-    decode_only: bool = False,
-) -> ManagedProcess:
+    settings: StackSettings, name: str, port: int, local_max: int, flags: list[str],
+    log_dir: Path, decode_only: bool = False,
+) -> ManagedProcess:  # fmt: skip
     """A pd-proxy for one part. ``decode_only``: every request of the part goes to decode alone
     and no prefill runs, so the proxy's /health (503 without a healthy prefill) is not its
     readiness: /metrics answering is (its decodes are awaited beside it)."""
@@ -174,15 +147,9 @@ def proxy_process(
 
 
 def decode_process(
-    settings: StackSettings,
-    model: ResolvedModel,
-    name: str,
-    ports: tuple[int, int, int],
-    cpus: str,
-    plan: cp.CachePlan,
-    repo: Path,
-    log_dir: Path,
-) -> ManagedProcess:
+    settings: StackSettings, model: ResolvedModel, name: str, ports: tuple[int, int, int],
+    cpus: str, plan: cp.CachePlan, repo: Path, log_dir: Path,
+) -> ManagedProcess:  # fmt: skip
     """A decode of the kit (its KV connector, as a second decode replica would run) with a small
     KV cache, KV events on, and vLLM's dev endpoints (POST /reset_prefix_cache)."""
     port, side, events = ports
@@ -232,17 +199,11 @@ def run_multi_turn(
             seeds = [base + 2 * i for i in range(count)]
             for name in cp.rotation(list(targets), part):
                 ttft[name] += clients.follow_up_ttfts(targets[name], model, seeds, plan, level)
-        out[level] = {
-            "ttft_s": ttft,
-            "conversations": plan.conversations,
-            **clients.grown(before, clients.snapshot(sources)),
-        }
-        log.info(
-            "multi-turn c=%d: kit %.1f ms, single %.1f ms (follow-up TTFT medians)",
-            level,
-            report.median_ms(ttft["kit"]) or 0,
-            report.median_ms(ttft["single"]) or 0,
-        )
+        grown = clients.grown(before, clients.snapshot(sources))
+        out[level] = {"ttft_s": ttft, "conversations": plan.conversations, **grown}
+        kit, single = (report.median_ms(ttft[t]) or 0 for t in ("kit", "single"))
+        log.info("multi-turn c=%d: kit %.1f ms, single %.1f ms (follow-up TTFT medians)",
+                 level, kit, single)  # fmt: skip
     return out
 
 
@@ -261,11 +222,8 @@ def run_short(urls: dict[str, str], model: str, plan: cp.CachePlan) -> dict[str,
             # A prompt of its own per request: decode serves two of the targets.
             text = cp.short_prompt(plan.seed + 10 * i + index[name], plan.short_words)
             ttft[name].append(clients.http_ttft(targets[name], clients.short_body(model, text)))
-    return {
-        "ttft_s": ttft,
-        "requests": plan.short_requests,
-        "proxies": clients.grown(before, clients.snapshot(proxies)),
-    }
+    grown = clients.grown(before, clients.snapshot(proxies))
+    return {"ttft_s": ttft, "requests": plan.short_requests, "proxies": grown}
 
 
 def run_shared(
@@ -290,97 +248,44 @@ def run_shared(
             )
             time.sleep(1.0)
             grown = clients.grown(before, clients.snapshot(sources))
-            result_path = out / f"{name}.json"
-            result = json.loads(result_path.read_text()) if result_path.is_file() else None
-            runs.append(
-                {
-                    "mode": mode,
-                    "round": rnd + 1,
-                    "returncode": code,
-                    "seconds": round(seconds, 1),
-                    "timed_out": timed_out,
-                    "result": None if result is None else _result_fields(result),
-                    "decodes": {k: grown[k] for k in decodes},
-                    "proxy": grown["proxy"],
-                }
-            )
-            log.info(
-                "%s: exit %s in %.0fs, TTFT median %s ms",
-                name,
-                code,
-                seconds,
-                None if result is None else result.get("median_ttft_ms"),
-            )
+            result = read_result(out / f"{name}.json")
+            fields = None if result is None else {k: result.get(k) for k in RESULT_FIELDS}
+            runs.append({"mode": mode, "round": rnd + 1, "returncode": code,
+                         "seconds": round(seconds, 1), "timed_out": timed_out, "result": fields,
+                         "decodes": {k: grown[k] for k in decodes},
+                         "proxy": grown["proxy"]})  # fmt: skip
+            ttft = None if result is None else result.get("median_ttft_ms")
+            log.info("%s: exit %s in %.0fs, TTFT median %s ms", name, code, seconds, ttft)
     return runs
-
-
-def _result_fields(result: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "completed",
-        "failed",
-        "median_ttft_ms",
-        "p99_ttft_ms",
-        "mean_ttft_ms",
-        "median_e2el_ms",
-    )
-    return {k: result.get(k) for k in keys}
 
 
 # --- the kind ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace, out: Path) -> Outcome:
-    plan = plan_from_args(args)
-    skip = skipped(args)
-    settings = _settings(args.port_base)
-    ports = cp.ports(args.port_base)
-    url = settings.url
+    plan, skip, settings = plan_from_args(args), skipped(args), _settings(args.port_base)
+    ports, url = cp.ports(args.port_base), settings.url
     ensure_ports_free(
-        settings.host,
-        {name: port for name, port in ports.items() if not name.startswith("events-")},
+        settings.host, {n: p for n, p in ports.items() if not n.startswith("events-")}
     )
     log_dir = out / "servers" / "logs"
-    shared_only = not stack_parts(skip)
-    stack = EventsStack(
-        settings,
-        parts=stack_parts(skip),
-        work_dir=out / "servers",
-        events_ports={"prefill": ports["events-prefill"], "decode": ports["events-decode"]},
-    )
+    events = {"prefill": ports["events-prefill"], "decode": ports["events-decode"]}
+    stack = EventsStack(settings, parts=stack_parts(skip), work_dir=out / "servers",
+                        events_ports=events)  # fmt: skip
     extras: list[ManagedProcess] = []
     data: dict[str, Any] = {"plan": plan.as_dict(), "errors": []}
     try:
         stack.start()
         model = stack.model
         assert model is not None
-        data["startup_s"] = {k: round(v, 1) for k, v in stack.startup_seconds().items()}
+        data["startup_s"] = startup_s(stack)
         urls: dict[str, str] = {}
-        if not shared_only:
-            urls = {
-                "single": stack.urls["reference"],
-                "decode": stack.urls["decode"],
-                "kit": url(ports["proxy-cache"]),
-                "tokenize": url(ports["proxy-count"]),
-                "tokenizer": url(ports["proxy-tokenizer"]),
-            }
-            n = plan.local_max
-            extras = [
-                proxy_process(settings, "proxy-count", ports["proxy-count"], n, [], log_dir),
-                proxy_process(
-                    settings,
-                    "proxy-tokenizer",
-                    ports["proxy-tokenizer"],
-                    n,
-                    cp.proxy_flags("off", model.path),
-                    log_dir,
-                ),
-                proxy_process(
-                    settings,
-                    "proxy-cache",
-                    ports["proxy-cache"],
-                    n,
-                    cp.proxy_flags(cp.CACHE_ROUTING, model.path),
-                    log_dir,
-                ),
-            ]
+        if stack_parts(skip):
+            urls = {"single": stack.urls["reference"], "decode": stack.urls["decode"],
+                    "kit": url(ports["proxy-cache"]), "tokenize": url(ports["proxy-count"]),
+                    "tokenizer": url(ports["proxy-tokenizer"])}  # fmt: skip
+            flags = {"proxy-count": [], "proxy-tokenizer": cp.proxy_flags("off", model.path),
+                     "proxy-cache": cp.proxy_flags(cp.CACHE_ROUTING, model.path)}  # fmt: skip
+            extras = [proxy_process(settings, name, ports[name], plan.local_max, f, log_dir)
+                      for name, f in flags.items()]  # fmt: skip
             start_all(extras, settings.startup_timeout_s)
             if "multi-turn" not in skip:
                 data["multi_turn"] = run_multi_turn(urls, model.served_name, plan)
@@ -390,49 +295,20 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
         if "shared" not in skip:
             for part in set(stack.parts) - {"prefill"}:
                 stack.stop_part(part)
-            urls["decode-a"], urls["decode-b"] = url(ports["decode-a"]), url(ports["decode-b"])
-            urls["proxy-events"], urls["proxy-off"] = (
-                url(ports["proxy-events"]),
-                url(ports["proxy-off"]),
+            urls.update(
+                {n: url(ports[n]) for n in ("decode-a", "decode-b", "proxy-events", "proxy-off")}
             )
-            a_ports = (ports["decode-a"], ports["decode-a-side"], ports["events-decode-a"])
-            b_ports = (ports["decode-b"], ports["decode-b-side"], ports["events-decode-b"])
-            everything = plan.shared_max_model_len  # every prompt to a decode alone
+            cpus = {"decode-a": settings.decode_cpus, "decode-b": settings.prefill_cpus}
+            extras = [decode_process(settings, model, n, (ports[n], ports[f"{n}-side"],
+                                     ports[f"events-{n}"]), c, plan, stack.repo, log_dir)
+                      for n, c in cpus.items()]  # fmt: skip
+            # every prompt to a decode alone: N is the decodes' max model length
             a_only = dataclasses.replace(settings, decode_port=ports["decode-a"])
-            extras = [
-                decode_process(
-                    settings,
-                    model,
-                    "decode-a",
-                    a_ports,
-                    settings.decode_cpus,
-                    plan,
-                    stack.repo,
-                    log_dir,
-                ),
-                decode_process(
-                    settings,
-                    model,
-                    "decode-b",
-                    b_ports,
-                    settings.prefill_cpus,
-                    plan,
-                    stack.repo,
-                    log_dir,
-                ),
-            ]
-            extras += [
-                proxy_process(
-                    a_only,
-                    f"proxy-{mode}",
-                    ports[f"proxy-{mode}"],
-                    everything,
-                    cp.proxy_flags(mode, model.path, [urls["decode-b"]]),
-                    log_dir,
-                    decode_only=True,
-                )
-                for mode in cp.SHARED_MODES
-            ]
+            extras += [proxy_process(a_only, f"proxy-{mode}", ports[f"proxy-{mode}"],
+                                     plan.shared_max_model_len,
+                                     cp.proxy_flags(mode, model.path, [urls["decode-b"]]),
+                                     log_dir, decode_only=True)
+                       for mode in cp.SHARED_MODES]  # fmt: skip
             start_all(extras, settings.startup_timeout_s)
             data["added_special_tokens"] = clients.added_special_tokens(
                 urls["decode-a"], model.served_name
@@ -468,22 +344,15 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
             f"{plan.shared_concurrency}, {plan.kv_blocks} KV blocks per decode (every prefix "
             f"needs {plan.prefixes * blocks})"
         )
-        text += [
-            report.format_shared(shared, ideal, description, plan.prefixes * plan.per_prefix),
-            "",
-        ]
+        prompts = plan.prefixes * plan.per_prefix
+        text += [report.format_shared(shared, ideal, description, prompts), ""]
     text += [report.format_goals(found)]
     errors = list(data.get("errors", []))
     failed = [r for r in data.get("shared", []) if r.get("returncode") != 0]
     errors += [f"shared run {r['round']} ({r['mode']}): exit {r['returncode']}" for r in failed]
     if errors:
         text += ["", "errors:", *(f"- {e}" for e in errors)]
-    result = {
-        **data,
-        "multi_turn_rows": multi,
-        "short_rows": short,
-        "shared_rows": shared,
-        "ideal_hit_tokens": ideal,
-        "goals": [{**dataclasses.asdict(g), "verdict": g.verdict} for g in found],
-    }
+    goals = [{**dataclasses.asdict(g), "verdict": g.verdict} for g in found]
+    result = {**data, "multi_turn_rows": multi, "short_rows": short, "shared_rows": shared,
+              "ideal_hit_tokens": ideal, "goals": goals}  # fmt: skip
     return Outcome(result, "\n".join(text), {"bench": plan.as_dict()}, rc=1 if errors else 0)

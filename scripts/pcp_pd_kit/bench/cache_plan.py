@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcp_pd_kit.bench.prefix_ttft import token_ids
-from pcp_pd_kit.bench.serve_plan import VLLM_SERVE_MODULE
+from pcp_pd_kit.bench.serve_plan import vllm_bench_argv
 from pcp_pd_kit.bench.tokenize_cost import WORDS
 from pcp_pd_kit.localstack.commands import ProcessSpec
 
@@ -207,62 +207,22 @@ def rotation(names: Sequence[str], index: int) -> list[str]:
 
 
 def prefix_bench_argv(
-    base_url: str,
-    served_model_name: str,
-    tokenizer: str,
-    plan: CachePlan,
-    seed: int,
-    result_dir: str,
-    result_filename: str,
-    python: str = sys.executable,
-) -> list[str]:
+    base_url: str, served_model_name: str, tokenizer: str, plan: CachePlan, seed: int,
+    result_dir: str, result_filename: str, python: str = sys.executable,
+) -> list[str]:  # fmt: skip
     """`vllm bench serve` on the shared-prefix dataset. No initial test request: it would cache
     one prefix before the counters are read."""
-    return [
-        python,
-        "-m",
-        VLLM_SERVE_MODULE,
-        "--backend",
-        "vllm",
-        "--base-url",
-        base_url.rstrip("/"),
-        "--endpoint",
-        "/v1/completions",
-        "--model",
-        tokenizer,
-        "--served-model-name",
-        served_model_name,
-        "--tokenizer",
-        tokenizer,
-        "--dataset-name",
-        "prefix_repetition",
-        "--prefix-repetition-prefix-len",
-        str(plan.prefix_len),
-        "--prefix-repetition-suffix-len",
-        str(plan.suffix_len),
-        "--prefix-repetition-num-prefixes",
-        str(plan.prefixes),
-        "--prefix-repetition-output-len",
-        str(plan.shared_output),
-        "--num-prompts",
-        str(plan.prefixes * plan.per_prefix),
-        "--max-concurrency",
-        str(plan.shared_concurrency),
-        "--seed",
-        str(seed),
-        "--temperature",
-        "0",
-        "--ignore-eos",
-        "--ready-check-timeout-sec",
-        "0",
-        "--percentile-metrics",
-        "ttft,e2el",
-        "--metric-percentiles",
-        "50,99",
-        "--disable-tqdm",
-        "--save-result",
-        "--result-dir",
-        result_dir,
-        "--result-filename",
-        result_filename,
-    ]
+    options = {
+        "--dataset-name": "prefix_repetition", "--prefix-repetition-prefix-len": plan.prefix_len,
+        "--prefix-repetition-suffix-len": plan.suffix_len,
+        "--prefix-repetition-num-prefixes": plan.prefixes,
+        "--prefix-repetition-output-len": plan.shared_output,
+        "--num-prompts": plan.prefixes * plan.per_prefix,
+        "--max-concurrency": plan.shared_concurrency, "--seed": seed, "--temperature": 0,
+        "--ready-check-timeout-sec": 0, "--percentile-metrics": "ttft,e2el",
+        "--metric-percentiles": "50,99",
+    }  # fmt: skip
+    flags = ["--ignore-eos", "--disable-tqdm"]
+    return vllm_bench_argv(
+        python, base_url, served_model_name, tokenizer, options, flags, result_dir, result_filename
+    )

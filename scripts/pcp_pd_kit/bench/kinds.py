@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from pcp_pd_kit.bench import results
 
@@ -37,6 +38,12 @@ KINDS: dict[str, str] = {
 
 class BenchUsageError(ValueError):
     """A bad option of a kind, found before anything starts or is written."""
+
+
+def add_flags(parser: Any, flags: Sequence[tuple[str, Any, Any, str | None]]) -> None:
+    """A kind's plain options, one (flag, type, default, help) each."""
+    for flag, kind, default, text in flags:
+        parser.add_argument(flag, type=kind, default=default, help=text)
 
 
 def module(kind: str) -> ModuleType:

@@ -21,7 +21,6 @@ import dataclasses
 import http.client
 import json
 import logging
-import os
 import secrets
 import tempfile
 import time
@@ -34,13 +33,13 @@ from pcp_pd_kit.bench import cache_plan as cp
 from pcp_pd_kit.bench import overload_report as report
 from pcp_pd_kit.bench import serve_plan as spec
 from pcp_pd_kit.bench.prefix_ttft import token_ids
-from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.results import Outcome, startup_s
 from pcp_pd_kit.localstack import commands, live
 from pcp_pd_kit.localstack.model_source import tokenizer_folder
 from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
 from pcp_pd_kit.localstack.report import CANONICAL_COMPLETIONS, HELD_REQUESTS_TOTAL, total
 from pcp_pd_kit.localstack.stack import Stack
-from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
+from pcp_pd_kit.settings import StackSettings
 
 HELP = "a flood plus a light client through pd-proxy, admission on against off"
 log = logging.getLogger("pcp_pd_kit.bench")
@@ -64,9 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _settings(port_base: int, key_file: str = "") -> StackSettings:
     """The stack's settings (admission on, as shipped) on the bench's ports, with the key file."""
-    base = settings_from_env(kit_env(os.environ))
-    ports = spec.bench_ports(port_base)
-    return dataclasses.replace(base, **ports, admission=True, api_key_file=key_file)  # type: ignore[arg-type]
+    return spec.bench_settings(port_base, admission=True, api_key_file=key_file)
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -186,7 +183,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             off = ManagedProcess(cp.with_flags(off_spec, [], "proxy-no-admission"), stack.log_dir)
             off.start()
             wait_healthy([off], settings.startup_timeout_s)
-            data["startup_s"] = {k: round(v, 1) for k, v in stack.startup_seconds().items()}
+            data["startup_s"] = startup_s(stack)
             urls = {"admission": stack.urls["proxy"], "no-admission": settings.url(off_port)}
             for i, mode in enumerate(report.MODES):
                 log.info("overload: %s", mode)

@@ -3,13 +3,12 @@ the table. No I/O, so the arithmetic is tested on fixed replies."""
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcp_pd_kit.bench.tables import fmt_num, fmt_ratio, markdown_table, ratio
+from pcp_pd_kit.bench.tables import fmt_num, fmt_ratio, markdown_table, median, percentile, ratio
 
 FLOOD, LIGHT = "flood", "light"
 MODES = ("admission", "no-admission")
@@ -46,19 +45,6 @@ class Reply:
 def key_file_text(keys: Mapping[str, str]) -> str:
     """The proxy's --api-key-file: one `KEY flow=NAME` line per client."""
     return "".join(f"{key} flow={flow}\n" for flow, key in keys.items())
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest rank (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
-def median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def kv_growth(
@@ -151,18 +137,15 @@ def _refused(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "0"
 
 
-def _s(value: float | None) -> str:
-    return fmt_num(value)
-
-
 def format_table(summaries: Mapping[str, Mapping[str, Any]], plan: Mapping[str, Any]) -> str:
     """Both modes side by side, then the goals for the admission mode."""
     headers = ["proxy", "served", "refused", "other", "TTFT p50 s", "TTFT p90 s", "TTFT max s",
                "light TTFT s", "light alone s", "light ratio", "prefill KV"]  # fmt: skip
     rows = [
         [mode, f"{s['served']}/{s['requests']}", _refused(s["refused"]), s["errors"],
-         _s(s["ttft_s"]["p50"]), _s(s["ttft_s"]["p90"]), _s(s["ttft_s"]["max"]),
-         _s(s["light_ttft_s"]), _s(s["light_alone_s"]), fmt_ratio(s["light_ratio"]), _kv(s)]
+         fmt_num(s["ttft_s"]["p50"]), fmt_num(s["ttft_s"]["p90"]), fmt_num(s["ttft_s"]["max"]),
+         fmt_num(s["light_ttft_s"]), fmt_num(s["light_alone_s"]), fmt_ratio(s["light_ratio"]),
+         _kv(s)]
         for mode, s in summaries.items()
     ]  # fmt: skip
     text = [

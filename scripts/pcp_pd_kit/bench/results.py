@@ -49,6 +49,16 @@ class Outcome:
     summary: Any = None
 
 
+def startup_s(stack: Any) -> dict[str, float]:
+    """A started stack's seconds to healthy per part, for a manifest."""
+    return {k: round(v, 1) for k, v in stack.startup_seconds().items()}
+
+
+def knobs(args: Any, *names: str) -> dict[str, Any]:
+    """The options a kind records in its manifest's `bench`."""
+    return {name: getattr(args, name) for name in names}
+
+
 def utc_stamp(now: datetime | None = None) -> str:
     """Sortable UTC time for folder names: 20250102T030405Z."""
     return (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")

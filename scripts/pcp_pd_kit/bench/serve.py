@@ -42,7 +42,8 @@ from pcp_pd_kit.bench.client import (
     served_model,
     snapshot,
 )
-from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.kinds import add_flags
+from pcp_pd_kit.bench.results import Outcome, startup_s
 from pcp_pd_kit.localstack.host import ensure_ports_free
 from pcp_pd_kit.localstack.model_source import hf_cached, resolve_model
 from pcp_pd_kit.localstack.process import StackProcessError
@@ -70,77 +71,41 @@ WANTED = Wanted(report.histograms_read(), report.COUNTERS, report.GAUGES)
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None = None) -> None:
-    g = parser.add_argument_group("what to run")
-    a = g.add_argument
-    a(
-        "--concurrency",
-        default=",".join(map(str, sp.DEFAULT_CONCURRENCY)),
-        help="--max-concurrency levels (%(default)s)",
-    )
-    a(
-        "--prompts",
-        help=f"N, or one per level (default max({sp.MIN_PROMPTS}, {sp.PROMPTS_PER_SLOT} x c))",
-    )
-    a("--input-len", type=int, default=sp.DEFAULT_INPUT_LEN, help="(%(default)s)")
-    a("--output-len", type=int, default=sp.DEFAULT_OUTPUT_LEN, help="(%(default)s)")
-    a("--seed", type=int, default=sp.DEFAULT_SEED, help="dataset seed (%(default)s)")
-    a(
-        "--targets",
-        default=default_targets or ",".join(sp.TARGETS),
-        help="of single,pd,pd-local,pd-ft (%(default)s)",
-    )
-    a(
-        "--short-input-len",
-        type=int,
-        default=sp.DEFAULT_SHORT_INPUT_LEN,
-        help="pd-local's short prompts (%(default)s)",
-    )
-    a("--short-output-len", type=int, default=sp.DEFAULT_SHORT_OUTPUT_LEN, help="(%(default)s)")
-    a(
-        "--short-prompts",
-        type=int,
-        default=sp.DEFAULT_SHORT_PROMPTS,
-        help="per target, c=1 (%(default)s)",
-    )
-    a(
-        "--local-prefill-max-tokens",
-        type=int,
-        default=sp.DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
-        help="N of the pd-local proxy (%(default)s)",
-    )
-    a(
-        "--breakdown-concurrency",
-        type=int,
-        default=sp.DEFAULT_BREAKDOWN_LEVEL,
-        help="level of the printed breakdown (%(default)s)",
-    )
-    a(
-        "--run-timeout",
-        type=float,
-        default=900.0,
-        help="seconds one vllm bench serve may run (%(default)s)",
-    )
-    a(
-        "--port-base",
-        type=int,
-        default=sp.DEFAULT_PORT_BASE,
-        help="local stack ports base..base+90 (%(default)s)",
-    )
+    d = "(%(default)s)"
+    add_flags(parser.add_argument_group("what to run"), [
+        ("--concurrency", str, ",".join(map(str, sp.DEFAULT_CONCURRENCY)),
+         f"--max-concurrency levels {d}"),
+        ("--prompts", str, None,
+         f"N, or one per level (default max({sp.MIN_PROMPTS}, {sp.PROMPTS_PER_SLOT} x c))"),
+        ("--input-len", int, sp.DEFAULT_INPUT_LEN, d),
+        ("--output-len", int, sp.DEFAULT_OUTPUT_LEN, d),
+        ("--seed", int, sp.DEFAULT_SEED, f"dataset seed {d}"),
+        ("--targets", str, default_targets or ",".join(sp.TARGETS),
+         f"of single,pd,pd-local,pd-ft {d}"),
+        ("--short-input-len", int, sp.DEFAULT_SHORT_INPUT_LEN, f"pd-local's short prompts {d}"),
+        ("--short-output-len", int, sp.DEFAULT_SHORT_OUTPUT_LEN, d),
+        ("--short-prompts", int, sp.DEFAULT_SHORT_PROMPTS, f"per target, c=1 {d}"),
+        ("--local-prefill-max-tokens", int, sp.DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
+         f"N of the pd-local proxy {d}"),
+        ("--breakdown-concurrency", int, sp.DEFAULT_BREAKDOWN_LEVEL,
+         f"level of the printed breakdown {d}"),
+        ("--run-timeout", float, 900.0, f"seconds one vllm bench serve may run {d}"),
+        ("--port-base", int, sp.DEFAULT_PORT_BASE, f"local stack ports base..base+90 {d}"),
+    ])  # fmt: skip
     r = parser.add_argument_group("a running deployment (nothing is started when a URL is given)")
-    urls = {
-        "--base-url": "pd: the proxy",
-        "--single-url": "single: a plain vLLM of the same model",
-        "--first-token-url": "pd-ft: a pd-proxy with --first-token-from-prefill",
-        "--local-prefill-url": "pd-local: a pd-proxy with --local-prefill-max-tokens N",
-    }
-    for flag, what in urls.items():
-        r.add_argument(flag, help=what)
-    r.add_argument("--api-key", help="client key (default: --api-key-file, else OPENAI_API_KEY)")
-    r.add_argument("--api-key-file", help="file whose first non-comment line is the key")
-    r.add_argument("--served-model-name", help="default: the first of /v1/models")
-    r.add_argument("--tokenizer", help="default: the served model's root when here, else MODEL")
-    r.add_argument("--prefill-metrics-url", help="a prefill vLLM, for its breakdown rows")
-    r.add_argument("--decode-metrics-url", help="a decode vLLM, for its breakdown rows")
+    add_flags(r, [
+        ("--base-url", str, None, "pd: the proxy"),
+        ("--single-url", str, None, "single: a plain vLLM of the same model"),
+        ("--first-token-url", str, None, "pd-ft: a pd-proxy with --first-token-from-prefill"),
+        ("--local-prefill-url", str, None,
+         "pd-local: a pd-proxy with --local-prefill-max-tokens N"),
+        ("--api-key", str, None, "client key (default: --api-key-file, else OPENAI_API_KEY)"),
+        ("--api-key-file", str, None, "file whose first non-comment line is the key"),
+        ("--served-model-name", str, None, "default: the first of /v1/models"),
+        ("--tokenizer", str, None, "default: the served model's root when here, else MODEL"),
+        ("--prefill-metrics-url", str, None, "a prefill vLLM, for its breakdown rows"),
+        ("--decode-metrics-url", str, None, "a decode vLLM, for its breakdown rows"),
+    ])  # fmt: skip
 
 
 def plans(args: argparse.Namespace) -> tuple[sp.BenchPlan, sp.ShortPlan, tuple[str, ...]]:
@@ -152,12 +117,8 @@ def plans(args: argparse.Namespace) -> tuple[sp.BenchPlan, sp.ShortPlan, tuple[s
             output_len=args.output_len, seed=args.seed, breakdown_level=args.breakdown_concurrency,
             run_timeout_s=args.run_timeout,
         )  # fmt: skip
-        short = sp.ShortPlan(
-            args.short_input_len,
-            args.short_output_len,
-            args.short_prompts,
-            args.local_prefill_max_tokens,
-        )
+        short = sp.ShortPlan(args.short_input_len, args.short_output_len, args.short_prompts,
+                             args.local_prefill_max_tokens)  # fmt: skip
     except sp.BenchSpecError as exc:
         raise BenchError(str(exc)) from None
     wanted = tuple(t.strip() for t in args.targets.split(",") if t.strip())
@@ -187,20 +148,12 @@ def remote_urls(args: argparse.Namespace, wanted: Sequence[str]) -> dict[str, st
 
 
 def local_settings(port_base: int) -> StackSettings:
-    """The bench's own ports; the normal and first-token proxies send every prompt P/D, and
-    cache-aware routing is off (the workloads repeat prompts across targets: `bench cache`
-    measures the cache)."""
+    """The bench's ports; every prompt P/D and cache-aware routing off (the workloads repeat
+    prompts across targets: `bench cache` measures the cache)."""
     try:
-        ports = sp.bench_ports(port_base)
+        return sp.bench_settings(port_base, local_prefill_max_tokens=0, prefix_cache_routing="off")
     except sp.BenchSpecError as exc:
         raise BenchError(str(exc)) from None
-    settings = settings_from_env(kit_env(os.environ))
-    return dataclasses.replace(
-        settings,
-        **ports,  # type: ignore[arg-type]
-        local_prefill_max_tokens=0,
-        prefix_cache_routing="off",
-    )
 
 
 def phases(wanted: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -241,36 +194,23 @@ def check(args: argparse.Namespace) -> str | None:
 
 def warm_up(target: sp.Target, api_key: str | None) -> None:
     """Short requests outside every measurement: the first P/D one does the NIXL handshake."""
-    body = {
-        "model": target.served_model_name,
-        "prompt": "warm up the server " * 8,
-        "max_tokens": 4,
-        "temperature": 0,
-    }
+    body = {"model": target.served_model_name, "prompt": "warm up the server " * 8,
+            "max_tokens": 4, "temperature": 0}  # fmt: skip
     for _ in range(WARMUP_REQUESTS):
         http(f"{target.base_url}/v1/completions", api_key, body, timeout_s=300)
 
 
 def run_target(
-    target: sp.Target,
-    workload: str,
-    plan: sp.BenchPlan,
-    out: Path,
-    sources: Mapping[str, str],
+    target: sp.Target, workload: str, plan: sp.BenchPlan, out: Path, sources: Mapping[str, str],
     api_key: str | None,
-) -> list[report.Run]:
+) -> list[report.Run]:  # fmt: skip
     """Warm up, then each level of one workload against one target, /metrics read around each."""
     warm_up(target, api_key)
     runs = []
     for level in plan.levels:
         run = report.Run(target.name, level, plan.prompts_for(level), workload)
-        log.info(
-            "%s: %d prompts, %d in / %d out tokens",
-            run.name,
-            run.prompts,
-            plan.input_len,
-            plan.output_len,
-        )
+        sizes = (run.prompts, plan.input_len, plan.output_len)
+        log.info("%s: %d prompts, %d in / %d out tokens", run.name, *sizes)
         argv = sp.bench_serve_argv(target, plan, level, str(out), workload=workload)
         log_path = out / "logs" / f"{sp.run_name(target.name, level, workload)}.log"
         before = snapshot(sources, WANTED, api_key)
@@ -279,17 +219,11 @@ def run_target(
         )
         time.sleep(SETTLE_S)
         run.deltas, run.counters, run.gauges = grown(before, snapshot(sources, WANTED, api_key))
-        run.result, run.log = (
-            read_result(out / sp.result_filename(target.name, level, workload)),
-            str(log_path),
-        )
+        run.result = read_result(out / sp.result_filename(target.name, level, workload))
+        run.log = str(log_path)
         if not run.complete:
-            log.error(
-                "%s: vllm bench serve %s; see %s",
-                run.name,
-                "timed out" if run.timed_out else f"exited {run.returncode}",
-                log_path,
-            )
+            how = "timed out" if run.timed_out else f"exited {run.returncode}"
+            log.error("%s: vllm bench serve %s; see %s", run.name, how, log_path)
         found = report.check(run)
         if found is not None:
             (log.info if found.measured else log.warning)("%s: %s", run.name, found.text)
@@ -317,13 +251,9 @@ def run_all(
 
 
 def run_local(
-    args: argparse.Namespace,
-    plan: sp.BenchPlan,
-    short: sp.ShortPlan,
-    wanted: Sequence[str],
-    out: Path,
-    errors: list[str],
-) -> tuple[list[report.Run], dict[str, Any]]:
+    args: argparse.Namespace, plan: sp.BenchPlan, short: sp.ShortPlan, wanted: Sequence[str],
+    out: Path, errors: list[str],
+) -> tuple[list[report.Run], dict[str, Any]]:  # fmt: skip
     """Each phase starts its servers, runs its targets' workloads and stops them again; a phase
     that fails to start is recorded and the next one still runs."""
     settings = local_settings(args.port_base)
@@ -335,31 +265,26 @@ def run_local(
     }
     for phase, parts in phases(wanted).items():
         log.info("phase %s: starting %s", phase, ", ".join(parts))
+        work = out / "servers" / phase
         stack = Stack(
-            settings,
-            parts=parts,
-            work_dir=out / "servers" / phase,
-            local_prefill_max_tokens=short.max_tokens,
+            settings, parts=parts, work_dir=work, local_prefill_max_tokens=short.max_tokens
         )
         try:
             stack.start()
-            extra["startup_s"][phase] = {k: round(v, 1) for k, v in stack.startup_seconds().items()}
+            extra["startup_s"][phase] = startup_s(stack)
             assert stack.model is not None
             extra["model"] = dataclasses.asdict(stack.model)
             urls = stack.urls
             targets = {}
-            for name in (
-                t for t in sp.TARGETS if t in wanted and (t == "single") == (phase == "single")
-            ):
+            here = [t for t in sp.TARGETS if t in wanted and (t == "single") == (phase == "single")]
+            for name in here:
                 if name == "single":
                     url, sources = urls["reference"], {"server": urls["reference"]}
                 else:
                     url = urls[PROXY_PARTS[name]]
                     sources = {"proxy": url, "prefill": urls["prefill"], "server": urls["decode"]}
-                targets[name] = (
-                    sp.Target(name, url, stack.model.served_name, stack.model.path),
-                    sources,
-                )
+                model = stack.model
+                targets[name] = (sp.Target(name, url, model.served_name, model.path), sources)
                 extra["targets"][name] = url
             runs += run_all(targets, plan, short, wanted, out, None, errors)
         except (StackProcessError, BenchError) as exc:
@@ -385,13 +310,9 @@ def tokenizer_for(root: str, explicit: str | None) -> str:
 
 
 def run_remote(
-    args: argparse.Namespace,
-    plan: sp.BenchPlan,
-    short: sp.ShortPlan,
-    wanted: Sequence[str],
-    out: Path,
-    errors: list[str],
-) -> tuple[list[report.Run], dict[str, Any]]:
+    args: argparse.Namespace, plan: sp.BenchPlan, short: sp.ShortPlan, wanted: Sequence[str],
+    out: Path, errors: list[str],
+) -> tuple[list[report.Run], dict[str, Any]]:  # fmt: skip
     key = resolve_api_key(args, os.environ)
     urls = remote_urls(args, wanted)
     targets: dict[str, tuple[sp.Target, dict[str, str]]] = {}
@@ -411,13 +332,9 @@ def run_remote(
         except (BenchError, ValueError, KeyError, TypeError):
             versions[name] = None
     runs = run_all(targets, plan, short, list(urls), out, key, errors)  # only those given
-    extra = {
-        "targets": urls,
-        "settings": None,
-        "metrics_sources": {n: s for n, (_t, s) in targets.items()},
-        "server_versions": versions,
-        "model": {"tokenizer": tokenizer},
-    }
+    extra = {"targets": urls, "settings": None, "server_versions": versions,
+             "metrics_sources": {n: s for n, (_t, s) in targets.items()},
+             "model": {"tokenizer": tokenizer}}  # fmt: skip
     return runs, extra
 
 
@@ -432,10 +349,6 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     incomplete = [r.name for r in runs if not r.complete]
     if incomplete:
         print(f"incomplete: {'; '.join(incomplete)} (logs in {out / 'logs'})", file=sys.stderr)
-    manifest = {
-        "mode": "remote" if remote else "local",
-        "bench": plan.as_dict(),
-        "short": short.as_dict(),
-        **extra,
-    }
+    mode = "remote" if remote else "local"
+    manifest = {"mode": mode, "bench": plan.as_dict(), "short": short.as_dict(), **extra}
     return Outcome(result, text, manifest, rc=1 if incomplete or errors else 0, summary=figures)

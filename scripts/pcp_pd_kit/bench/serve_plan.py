@@ -6,9 +6,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 
 VLLM_SERVE_MODULE = "pcp_pd_kit.bench.vllm_serve"
 DEFAULT_CONCURRENCY = (1, 4, 16)
@@ -115,6 +119,12 @@ def bench_ports(base: int) -> dict[str, int]:
     if not 1 <= base <= 65535 - max(PORT_OFFSETS.values()):
         raise BenchSpecError(f"--port-base {base}: the bench needs base..base+90 inside 1-65535")
     return {name: base + offset for name, offset in PORT_OFFSETS.items()}
+
+
+def bench_settings(port_base: int, **changes: Any) -> StackSettings:
+    """The kit's settings (environment) on the bench's ports, with ``changes``."""
+    base = settings_from_env(kit_env(os.environ))
+    return dataclasses.replace(base, **bench_ports(port_base), **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -249,67 +259,40 @@ def result_filename(target: str, level: int, workload: str = MAIN) -> str:
     return f"{run_name(target, level, workload)}.json"
 
 
-def bench_serve_argv(
-    target: Target,
-    plan: BenchPlan,
-    level: int,
-    result_dir: str,
-    python: str = sys.executable,
-    workload: str = MAIN,
-) -> list[str]:
-    """`vllm bench serve` for one target at one concurrency, saving its JSON result.
+def vllm_bench_argv(
+    python: str, base_url: str, served: str, tokenizer: str, options: Mapping[str, object],
+    flags: Sequence[str], result_dir: str, result_filename: str,
+) -> list[str]:  # fmt: skip
+    """`vllm bench serve` (as VLLM_SERVE_MODULE) on /v1/completions: `--option value` pairs,
+    then bare flags, saving its JSON result."""
+    pairs = {"--backend": "vllm", "--base-url": base_url.rstrip("/"),
+             "--endpoint": "/v1/completions", "--model": tokenizer,
+             "--served-model-name": served, "--tokenizer": tokenizer, **options}  # fmt: skip
+    argv = [python, "-m", VLLM_SERVE_MODULE]
+    for option, value in pairs.items():
+        argv += [option, str(value)]
+    tail = ["--save-result", "--result-dir", result_dir, "--result-filename", result_filename]
+    return [*argv, *flags, *tail]
 
-    Fixed lengths (`--random-range-ratio 0`) and `--ignore-eos` so every request reads input_len
-    and writes output_len tokens; greedy (`--temperature 0`) so single and P/D do the same work.
-    """
-    return [
-        python,
-        "-m",
-        VLLM_SERVE_MODULE,
-        "--backend",
-        plan.backend,
-        "--base-url",
-        target.base_url.rstrip("/"),
-        "--endpoint",
-        plan.endpoint,
-        "--model",
-        target.tokenizer,
-        "--served-model-name",
-        target.served_model_name,
-        "--tokenizer",
-        target.tokenizer,
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(plan.input_len),
-        "--random-output-len",
-        str(plan.output_len),
-        "--random-range-ratio",
-        "0",
-        "--seed",
-        str(plan.seed),
-        "--num-prompts",
-        str(plan.prompts_for(level)),
-        "--max-concurrency",
-        str(level),
-        "--temperature",
-        str(plan.temperature),
-        "--ignore-eos",
-        "--percentile-metrics",
-        PERCENTILE_METRICS,
-        "--metric-percentiles",
-        METRIC_PERCENTILES,
-        "--disable-tqdm",
-        "--save-detailed",  # per-request ITLs: tables.delivery checks how the streams arrived
-        "--label",
-        target.name,
-        "--metadata",
-        f"target={target.name}",
-        f"concurrency={level}",
-        f"workload={workload or 'main'}",
-        "--save-result",
-        "--result-dir",
-        result_dir,
-        "--result-filename",
-        result_filename(target.name, level, workload),
-    ]
+
+def bench_serve_argv(
+    target: Target, plan: BenchPlan, level: int, result_dir: str,
+    python: str = sys.executable, workload: str = MAIN,
+) -> list[str]:  # fmt: skip
+    """One target at one concurrency. Fixed lengths (`--random-range-ratio 0`) and `--ignore-eos`
+    so every request reads input_len and writes output_len tokens; greedy, so single and P/D do
+    the same work."""
+    options = {
+        "--dataset-name": "random", "--random-input-len": plan.input_len,
+        "--random-output-len": plan.output_len, "--random-range-ratio": 0, "--seed": plan.seed,
+        "--num-prompts": plan.prompts_for(level), "--max-concurrency": level,
+        "--temperature": plan.temperature, "--percentile-metrics": PERCENTILE_METRICS,
+        "--metric-percentiles": METRIC_PERCENTILES, "--label": target.name,
+    }  # fmt: skip
+    flags = ["--ignore-eos", "--disable-tqdm",
+             "--save-detailed",  # per-request ITLs: serve_report.delivery reads the arrivals
+             "--metadata", f"target={target.name}", f"concurrency={level}",
+             f"workload={workload or 'main'}"]  # fmt: skip
+    return vllm_bench_argv(python, target.base_url, target.served_model_name, target.tokenizer,
+                           options, flags, result_dir,
+                           result_filename(target.name, level, workload))  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,3 +45,18 @@ def fmt_num(number: float | None) -> str:
 
 def fmt_ratio(number: float | None) -> str:
     return "n/a" if number is None else f"{number:.2f}x"
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest rank (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[int(max(1, -(-len(ordered) * q // 100))) - 1]
+
+
+VERDICT = {True: "met", False: "NOT MET", None: "n/a"}  # a goal met, not met, not measured
