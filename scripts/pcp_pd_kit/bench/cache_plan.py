@@ -41,7 +41,6 @@ PORT_OFFSETS = {
     "events-decode-b": 56,
 }
 CACHE_ROUTING = "events"
-MULTI_TURN_TARGETS = ("kit", "single")
 SHORT_TARGETS = ("single", "tokenize", "tokenizer")
 SHARED_MODES = ("events", "off")
 

@@ -7,12 +7,11 @@ the goal says NOT MEASURED, never a misleading ratio.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcp_pd_kit.bench.tables import fmt_num, fmt_ratio, markdown_table, ratio
+from pcp_pd_kit.bench.tables import VERDICT, fmt_num, fmt_ratio, markdown_table, median, ratio
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class Goal:
 
     @property
     def verdict(self) -> str:
-        return {True: "met", False: "NOT MET", None: "n/a"}[self.met]
+        return VERDICT[self.met]
 
 
 FOLLOW_UP_LIMIT = 1.1  # follow-up TTFT, kit / warm single, c=1
@@ -38,7 +37,6 @@ SHARED_TTFT_LIMIT = 0.6  # TTFT median, cache-aware / least outstanding
 SHORT_LIMIT = 1.1  # short prompts through the proxy with the local tokenizer / single
 PATH_COUNTER = "pd_proxy_requests_total"
 HITS = "vllm:prefix_cache_hits_total"
-QUERIES = "vllm:prefix_cache_queries_total"
 SUCCESS = "vllm:request_success_total"
 TARGET_TITLES = {
     "kit": "kit (proxy, cache routing, local prefill)",
@@ -50,7 +48,8 @@ MODE_TITLES = {"events": "cache-aware (events)", "off": "least outstanding (off)
 
 
 def median_ms(seconds: Sequence[float]) -> float | None:
-    return statistics.median(seconds) * 1000 if seconds else None
+    found = median(seconds)
+    return None if found is None else found * 1000
 
 
 def paths(grown: Mapping[str, float]) -> dict[str, float]:
@@ -104,38 +103,21 @@ def multi_turn_rows(runs: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any
         kit, single = median_ms(ttft.get("kit", [])), median_ms(ttft.get("single", []))
         n = int(run.get("conversations", 0))
         check = path_check(run.get("proxy", {}), n)
-        rows.append(
-            {
-                "concurrency": level,
-                "kit_ms": kit,
-                "single_ms": single,
-                "kit_over_single": ratio(kit, single),
-                "conversations": n,
-                "paths": paths(run.get("proxy", {})),
-                "follow_ups_local": check.measured,
-                "path_text": check.text(),
-                "decode_hit_tokens": counter(run.get("decode", {}), HITS),
-                "single_hit_tokens": counter(run.get("reference", {}), HITS),
-            }
-        )
+        rows.append({"concurrency": level, "kit_ms": kit, "single_ms": single,
+                     "kit_over_single": ratio(kit, single), "conversations": n,
+                     "paths": paths(run.get("proxy", {})), "follow_ups_local": check.measured,
+                     "path_text": check.text(),
+                     "decode_hit_tokens": counter(run.get("decode", {}), HITS),
+                     "single_hit_tokens": counter(run.get("reference", {}), HITS)})  # fmt: skip
     return rows
 
 
 def format_multi_turn(rows: Sequence[Mapping[str, Any]], context: int, new: int) -> str:
     table = markdown_table(
         ["c", "kit TTFT p50 (ms)", "single TTFT p50 (ms)", "kit/single", "n", "kit paths"],
-        [
-            [
-                r["concurrency"],
-                fmt_num(r["kit_ms"]),
-                fmt_num(r["single_ms"]),
-                fmt_ratio(r["kit_over_single"]),
-                r["conversations"],
-                r["path_text"],
-            ]
-            for r in rows
-        ],
-    )
+        [[r["concurrency"], fmt_num(r["kit_ms"]), fmt_num(r["single_ms"]),
+          fmt_ratio(r["kit_over_single"]), r["conversations"], r["path_text"]] for r in rows],
+    )  # fmt: skip
     return (
         f"Follow-up turn ({context} cached + {new} new tokens, max_tokens 1), both warm, "
         "prefix caching on in both:\n\n" + table
@@ -153,31 +135,18 @@ def short_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
     for target in ("single", "tokenize", "tokenizer"):
         mine = median_ms(ttft.get(target, []))
         check = None if target == "single" else path_check(run["proxies"].get(target, {}), n)
-        rows.append(
-            {
-                "target": target,
-                "ttft_ms": mine,
-                "over_single": ratio(mine, single),
-                "measured": check is None or check.measured,
-                "path_text": "" if check is None else check.text(),
-            }
-        )
+        rows.append({"target": target, "ttft_ms": mine, "over_single": ratio(mine, single),
+                     "measured": check is None or check.measured,
+                     "path_text": "" if check is None else check.text()})  # fmt: skip
     return rows
 
 
 def format_short(rows: Sequence[Mapping[str, Any]], words: int, requests: int) -> str:
     table = markdown_table(
         ["target", "TTFT p50 (ms)", "/single", "paths"],
-        [
-            [
-                TARGET_TITLES[r["target"]],
-                fmt_num(r["ttft_ms"]),
-                fmt_ratio(r["over_single"]),
-                r["path_text"] or "-",
-            ]
-            for r in rows
-        ],
-    )
+        [[TARGET_TITLES[r["target"]], fmt_num(r["ttft_ms"]), fmt_ratio(r["over_single"]),
+          r["path_text"] or "-"] for r in rows],
+    )  # fmt: skip
     return (
         f"Short text prompts ({words} words, about 32 tokens, max_tokens 1, c=1, {requests} per "
         "target, interleaved):\n\n" + table
@@ -197,19 +166,12 @@ def shared_rows(runs: Sequence[Mapping[str, Any]], ideal: int) -> list[dict[str,
         result = run.get("result") or {}
         decodes = run.get("decodes", {})
         hits = sum(counter(g, HITS) for g in decodes.values())
-        rows.append(
-            {
-                "mode": run["mode"],
-                "round": run["round"],
-                "ttft_ms": result.get("median_ttft_ms"),
-                "p99_ttft_ms": result.get("p99_ttft_ms"),
-                "completed": result.get("completed"),
-                "hit_tokens": hits,
-                "hit_fraction": hits / ideal if ideal else None,
-                "requests_per_decode": {k: counter(g, SUCCESS) for k, g in decodes.items()},
-                "paths": paths(run.get("proxy", {})),
-            }
-        )
+        rows.append({"mode": run["mode"], "round": run["round"],
+                     "ttft_ms": result.get("median_ttft_ms"),
+                     "p99_ttft_ms": result.get("p99_ttft_ms"), "completed": result.get("completed"),
+                     "hit_tokens": hits, "hit_fraction": hits / ideal if ideal else None,
+                     "requests_per_decode": {k: counter(g, SUCCESS) for k, g in decodes.items()},
+                     "paths": paths(run.get("proxy", {}))})  # fmt: skip
     return rows
 
 
@@ -220,11 +182,8 @@ def shared_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, flo
         mine = [r for r in rows if r["mode"] == mode]
         ttfts = [r["ttft_ms"] for r in mine if r["ttft_ms"] is not None]
         fractions = [r["hit_fraction"] for r in mine if r["hit_fraction"] is not None]
-        out[mode] = {
-            "ttft_ms": statistics.median(ttfts) if ttfts else None,
-            "hit_fraction": statistics.median(fractions) if fractions else None,
-            "runs": float(len(mine)),
-        }
+        out[mode] = {"ttft_ms": median(ttfts), "hit_fraction": median(fractions),
+                     "runs": float(len(mine))}  # fmt: skip
     return out
 
 
@@ -232,30 +191,14 @@ def format_shared(
     rows: Sequence[Mapping[str, Any]], ideal: int, description: str, prompts: int
 ) -> str:
     table = markdown_table(
-        [
-            "run",
-            "routing",
-            "TTFT p50 (ms)",
-            "TTFT p99 (ms)",
-            "done",
-            "hit tokens",
-            "of ideal",
-            "per decode",
-        ],
-        [
-            [
-                i + 1,
-                MODE_TITLES[r["mode"]],
-                fmt_num(r["ttft_ms"]),
-                fmt_num(r["p99_ttft_ms"]),
-                f"{int(r['completed'] or 0)}/{prompts}",
-                f"{r['hit_tokens']:.0f}",
-                fmt_ratio(r["hit_fraction"]).rstrip("x"),
-                " / ".join(f"{v:.0f}" for v in r["requests_per_decode"].values()),
-            ]
-            for i, r in enumerate(rows)
-        ],
-    )
+        ["run", "routing", "TTFT p50 (ms)", "TTFT p99 (ms)", "done", "hit tokens", "of ideal",
+         "per decode"],
+        [[i + 1, MODE_TITLES[r["mode"]], fmt_num(r["ttft_ms"]), fmt_num(r["p99_ttft_ms"]),
+          f"{int(r['completed'] or 0)}/{prompts}", f"{r['hit_tokens']:.0f}",
+          fmt_ratio(r["hit_fraction"]).rstrip("x"),
+          " / ".join(f"{v:.0f}" for v in r["requests_per_decode"].values())]
+         for i, r in enumerate(rows)],
+    )  # fmt: skip
     summary = shared_summary(rows)
     ev, off = summary["events"], summary["off"]
     line = (

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.kinds import add_flags
+from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 
 HELP = "per-step overhead of the kit's NIXL connector vs vLLM's stock one (no servers)"
@@ -121,8 +122,8 @@ def _median_ns(fn: Callable[[], None], steps: int, repeats: int) -> float:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--steps", type=int, default=5000, help="simulated steps per repeat")
-    ap.add_argument("--repeats", type=int, default=7, help="repeats; the median is reported")
+    add_flags(ap, [("--steps", int, 5000, "simulated steps per repeat"),
+                   ("--repeats", int, 7, "repeats; the median is reported")])  # fmt: skip
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -178,5 +179,5 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             "results + stats + prometheus": _median_ns(stats_path, args.steps, args.repeats),
         }
     table = format_table(rows, args.steps, args.repeats)
-    knobs = {"steps": args.steps, "repeats": args.repeats}
-    return Outcome({"median_ns_per_step": rows, **knobs}, table, {"bench": knobs})
+    used = knobs(args, "steps", "repeats")
+    return Outcome({"median_ns_per_step": rows, **used}, table, {"bench": used})

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.commands import ProcessSpec
 from pcp_pd_kit.localstack.stack import Stack
@@ -94,12 +94,9 @@ def request_ms(url: str, model: str, ids: list[int]) -> float:
 
 
 def measure(
-    settings: StackSettings,
-    connector_dir: Path,
-    work_dir: Path,
-    lengths: Sequence[int],
+    settings: StackSettings, connector_dir: Path, work_dir: Path, lengths: Sequence[int],
     repeats: int,
-) -> tuple[dict[int, float], str]:
+) -> tuple[dict[int, float], str]:  # fmt: skip
     """Median ms per length for one server; and its log (to check which fix it ran). Each
     server logs into its own ``work_dir`` (the stack appends to an existing log)."""
     stack = ConnectorStack(settings, connector_dir, work_dir)
@@ -131,12 +128,9 @@ def placement_label(cpus: str, ranks: int) -> str:
 
 
 def format_table(
-    results: dict[tuple[str, str], dict[int, float]],
-    placements: Sequence[str],
-    variants: Sequence[str],
-    lengths: Sequence[int],
-    ranks: int,
-) -> str:
+    results: dict[tuple[str, str], dict[int, float]], placements: Sequence[str],
+    variants: Sequence[str], lengths: Sequence[int], ranks: int,
+) -> str:  # fmt: skip
     """Markdown: one row per placement, a before/after column pair per prompt length."""
     head = ["placement"] + [f"{n} tokens, {v}" for n in lengths for v in variants]
     rows = [
@@ -175,9 +169,8 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                 label = f"PREFILL_CPUS={cpus} {variant}"
                 print(f"measuring {label} ...", file=sys.stderr, flush=True)
                 work_dir = out / "servers" / f"{cpus.replace(',', '_')}-{variant}"
-                medians, log = measure(
-                    settings, dirs[variant], work_dir, args.lengths, args.repeats
-                )
+                found = measure(settings, dirs[variant], work_dir, args.lengths, args.repeats)
+                medians, log = found
                 check_version(log, variant == "after", label)
                 results[(cpus, variant)] = medians
     ranks = int(env["CPU_PREFILL_PCP_SIZE"])
@@ -190,11 +183,5 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
         {"placement": cpus, "variant": v, "median_ms": {str(n): ms for n, ms in medians.items()}}
         for (cpus, v), medians in results.items()
     ]
-    knobs = {
-        "before": args.before,
-        "placements": args.placements,
-        "lengths": args.lengths,
-        "repeats": args.repeats,
-        "ranks": ranks,
-    }
-    return Outcome(result, table, {"bench": knobs})
+    used = {**knobs(args, "before", "placements", "lengths", "repeats"), "ranks": ranks}
+    return Outcome(result, table, {"bench": used})

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.kinds import add_flags
+from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 
 FIRST_ID, LAST_ID = 10, 2000  # past the tiny tokenizer's special tokens
@@ -37,16 +38,9 @@ def token_ids(seed: int, count: int) -> list[int]:
 
 
 def request_body(model: str, prompt: Sequence[int], salt: str | None) -> dict[str, object]:
-    body: dict[str, object] = {
-        "model": model,
-        "prompt": list(prompt),
-        "max_tokens": 1,
-        "temperature": 0.0,
-        "stream": True,
-    }
-    if salt is not None:
-        body["cache_salt"] = salt
-    return body
+    body = {"model": model, "prompt": list(prompt), "max_tokens": 1, "temperature": 0.0,
+            "stream": True, "cache_salt": salt}  # fmt: skip
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def ttft_s(url: str, body: dict[str, object], timeout_s: float = 120.0) -> float:
@@ -113,12 +107,11 @@ HELP = "one server's follow-up-turn TTFT with its prefix cache against a full pr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:18200", help="one vLLM server")
-    parser.add_argument("--model", default="tiny-mla-moe", help="its served model name")
-    parser.add_argument("--context", type=int, default=1440, help="first turn, token ids")
-    parser.add_argument("--new", type=int, default=40, help="new token ids in the follow-up")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=7000)
+    add_flags(parser, [("--url", str, "http://127.0.0.1:18200", "one vLLM server"),
+                       ("--model", str, "tiny-mla-moe", "its served model name"),
+                       ("--context", int, 1440, "first turn, token ids"),
+                       ("--new", int, 40, "new token ids in the follow-up"),
+                       ("--rounds", int, 8, None), ("--seed", int, 7000, None)])  # fmt: skip
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -132,15 +125,8 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     summary = run_rounds(url, args.model, args.context, args.new, args.rounds, args.seed)
     table = markdown_table(
         ["follow-up turn", "cached p50 (ms)", "uncached p50 (ms)", "uncached/cached", "rounds"],
-        [
-            [
-                f"{args.context} cached + {args.new} new tokens, c=1",
-                f"{summary.cached_ms:.1f}",
-                f"{summary.uncached_ms:.1f}",
-                f"{summary.ratio:.1f}x",
-                summary.rounds,
-            ]
-        ],
-    )
-    knobs = {k: getattr(args, k) for k in ("url", "model", "context", "new", "rounds", "seed")}
-    return Outcome({**dataclasses.asdict(summary), "ratio": summary.ratio}, table, {"bench": knobs})
+        [[f"{args.context} cached + {args.new} new tokens, c=1", f"{summary.cached_ms:.1f}",
+          f"{summary.uncached_ms:.1f}", f"{summary.ratio:.1f}x", summary.rounds]],
+    )  # fmt: skip
+    used = knobs(args, "url", "model", "context", "new", "rounds", "seed")
+    return Outcome({**dataclasses.asdict(summary), "ratio": summary.ratio}, table, {"bench": used})

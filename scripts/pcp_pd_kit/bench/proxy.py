@@ -41,7 +41,8 @@ from typing import Any
 
 import aiohttp
 
-from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.kinds import add_flags
+from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.host import free_port
 
@@ -72,6 +73,7 @@ DEFAULT_PROXY_CMD = (
     "--prefill {prefill} --decode {decode} --workers {workers}"
 )
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+OTHER_CPUS = ("prefill", "decode", "generator")
 
 
 @dataclass
@@ -252,28 +254,22 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any
     summary: dict[str, Any] = {}
     for mode in args.modes:
         rs = [r for r in rounds if r.mode == mode]
-        summary[mode] = {
-            "p50_ms": statistics.median(r.pct(0.5) for r in rs),
-            "p99_ms": statistics.median(r.pct(0.99) for r in rs),
-            "req_s": statistics.median(r.rps for r in rs),
-            "errors": sum(r.errors for r in rs),
-            # CPU microseconds per request by process: unlike latency, robust to a busy machine.
-            "cpu_us_per_req": {
-                name: statistics.median((r.cpu_us or {}).get(name, 0.0) for r in rs)
-                for name in (rs[0].cpu_us or {})
-            },
-        }
+        # CPU microseconds per request by process: unlike latency, robust to a busy machine.
+        per_req = {name: statistics.median((r.cpu_us or {}).get(name, 0.0) for r in rs)
+                   for name in (rs[0].cpu_us or {})}  # fmt: skip
+        summary[mode] = {"p50_ms": statistics.median(r.pct(0.5) for r in rs),
+                         "p99_ms": statistics.median(r.pct(0.99) for r in rs),
+                         "req_s": statistics.median(r.rps for r in rs),
+                         "errors": sum(r.errors for r in rs),
+                         "cpu_us_per_req": per_req}  # fmt: skip
     ratios: dict[str, dict[str, float]] = {}
     for mode, s in summary.items():
         side, endpoint = mode.split(":")
         floor = summary.get(f"floor:{endpoint}")
         if side == "floor" or floor is None:
             continue
-        ratios[mode] = {
-            "p50": s["p50_ms"] / floor["p50_ms"],
-            "p99": s["p99_ms"] / floor["p99_ms"],
-            "throughput": s["req_s"] / floor["req_s"],
-        }
+        ratios[mode] = {"p50": s["p50_ms"] / floor["p50_ms"], "p99": s["p99_ms"] / floor["p99_ms"],
+                        "throughput": s["req_s"] / floor["req_s"]}  # fmt: skip
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {"summary": summary, "ratios": ratios, "load": list(load), "errors": errors}
 
@@ -288,7 +284,7 @@ def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
         f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs"
     )
     head = ["mode", "p50 ms", "p99 ms", "req/s", "errors", "p50 x", "p99 x", "thru x"]
-    head += ["cpu us/req: proxy", "prefill", "decode", "generator"]
+    head += ["cpu us/req: proxy", *OTHER_CPUS]
     rows = []
     for mode, s in summary.items():
         side = mode.split(":")[0]
@@ -297,22 +293,18 @@ def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
         r = ratios.get(mode)
         rcells = [f"{r[k]:.2f}" for k in ("p50", "p99", "throughput")] if r else ["", "", ""]
         rows.append(
-            [mode, f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['req_s']:.1f}", s["errors"]]
-            + rcells
-            + [f"{proxy_cpu:.0f}"]
-            + [f"{cpu.get(p, 0):.0f}" for p in ("prefill", "decode", "generator")]
-        )
+            [mode, f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['req_s']:.1f}", s["errors"],
+             *rcells, f"{proxy_cpu:.0f}", *(f"{cpu.get(p, 0):.0f}" for p in OTHER_CPUS)]
+        )  # fmt: skip
     text = title + "\n\n" + markdown_table(head, rows)
     return text + (f"\n\n{GOALS}" if ratios else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=2000, help="requests per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=300)
-    parser.add_argument("--token-delay", type=float, default=0.0, help="fake decode, seconds")
+    add_flags(parser, [("--concurrency", int, 32, None), ("--tokens", int, 16, None),
+                       ("--requests", int, 2000, "requests per round"), ("--rounds", int, 5, None),
+                       ("--warmup", int, 300, None),
+                       ("--token-delay", float, 0.0, "fake decode, seconds")])  # fmt: skip
     parser.add_argument(
         "--endpoint", choices=("completions", "chat", "both"), default="both",
         help="which OpenAI endpoint to drive (both: side by side, each with its own floor)",
@@ -356,24 +348,14 @@ def check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace, out: Path) -> Outcome:
     # name -> command template
-    proxies = {
-        (f"proxy-w{n}" if len(args.workers) > 1 else "proxy"): args.proxy_cmd.replace(
-            "{workers}", str(n)
-        )
-        for n in args.workers
-    }
+    many = len(args.workers) > 1
+    proxies = {(f"proxy-w{n}" if many else "proxy"): args.proxy_cmd.replace("{workers}", str(n))
+               for n in args.workers}  # fmt: skip
     if args.first_token:
-        proxies["first-token"] = (
-            DEFAULT_PROXY_CMD.replace("{workers}", "1") + " --first-token-from-prefill"
-        )
-    for item in args.also:
-        name, _sep, cmd = item.partition("=")
-        proxies[name] = cmd
-    sides = ["floor", *proxies]
-    if args.only == "floor":
-        sides = ["floor"]
-    elif args.only == "proxy":
-        sides = list(proxies)
+        first = DEFAULT_PROXY_CMD.replace("{workers}", "1") + " --first-token-from-prefill"
+        proxies["first-token"] = first
+    proxies.update(item.partition("=")[::2] for item in args.also)
+    sides = {"floor": ["floor"], "proxy": list(proxies)}.get(args.only, ["floor", *proxies])
     endpoints = ["completions", "chat"] if args.endpoint == "both" else [args.endpoint]
     args.modes = [f"{side}:{endpoint}" for endpoint in endpoints for side in sides]
 
@@ -413,12 +395,9 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-    knobs = {
-        k: getattr(args, k)
-        for k in ("concurrency", "tokens", "requests", "rounds", "warmup", "token_delay")
-    }
-    knobs.update(endpoint=args.endpoint, workers=args.workers, proxies=proxies)
-    return Outcome(data, format_table(data, args), {"bench": knobs}, rc=1 if data["errors"] else 0)
+    used = knobs(args, "concurrency", "tokens", "requests", "rounds", "warmup", "token_delay")
+    used.update(endpoint=args.endpoint, workers=args.workers, proxies=proxies)
+    return Outcome(data, format_table(data, args), {"bench": used}, rc=1 if data["errors"] else 0)
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, dict[str, Any]]], dict[str, Any]]:

@@ -14,7 +14,7 @@ from pcp_nixl_connector.handover import DECODE_PHASES
 from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
 from pcp_pd_kit.bench.metrics import Histogram, parse_selector, selector
 from pcp_pd_kit.bench.serve_plan import LONG, MAIN, SHORT, TARGET_TITLES, BenchPlan, ShortPlan
-from pcp_pd_kit.bench.tables import fmt_num, fmt_ratio, markdown_table, ratio, value
+from pcp_pd_kit.bench.tables import VERDICT, fmt_num, fmt_ratio, markdown_table, ratio, value
 
 Result = Mapping[str, Any]
 # (row label, key in vllm bench serve's result JSON)
@@ -117,20 +117,12 @@ class Run:
 
     def summary(self) -> dict[str, Any]:
         d = delivery(self.result)
-        return {
-            "target": self.target,
-            "workload": WORKLOAD_NAMES[self.workload],
-            "concurrency": self.level,
-            "prompts": self.prompts,
-            "returncode": self.returncode,
-            "seconds": round(self.seconds, 1),
-            "timed_out": self.timed_out,
-            "complete": self.complete,
-            "delivery": None if d is None else asdict(d),
-            "counters": self.counters,
-            "gauges": self.gauges,
-            "log": self.log,
-        }
+        return {"target": self.target, "workload": WORKLOAD_NAMES[self.workload],
+                "concurrency": self.level, "prompts": self.prompts,
+                "returncode": self.returncode, "seconds": round(self.seconds, 1),
+                "timed_out": self.timed_out, "complete": self.complete,
+                "delivery": None if d is None else asdict(d), "counters": self.counters,
+                "gauges": self.gauges, "log": self.log}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -246,22 +238,13 @@ def table_rows(runs: Runs, workload: str) -> list[dict[str, Any]]:
     """Per (level, metric): each target's figure (None: not run or not measured) and each
     compared target's ratio to the reference."""
     ref, others = WORKLOADS[workload]
-    levels = sorted({lv for (w, _t, lv) in runs if w == workload})
     rows = []
-    for level in levels:
+    for lv in sorted({lv for (w, _t, lv) in runs if w == workload}):
         for label, key in METRICS:
-            values = {
-                t: value(counted(runs.get((workload, t, level))), key) for t in (ref, *others)
-            }
-            rows.append(
-                {
-                    "concurrency": level,
-                    "metric": label,
-                    "key": key,
-                    "values": values,
-                    "ratios": {t: ratio(values[t], values[ref]) for t in others},
-                }
-            )
+            values = {t: value(counted(runs.get((workload, t, lv))), key) for t in (ref, *others)}
+            ratios = {t: ratio(values[t], values[ref]) for t in others}
+            rows.append({"concurrency": lv, "metric": label, "key": key, "values": values,
+                         "ratios": ratios})  # fmt: skip
     return rows
 
 
@@ -351,30 +334,21 @@ def breakdown(run: Run) -> list[dict[str, Any]]:
             label = f"{label} (lease {lease:g} s)"
         bucket = None if hist is None else hist.bucket_of(0.5)
         means[name] = None if hist is None else _ms(hist.mean)
-        rows.append(
-            {
-                "label": label,
-                "mean_ms": means[name],
-                "p50_bucket_ms": None if bucket is None else [b * 1000.0 for b in bucket],
-                "count": None if hist is None else hist.count,
-            }
-        )
+        p50 = None if bucket is None else [b * 1000.0 for b in bucket]
+        count = None if hist is None else hist.count
+        rows.append({"label": label, "mean_ms": means[name], "p50_bucket_ms": p50, "count": count})
 
     def diff(a: str, b: str) -> float | None:
         x, y = means.get(a), means.get(b)
         return None if x is None or y is None else x - y
 
-    rows += [
-        {
-            "label": "derived: decode TTFB outside the handover",
-            "mean_ms": diff("pd_proxy_decode_ttfb_seconds", HANDOVER_ALL),
-        },
-        {
-            "label": "derived: proxy client TTFB - vLLM TTFT",
-            "mean_ms": diff("pd_proxy_time_to_first_byte_seconds", TTFT_SECONDS),
-        },
-    ]
-    return rows
+    derived = {
+        "derived: decode TTFB outside the handover": (
+            "pd_proxy_decode_ttfb_seconds", HANDOVER_ALL),
+        "derived: proxy client TTFB - vLLM TTFT": (
+            "pd_proxy_time_to_first_byte_seconds", TTFT_SECONDS),
+    }  # fmt: skip
+    return rows + [{"label": k, "mean_ms": diff(*pair)} for k, pair in derived.items()]
 
 
 def format_breakdown(runs: Sequence[Run]) -> str:
@@ -414,22 +388,15 @@ def goals(runs: Runs) -> list[dict[str, Any]]:
         a, b = value(mine.result, "median_ttft_ms"), value(base.result, "median_ttft_ms")  # type: ignore[union-attr]
         r = ratio(a, b)
         met = None if r is None else (low is None or r >= low) and r <= high
-        out.append(
-            {
-                "goal": text,
-                "measured": f"{fmt_num(a)} / {fmt_num(b)} ms = {fmt_ratio(r)}",
-                "ratio": r,
-                "met": met,
-            }
-        )
+        measured = f"{fmt_num(a)} / {fmt_num(b)} ms = {fmt_ratio(r)}"
+        out.append({"goal": text, "measured": measured, "ratio": r, "met": met})
     return out
 
 
 def format_goals(found: Sequence[Mapping[str, Any]]) -> str:
-    verdict = {True: "met", False: "NOT MET", None: "n/a"}
     return markdown_table(
         ["goal (reported, never a failure)", "measured", "result"],
-        [[g["goal"], g["measured"], verdict[g["met"]]] for g in found],
+        [[g["goal"], g["measured"], VERDICT[g["met"]]] for g in found],
     )
 
 
@@ -461,40 +428,20 @@ def render(
     }
     for name, chosen in where.items():
         if chosen:
-            text += [
-                "",
-                f"== where TTFT goes, {name} workload, c={chosen[0].level} (means) ==",
-                format_breakdown(chosen),
-            ]
+            title = f"== where TTFT goes, {name} workload, c={chosen[0].level} (means) =="
+            text += ["", title, format_breakdown(chosen)]
     found = goals(by)
     text += ["", "== goals ==", format_goals(found)]
     if errors:
         text += ["", "errors (their cells read n/a):", *(f"- {e}" for e in errors)]
     checks = [{"run": r.name, **asdict(c)} for r in runs if (c := check(r)) is not None]
-    figures = {
-        "plan": plan.as_dict(),
-        "short_plan": short.as_dict(),
-        "tables": tables,
-        "checks": checks,
-        "breakdown": {
-            name: {r.target: breakdown(r) for r in chosen}
-            for name, chosen in where.items()
-            if chosen
-        },
-        "goals": found,
-        "errors": list(errors),
+    shown = {
+        name: {r.target: breakdown(r) for r in chosen} for name, chosen in where.items() if chosen
     }
-    result = {
-        **figures,
-        "breakdown_every_level": [
-            {
-                "workload": WORKLOAD_NAMES[r.workload],
-                "target": r.target,
-                "concurrency": r.level,
-                "rows": breakdown(r),
-            }
-            for r in runs
-        ],
-        "runs": [r.summary() for r in runs],
-    }
+    figures = {"plan": plan.as_dict(), "short_plan": short.as_dict(), "tables": tables,
+               "checks": checks, "breakdown": shown, "goals": found,
+               "errors": list(errors)}  # fmt: skip
+    every = [{"workload": WORKLOAD_NAMES[r.workload], "target": r.target, "concurrency": r.level,
+              "rows": breakdown(r)} for r in runs]  # fmt: skip
+    result = {**figures, "breakdown_every_level": every, "runs": [r.summary() for r in runs]}
     return "\n".join(text), result, figures

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
-import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -31,6 +29,8 @@ from typing import Any
 
 import aiohttp
 
+from pcp_pd_kit.bench.client import served_model
+from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome
 from pcp_pd_kit.bench.tables import markdown_table
 
@@ -123,16 +123,9 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
-    return [
-        {
-            "size": r.size,
-            "endpoint": r.endpoint,
-            "counts": dict(r.counts),
-            "counts_agree": r.counts_agree,
-            "stats": {k: vars(v) for k, v in r.stats.items()},
-        }
-        for r in rows
-    ]
+    return [{"size": r.size, "endpoint": r.endpoint, "counts": dict(r.counts),
+             "counts_agree": r.counts_agree, "stats": {k: vars(v) for k, v in r.stats.items()}}
+            for r in rows]  # fmt: skip
 
 
 async def _timed(
@@ -197,20 +190,14 @@ async def measure(url: str, model: str, tokenizer_dir: str, n: int, warmup: int)
     return rows
 
 
-def served(url: str) -> tuple[str, str]:
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as resp:
-        first = json.loads(resp.read())["data"][0]
-    return str(first["id"]), str(first.get("root") or first["id"])
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=None, help="a running vLLM (a decode); default: start one")
-    parser.add_argument("--tokenizer", default=None, help="default: the served model's root")
-    parser.add_argument("--requests", type=int, default=200, help="timed per cell (%(default)s)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed first (%(default)s)")
-    parser.add_argument("--port-base", type=int, default=18400, help="when starting (%(default)s)")
+    add_flags(parser, [
+        ("--url", str, None, "a running vLLM (a decode); default: start one"),
+        ("--tokenizer", str, None, "default: the served model's root"),
+        ("--requests", int, 200, "timed per cell (%(default)s)"),
+        ("--warmup", int, 20, "untimed first (%(default)s)"),
+        ("--port-base", int, 18400, "when starting (%(default)s)"),
+    ])  # fmt: skip
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -223,25 +210,19 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     stack = None
     url = args.url.rstrip("/") if args.url else None
     if url is None:
-        from pcp_pd_kit.bench import serve_plan as spec
+        from pcp_pd_kit.bench.serve_plan import bench_settings
         from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
-        from pcp_pd_kit.settings import kit_env, settings_from_env
 
-        ports = spec.bench_ports(args.port_base)
-        settings = dataclasses.replace(settings_from_env(kit_env(os.environ)), **ports)  # type: ignore[arg-type]
+        settings = bench_settings(args.port_base)
         stack = Stack(settings, parts=REFERENCE_PARTS, work_dir=out / "servers")
         stack.start()
         url = stack.urls["reference"]
     try:
-        model, root = served(url)
+        model, root = served_model(url)
         rows = asyncio.run(measure(url, model, args.tokenizer or root, args.requests, args.warmup))
     finally:
         if stack is not None:
             stack.stop()
     knobs = {"url": args.url, "requests": args.requests, "warmup": args.warmup, "model": model}
-    return Outcome(
-        rows_json(rows),
-        format_table(rows),
-        {"bench": knobs},
-        rc=0 if all(r.counts_agree for r in rows) else 1,
-    )
+    rc = 0 if all(r.counts_agree for r in rows) else 1
+    return Outcome(rows_json(rows), format_table(rows), {"bench": knobs}, rc=rc)

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.bench.results import Outcome
-from pcp_pd_kit.bench.tables import markdown_table
+from pcp_pd_kit.bench.kinds import add_flags
+from pcp_pd_kit.bench.results import Outcome, knobs
+from pcp_pd_kit.bench.tables import fmt_ratio, markdown_table, ratio
 from pcp_pd_kit.localstack.host import free_port
 
 HELP = "compose cpu profile: 1P1D vs 2P1D at a prefill-bound load (needs Docker, make images)"
@@ -62,16 +63,10 @@ class Stack:
         self.proxy_url = f"http://127.0.0.1:{proxy}"
         self.prom_url = f"http://127.0.0.1:{prom}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "KIT_"))}
-        self.env = {
-            **env,
-            "COMPOSE_PROJECT_NAME": PROJECT,
-            "COMPOSE_BAKE": "false",
-            "PROXY_BIND_ADDRESS": "127.0.0.1",
-            "PROXY_PORT": str(proxy),
-            "PROMETHEUS_PORT": str(prom),
-            "KIT_SECRETS_DIR": str(secrets_dir),
-            "PD_SUBNET": SUBNET,
-        }
+        self.env = {**env, "COMPOSE_PROJECT_NAME": PROJECT, "COMPOSE_BAKE": "false",
+                    "PROXY_BIND_ADDRESS": "127.0.0.1", "PROXY_PORT": str(proxy),
+                    "PROMETHEUS_PORT": str(prom), "KIT_SECRETS_DIR": str(secrets_dir),
+                    "PD_SUBNET": SUBNET}  # fmt: skip
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         argv = ["docker", "compose", "--env-file", str(REPO / ".env.example"), "--profile", "cpu"]
@@ -148,10 +143,6 @@ def run_bench(stack: Stack, args: argparse.Namespace, out: Path) -> dict[int, di
     return {c: json.loads((run_dir / f"pd-c{c}.json").read_text()) for c in levels}
 
 
-def ratio(new: float | None, old: float | None) -> str:
-    return "n/a" if not new or not old else f"{new / old:.2f}x"
-
-
 def table(results: dict[int, dict[int, dict[str, Any]]], served: dict[int, list[float]]) -> str:
     """Pure: the side-by-side Markdown table of 1P1D and 2P1D per concurrency level."""
     keys = (("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
@@ -162,7 +153,7 @@ def table(results: dict[int, dict[int, dict[str, Any]]], served: dict[int, list[
             one = results[1][level].get(key)
             two = results.get(2, {}).get(level, {}).get(key)
             cells = [f"{v:.1f}" if isinstance(v, float | int) else "n/a" for v in (one, two)]
-            rows.append([level, label, cells[0], cells[1], ratio(two, one)])
+            rows.append([level, label, *cells, fmt_ratio(ratio(two or None, one))])
     lines = [markdown_table(["concurrency", "metric", "1P1D", "2P1D", "2P/1P"], rows)]
     for replicas, counts in sorted(served.items()):
         lines.append(f"\nprefills per replica, {replicas}P1D: {sorted(int(c) for c in counts)}")
@@ -170,10 +161,10 @@ def table(results: dict[int, dict[int, dict[str, Any]]], served: dict[int, list[
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", default="8", help="levels, comma-separated (8)")
-    parser.add_argument("--prompts", type=int, default=48, help="prompts per level (48)")
-    parser.add_argument("--input-len", type=int, default=1000, help="(1000: prefill-bound)")
-    parser.add_argument("--output-len", type=int, default=4, help="(4)")
+    add_flags(parser, [("--concurrency", str, "8", "levels, comma-separated (8)"),
+                       ("--prompts", int, 48, "prompts per level (48)"),
+                       ("--input-len", int, 1000, "(1000: prefill-bound)"),
+                       ("--output-len", int, 4, "(4)")])  # fmt: skip
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -211,5 +202,5 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
         "ttft_median_over_levels_ms": {f"{r}p1d": m for r, m in medians.items()},
         "up_s": {f"{r}p1d": round(s, 1) for r, s in up_s.items()},
     }
-    knobs = {k: getattr(args, k) for k in ("concurrency", "prompts", "input_len", "output_len")}
-    return Outcome(data, table(results, served), {"bench": knobs, "project": PROJECT})
+    used = knobs(args, "concurrency", "prompts", "input_len", "output_len")
+    return Outcome(data, table(results, served), {"bench": used, "project": PROJECT})
