@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pcp_pd_kit.bench import cache, cache_clients, cache_plan, cache_report, kinds
+from pcp_pd_kit.bench import cache, cache_plan, cache_report, kinds
 from pcp_pd_kit.bench.results import Outcome
 from pcp_pd_kit.cli import main
 from pcp_pd_kit.localstack.commands import ProcessSpec, proxy_spec
@@ -174,7 +174,7 @@ def test_conversations_run_concurrently_and_return_follow_up_ttfts_in_order() ->
             active[0] -= 1
         return len(prompt) / 1000
 
-    out = cache_clients.follow_up_ttfts("http://u", "m", [1, 3, 5, 7], plan, 2, send)
+    out = cache.follow_up_ttfts("http://u", "m", [1, 3, 5, 7], plan, 2, send)
     assert out == [0.088] * 4 and peak[0] == 2
     assert sorted(n for n, _ in sent) == [80] * 4 + [88] * 4
 
@@ -187,7 +187,7 @@ def test_counter_growth_and_paths() -> None:
             'pd_proxy_requests_total{path="pd"}': 8.0,
         }
     }
-    grown = cache_clients.grown(before, after)["p"]
+    grown = cache.counter_growth(before, after)["p"]
     assert cache_report.paths(grown) == {"local": 8.0, "pd": 8.0}
     assert cache_report.path_check(grown, 8).measured
     check = cache_report.path_check(grown, 9)

@@ -1,23 +1,7 @@
-"""Prefix caching through the kit against a single vLLM, side by side in one run.
-
-Starts the local CPU stack with prefix caching on (PCP2 + EP2 prefill and decode publishing KV
-events, the single-instance reference) and pd-proxies on their own ports, then:
-
-1. multi-turn: conversations of two turns (a first turn of --context token ids, then the same
-   plus --new ids after --think-ms); the follow-up's time to first token through a proxy with
-   --prefix-cache-routing events and --local-prefill-max-tokens N (the follow-up's uncached
-   tokens are below N: decode alone) against the single vLLM, both warm, at each --concurrency;
-2. short prompts: text prompts of about 32 tokens at c=1 on the single vLLM, through a proxy
-   counting them with decode's /tokenize and through one with the local --tokenizer;
-3. shared prefixes: decode and the reference stop; two decodes with a small KV cache
-   (--kv-blocks, fewer than every prefix needs) start behind two proxies, one routing by cache
-   (events) and one by least outstanding requests (off), both sending every prompt to a decode
-   alone (N = the decodes' max model length: the prefill takes no part, so the figures are the
-   routing's alone); `vllm bench serve --dataset-name prefix_repetition` runs against them in
-   alternating order, each decode's prefix cache emptied before each run. Cache-hit tokens come
-   from both decodes' vllm:prefix_cache_hits_total.
-
-Medians, and the goals, reported (never a failure). Exit 1 when a run failed.
+"""Prefix caching through the kit against a single vLLM, side by side in one run (docs/bench.md):
+follow-up turns, short prompts, and shared prefixes across two decodes routed by cache (events)
+against least outstanding (off). Medians and goals, reported (never a failure); exit 1 when a run
+failed.
 
     pcp-pd-kit bench cache                    # about 4-5 minutes on 2 cores
 """
@@ -26,22 +10,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pcp_pd_kit.bench import cache_clients as clients
 from pcp_pd_kit.bench import cache_plan as cp
 from pcp_pd_kit.bench import cache_report as report
 from pcp_pd_kit.bench import serve_plan as spec
-from pcp_pd_kit.bench.client import bench_env, read_result, run_process
+from pcp_pd_kit.bench.client import BenchError, bench_env, http, read_result, run_process
 from pcp_pd_kit.bench.kinds import add_flags
+from pcp_pd_kit.bench.metrics import counter_values
+from pcp_pd_kit.bench.prefix_ttft import request_body, ttft_s
 from pcp_pd_kit.bench.results import Outcome, knobs, startup_s
 from pcp_pd_kit.localstack import commands
 from pcp_pd_kit.localstack.host import ensure_ports_free
 from pcp_pd_kit.localstack.model_source import ResolvedModel
 from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
+from pcp_pd_kit.localstack.report import parse_metrics
 from pcp_pd_kit.localstack.stack import Stack
 from pcp_pd_kit.settings import StackSettings
 
@@ -178,6 +168,86 @@ def stop_all(procs: list[ManagedProcess]) -> None:
             log.error("stopping %s failed: %s", proc.name, exc)
 
 
+# --- clients: blocking HTTP, one thread per concurrent conversation ---------------------------
+COUNTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("pd_proxy_requests_total", ("path",)),
+    ("vllm:prefix_cache_hits_total", ()),
+    ("vllm:prefix_cache_queries_total", ()),
+    ("vllm:prompt_tokens_by_source_total", ("source",)),
+    ("vllm:request_success_total", ()),
+)
+Counters = dict[str, float]
+
+
+def follow_up_ttfts(
+    url: str, model: str, seeds: Sequence[int], plan: cp.CachePlan, concurrency: int,
+    send: Callable[[str, dict[str, object]], float] = ttft_s,
+) -> list[float]:  # fmt: skip
+    """One conversation per seed, ``concurrency`` at a time: the first turn (untimed), a pause
+    of plan.think_ms, then the follow-up, whose TTFT (s) is returned in seed order."""
+
+    def one(seed: int) -> float:
+        first, follow_up = cp.conversation(seed, plan.context, plan.new)
+        send(url, request_body(model, first, None))
+        time.sleep(plan.think_ms / 1000)
+        return send(url, request_body(model, follow_up, None))
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, seeds))
+
+
+def short_body(model: str, text: str) -> dict[str, object]:
+    return {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "stream": True}
+
+
+def counters(url: str) -> Counters:
+    """The COUNTERS of one /metrics page, keyed by selector; {} when it cannot be read."""
+    try:
+        samples = parse_metrics(http(f"{url}/metrics", timeout_s=10))
+    except (BenchError, ValueError):
+        return {}
+    out: Counters = {}
+    for name, keep in COUNTERS:
+        out.update(counter_values(samples, name, keep) or {})
+    return out
+
+
+def snapshot(sources: Mapping[str, str]) -> dict[str, Counters]:
+    return {name: counters(url) for name, url in sources.items()}
+
+
+def counter_growth(
+    before: Mapping[str, Counters], after: Mapping[str, Counters]
+) -> dict[str, Counters]:
+    """source -> selector -> growth (a series absent before counts from zero)."""
+    return {
+        source: {k: v - before.get(source, {}).get(k, 0.0) for k, v in later.items()}
+        for source, later in after.items()
+    }
+
+
+def reset_prefix_cache(url: str, tries: int = 20) -> None:
+    """Empty a server's prefix cache (vLLM's dev endpoint: VLLM_SERVER_DEV_MODE=1); retried
+    while blocks are still held."""
+    for _ in range(tries):
+        request = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            text = resp.read().decode(errors="replace")
+        try:
+            ok = json.loads(text).get("success", True) if text.strip() else True
+        except ValueError:
+            ok = True
+        if ok:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}: the prefix cache could not be reset")
+
+
+def added_special_tokens(url: str, model: str) -> int:
+    """How many tokens the tokenizer adds to a completion prompt (a BOS): /tokenize of ''."""
+    return int(json.loads(http(f"{url}/tokenize", None, {"model": model, "prompt": ""}))["count"])
+
+
 # --- the three workloads ----------------------------------------------------------------------
 def run_multi_turn(
     urls: dict[str, str], model: str, plan: cp.CachePlan
@@ -186,21 +256,21 @@ def run_multi_turn(
     targets = {"kit": urls["kit"], "single": urls["single"]}
     for name, url in targets.items():
         seeds = [plan.seed - 100 - 2 * i for i in range(WARM_CONVERSATIONS)]
-        clients.follow_up_ttfts(url, model, seeds, plan, 1)
+        follow_up_ttfts(url, model, seeds, plan, 1)
         log.info("multi-turn: %s warm", name)
     sources = {"proxy": urls["kit"], "decode": urls["decode"], "reference": urls["single"]}
     out: dict[int, dict[str, Any]] = {}
     for level in plan.levels:
         ttft: dict[str, list[float]] = {name: [] for name in targets}
-        before = clients.snapshot(sources)
+        before = snapshot(sources)
         half = plan.conversations // 2
         for part, count in enumerate((half, plan.conversations - half)):
             base = plan.seed + 100_000 * level + 10_000 * part
             seeds = [base + 2 * i for i in range(count)]
             for name in cp.rotation(list(targets), part):
-                ttft[name] += clients.follow_up_ttfts(targets[name], model, seeds, plan, level)
-        grown = clients.grown(before, clients.snapshot(sources))
-        out[level] = {"ttft_s": ttft, "conversations": plan.conversations, **grown}
+                ttft[name] += follow_up_ttfts(targets[name], model, seeds, plan, level)
+        growth = counter_growth(before, snapshot(sources))
+        out[level] = {"ttft_s": ttft, "conversations": plan.conversations, **growth}
         kit, single = (report.median_ms(ttft[t]) or 0 for t in ("kit", "single"))
         log.info("multi-turn c=%d: kit %.1f ms, single %.1f ms (follow-up TTFT medians)",
                  level, kit, single)  # fmt: skip
@@ -213,17 +283,17 @@ def run_short(urls: dict[str, str], model: str, plan: cp.CachePlan) -> dict[str,
     for name, url in targets.items():
         for i in range(WARM_SHORT):
             text = cp.short_prompt(plan.seed - 1000 - 10 * i - index[name], plan.short_words)
-            clients.http_ttft(url, clients.short_body(model, text))
+            ttft_s(url, short_body(model, text))
     proxies = {t: targets[t] for t in ("tokenize", "tokenizer")}
-    before = clients.snapshot(proxies)
+    before = snapshot(proxies)
     ttft: dict[str, list[float]] = {t: [] for t in targets}
     for i in range(plan.short_requests):
         for name in cp.rotation(list(targets), i):
             # A prompt of its own per request: decode serves two of the targets.
             text = cp.short_prompt(plan.seed + 10 * i + index[name], plan.short_words)
-            ttft[name].append(clients.http_ttft(targets[name], clients.short_body(model, text)))
-    grown = clients.grown(before, clients.snapshot(proxies))
-    return {"ttft_s": ttft, "requests": plan.short_requests, "proxies": grown}
+            ttft[name].append(ttft_s(targets[name], short_body(model, text)))
+    growth = counter_growth(before, snapshot(proxies))
+    return {"ttft_s": ttft, "requests": plan.short_requests, "proxies": growth}
 
 
 def run_shared(
@@ -236,10 +306,10 @@ def run_shared(
         for mode in cp.rotation(list(cp.SHARED_MODES), rnd):
             name = f"shared-{rnd + 1}-{mode}"
             for url in decodes.values():
-                clients.reset_prefix_cache(url)
+                reset_prefix_cache(url)
             proxy = urls[f"proxy-{mode}"]
             sources = {**decodes, "proxy": proxy}
-            before = clients.snapshot(sources)
+            before = snapshot(sources)
             argv = cp.prefix_bench_argv(
                 proxy, model.served_name, model.path, plan, plan.seed, str(out), f"{name}.json"
             )
@@ -247,13 +317,13 @@ def run_shared(
                 argv, out / "logs" / f"{name}.log", env, plan.run_timeout_s, name
             )
             time.sleep(1.0)
-            grown = clients.grown(before, clients.snapshot(sources))
+            growth = counter_growth(before, snapshot(sources))
             result = read_result(out / f"{name}.json")
             fields = None if result is None else {k: result.get(k) for k in RESULT_FIELDS}
             runs.append({"mode": mode, "round": rnd + 1, "returncode": code,
                          "seconds": round(seconds, 1), "timed_out": timed_out, "result": fields,
-                         "decodes": {k: grown[k] for k in decodes},
-                         "proxy": grown["proxy"]})  # fmt: skip
+                         "decodes": {k: growth[k] for k in decodes},
+                         "proxy": growth["proxy"]})  # fmt: skip
             ttft = None if result is None else result.get("median_ttft_ms")
             log.info("%s: exit %s in %.0fs, TTFT median %s ms", name, code, seconds, ttft)
     return runs
@@ -310,9 +380,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                                      log_dir, decode_only=True)
                        for mode in cp.SHARED_MODES]  # fmt: skip
             start_all(extras, settings.startup_timeout_s)
-            data["added_special_tokens"] = clients.added_special_tokens(
-                urls["decode-a"], model.served_name
-            )
+            data["added_special_tokens"] = added_special_tokens(urls["decode-a"], model.served_name)
             data["shared"] = run_shared(urls, model, plan, out)
     except Exception as exc:
         log.error("bench cache failed: %s", exc)

@@ -92,11 +92,7 @@ def path_check(grown: Mapping[str, float], wanted_local: int) -> PathCheck:
 
 # --- multi-turn ------------------------------------------------------------------------------
 def multi_turn_rows(runs: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per level: kit and single follow-up TTFT medians, their ratio and the kit's paths.
-
-    runs: level -> {"ttft_s": {target: [s]}, "proxy": counter growth, "decode": growth,
-    "conversations": n}.
-    """
+    """Per level: kit and single follow-up TTFT medians, their ratio and the kit's paths."""
     rows = []
     for level, run in sorted(runs.items()):
         ttft = run.get("ttft_s", {})
@@ -156,11 +152,7 @@ def format_short(rows: Sequence[Mapping[str, Any]], words: int, requests: int) -
 # --- shared prefixes across two decodes -------------------------------------------------------
 def shared_rows(runs: Sequence[Mapping[str, Any]], ideal: int) -> list[dict[str, Any]]:
     """Per run, in order: mode, TTFT median, cache-hit tokens over both decodes and their
-    fraction of ideal, requests per decode.
-
-    runs: {"mode", "round", "result" (vllm bench serve's JSON or None), "decodes": {name:
-    growth}, "proxy": growth}.
-    """
+    fraction of ideal, requests per decode."""
     rows = []
     for run in runs:
         result = run.get("result") or {}

@@ -154,10 +154,8 @@ def bench_env(api_key: str | None = None) -> dict[str, str]:
 def run_process(
     argv: Sequence[str], log_path: Path, env: Mapping[str, str], timeout_s: float, what: str
 ) -> tuple[int | None, float, bool]:
-    """argv in its own process group, output to log_path: (returncode, seconds, timed out).
-
-    A heartbeat is logged while it runs; on timeout or Ctrl-C the whole group is killed.
-    """
+    """argv in its own process group, output to log_path: (returncode, seconds, timed out); a
+    heartbeat is logged while it runs; on timeout or Ctrl-C the whole group is killed."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "ab") as out:

@@ -100,11 +100,8 @@ def histogram(
 
 
 def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:
-    """Observations made between two scrapes; None when the metric is missing afterwards.
-
-    Missing before (a lazily created metric, first observed during the run) counts as zero. A
-    count that went down means the server restarted: the delta would be meaningless, so None.
-    """
+    """Observations made between two scrapes; None when missing afterwards, or when the count
+    went down (a restarted server). Missing before (created lazily) counts as zero."""
     if after is None:
         return None
     if before is None:

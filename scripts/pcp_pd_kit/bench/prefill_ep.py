@@ -30,11 +30,11 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench.client import http
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.commands import ProcessSpec
@@ -80,13 +80,9 @@ def prompt_ids(length: int, seed: int) -> list[int]:
 
 
 def request_ms(url: str, model: str, ids: list[int]) -> float:
-    body = json.dumps({"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0})
-    req = urllib.request.Request(
-        f"{url}/v1/completions", body.encode(), {"Content-Type": "application/json"}
-    )
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0}
     start = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        answer = json.load(resp)
+    answer = json.loads(http(f"{url}/v1/completions", None, body, timeout_s=300))
     took = (time.perf_counter() - start) * 1000
     if answer["usage"]["prompt_tokens"] != len(ids):
         raise RuntimeError(f"server saw {answer['usage']['prompt_tokens']} prompt tokens")

@@ -1,16 +1,7 @@
-"""vLLM's own serving benchmark, `vllm bench serve`, against a single vLLM and the P/D variants.
+"""vLLM's own serving benchmark, `vllm bench serve`, against a single vLLM and the P/D variants
+(single, pd, pd-ft, pd-local; docs/bench.md). With no URL it starts the local CPU stack in two
+phases; with URLs it benchmarks a running deployment and starts nothing.
 
-Targets: single (one plain vLLM), pd (prefill + decode through pd-proxy), pd-ft (the same pair
-through a pd-proxy with --first-token-from-prefill) and pd-local (through one with
---local-prefill-max-tokens N: the short prompts on decode alone, the long ones still P/D). Same
-model, seeded random dataset and greedy requests for all; per run the /metrics of the proxy,
-prefill and decode are read before and after, so each breakdown row counts that run alone.
-
-Local mode (no URL given) starts the local CPU stack in two phases, the single instance alone,
-then prefill + decode with the pd-proxies, each stopped before the next; remote mode
-(--base-url, --single-url, ...) benchmarks a running deployment and starts nothing.
-
-    pcp-pd-kit bench serve                                    # make bench's serving part
     pcp-pd-kit bench serve --targets single,pd --concurrency 1,4 --prompts 16
     pcp-pd-kit bench serve --base-url http://gpu-host:8000 --single-url http://gpu-host:8300
 """

@@ -236,9 +236,7 @@ def run_order(
 
 @dataclass(frozen=True)
 class Target:
-    """One endpoint to benchmark: 'single' (plain vLLM), 'pd' (pd-proxy in front of P/D),
-    'pd-local' (a pd-proxy with --local-prefill-max-tokens in front of the same pair) or 'pd-ft'
-    (a pd-proxy with --first-token-from-prefill in front of the same P/D pair)."""
+    """One endpoint to benchmark, named by one of TARGETS."""
 
     name: str
     base_url: str

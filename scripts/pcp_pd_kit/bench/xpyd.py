@@ -1,19 +1,8 @@
-"""xPyD on the compose cpu profile: 1P1D against 2P1D at a prefill-bound load, side by side.
-
-Starts the cpu profile under its own project name (free loopback ports, its own subnet and key),
-first with PREFILL_REPLICAS=1, then raises it to 2 with the same `docker compose up` (compose adds
-the second replica, pd-proxy and Prometheus find it by DNS), and runs `pcp-pd-kit bench serve` in
-remote mode (vLLM's `vllm bench serve` through the proxy) with long prompts and few output tokens
-at each concurrency level. It prints TTFT, E2E and request throughput per topology with the 2P/1P
-ratio, and how many prefills each replica served (Prometheus, per replica). The stack is taken
+"""xPyD on the compose cpu profile: 1P1D against 2P1D at a prefill-bound load, side by side
+(docs/bench.md). Heavy: two or three vLLM servers, the images of `make images`; the stack is taken
 down with `down -v` at the end, also on a failure or Ctrl-C.
 
-Usage (heavy: two or three vLLM servers; the images from `make images`):
-    pcp-pd-kit bench xpyd
     pcp-pd-kit bench xpyd --concurrency 4,8 --input-len 1000 --output-len 4
-Not a timed test: the figures depend on the machine. On a CPU host both prefill replicas share
-the prefill's cores (PREFILL_CPUS), so the comparison shows what a second replica costs or gains
-there, not what a GPU host with a GPU set per replica gets (docs/gpu.md).
 """
 
 from __future__ import annotations
