@@ -31,15 +31,10 @@ PORT_OFFSETS = {
     "proxy-cache": 4,  # --prefix-cache-routing events + N + --tokenizer: the kit's cache setup
     "proxy-events": 5,  # two decodes, cache-aware
     "proxy-off": 6,  # two decodes, least outstanding requests
-    "decode-a": 40,
-    "decode-a-side": 41,
-    "decode-b": 42,
-    "decode-b-side": 43,
+    "decode-a": 40, "decode-a-side": 41, "decode-b": 42, "decode-b-side": 43,
     "events-prefill": 50,  # ZMQ PUB; its replay ROUTER is the next port
-    "events-decode": 52,
-    "events-decode-a": 54,
-    "events-decode-b": 56,
-}
+    "events-decode": 52, "events-decode-a": 54, "events-decode-b": 56,
+}  # fmt: skip
 CACHE_ROUTING = "events"
 SHORT_TARGETS = ("single", "tokenize", "tokenizer")
 SHARED_MODES = ("events", "off")
@@ -75,14 +70,10 @@ class CachePlan:
 
     def problems(self, block_size: int) -> list[str]:
         out = []
-        counts = {
-            "--conversations": self.conversations,
-            "--short-requests": self.short_requests,
-            "--prefixes": self.prefixes,
-            "--per-prefix": self.per_prefix,
-            "--shared-rounds": self.shared_rounds,
-            "--local-max-tokens": self.local_max,
-        }
+        counts = {"--conversations": self.conversations, "--short-requests": self.short_requests,
+                  "--prefixes": self.prefixes, "--per-prefix": self.per_prefix,
+                  "--shared-rounds": self.shared_rounds,
+                  "--local-max-tokens": self.local_max}  # fmt: skip
         out += [f"{flag} must be >= 1, got {n}" for flag, n in counts.items() if n < 1]
         if not self.levels or min(self.levels) < 1:
             out.append(f"--concurrency levels must be >= 1, got {list(self.levels)}")
@@ -135,15 +126,9 @@ def ideal_hit_tokens(plan: CachePlan, block_size: int, added: int) -> int:
 def kv_events_config(port: int) -> str:
     """vLLM's --kv-events-config: a ZMQ publisher bound on every interface (the proxy finds it
     at the server's GET /kv_event_sources), its replay socket on the next port."""
-    return json.dumps(
-        {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{port}",
-            "replay_endpoint": f"tcp://*:{port + 1}",
-            "topic": "kv",
-        }
-    )
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                       "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{port + 1}",
+                       "topic": "kv"})  # fmt: skip
 
 
 def with_kv_events(spec: ProcessSpec, port: int) -> ProcessSpec:

@@ -16,26 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pcp_pd_kit.bench.metrics import (
-    Histogram,
-    counter_delta,
-    counter_values,
-    delta,
-    gauge_max,
-    histogram,
-)
+from pcp_pd_kit.bench import metrics as m
 from pcp_pd_kit.localstack.process import parent_death_preexec, signal_group
 from pcp_pd_kit.localstack.report import parse_metrics
 
 log = logging.getLogger("pcp_pd_kit.bench")
 HEARTBEAT_S = 30.0
-BENCH_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
+BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
 
 
 class BenchError(RuntimeError):
@@ -78,7 +66,7 @@ def served_model(base_url: str, api_key: str | None = None) -> tuple[str, str]:
 class Scrape:
     """What one /metrics page held of what the bench reads."""
 
-    histograms: dict[str, Histogram | None] = field(default_factory=dict)
+    histograms: dict[str, m.Histogram | None] = field(default_factory=dict)
     counters: dict[str, dict[str, float] | None] = field(default_factory=dict)
     gauges: dict[str, float | None] = field(default_factory=dict)
 
@@ -100,12 +88,9 @@ def scrape(url: str, source: str, wanted: Wanted, api_key: str | None = None) ->
         log.warning("cannot read %s/metrics (its rows will be n/a): %s", url, exc)
         return None
     return Scrape(
-        {name: histogram(samples, name) for name in wanted.histograms.get(source, ())},
-        {
-            name: counter_values(samples, name, keep)
-            for name, keep in wanted.counters.get(source, ())
-        },
-        {name: gauge_max(samples, name) for name in wanted.gauges.get(source, ())},
+        {name: m.histogram(samples, name) for name in wanted.histograms.get(source, ())},
+        {name: m.counter_values(samples, name, k) for name, k in wanted.counters.get(source, ())},
+        {name: m.gauge_max(samples, name) for name in wanted.gauges.get(source, ())},
     )
 
 
@@ -118,23 +103,23 @@ def snapshot(
 def grown(
     before: Mapping[str, Scrape | None], after: Mapping[str, Scrape | None]
 ) -> tuple[
-    dict[str, dict[str, Histogram | None]],
+    dict[str, dict[str, m.Histogram | None]],
     dict[str, dict[str, float] | None],
     dict[str, dict[str, float | None]],
 ]:
     """(histogram deltas, counter growth, gauges after) per source between two snapshots."""
-    hists: dict[str, dict[str, Histogram | None]] = {}
+    hists: dict[str, dict[str, m.Histogram | None]] = {}
     counters: dict[str, dict[str, float] | None] = {}
     for source, later in after.items():
         earlier = before.get(source)
         if later is None or earlier is None:
             continue
         hists[source] = {
-            n: delta(h, earlier.histograms.get(n)) for n, h in later.histograms.items()
+            n: m.delta(h, earlier.histograms.get(n)) for n, h in later.histograms.items()
         }
         merged: dict[str, float] = {}
         for name, values in later.counters.items():
-            merged.update(counter_delta(values, earlier.counters.get(name)) or {})
+            merged.update(m.counter_delta(values, earlier.counters.get(name)) or {})
         counters[source] = merged or None
     gauges = {
         s: dict(later.gauges) for s, later in after.items() if later is not None and later.gauges

@@ -56,15 +56,6 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The prefill leg: non-streaming, one token, the KV kept for a remote decode."""
-    return {**body, "kv_transfer_params": PREFILL_KV, "stream": False, "max_tokens": 1}
-
-
-def decode_body(body: dict[str, Any], kv: Any) -> dict[str, Any]:
-    return {**body, "kv_transfer_params": kv}
-
-
 HELP = "pd-proxy against its floor (a client doing both legs) on fake vLLMs: latency, CPU"
 GOALS = "goals: p50 <= 1.15x, throughput >= 0.9x the floor of the same endpoint"
 
@@ -118,10 +109,8 @@ def _children(pid: int) -> list[int]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its live descendants (Linux /proc; 0 elsewhere).
-
-    A negative ``pid`` counts that process alone.
-    """
+    """User+system CPU of a process and its live descendants (Linux /proc; 0 elsewhere); a
+    negative ``pid`` counts that process alone."""
     if pid < 0:
         return _own_cpu(-pid)
     total, todo = 0.0, [pid]
@@ -169,11 +158,9 @@ def check_stream(raw: bytes, tokens: int, chat: bool) -> bool:
 
 def client_body(endpoint: str, tokens: int) -> dict:
     body: dict = {"model": "fake-model", "max_tokens": tokens, "stream": True}
-    if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": "hello " * 8}]
-    else:
-        body["prompt"] = "hello " * 8
-    return body
+    text = "hello " * 8
+    body.update({"messages": [{"role": "user", "content": text}]} if endpoint == "chat" else {})
+    return body if endpoint == "chat" else {**body, "prompt": text}
 
 
 async def run_round(
@@ -187,15 +174,16 @@ async def run_round(
     remaining = args.requests
     hdr = {"Content-Type": "application/json"}
     proxy_payload = dumps(body)
-    prefill_payload = dumps(prefill_body(body))
+    # the prefill leg: non-streaming, one token, the KV kept for a remote decode
+    prefill = {**body, "kv_transfer_params": PREFILL_KV, "stream": False, "max_tokens": 1}
+    prefill_payload = dumps(prefill)
 
     async def floor_one() -> bytes:
         headers = {**hdr, "X-Request-Id": uuid.uuid4().hex}
         async with session.post(urls["prefill"] + path, data=prefill_payload, headers=headers) as r:
             kv = json.loads(await r.read())["kv_transfer_params"]
-        async with session.post(
-            urls["decode"] + path, data=dumps(decode_body(body, kv)), headers=headers
-        ) as r:
+        decode = dumps({**body, "kv_transfer_params": kv})
+        async with session.post(urls["decode"] + path, data=decode, headers=headers) as r:
             return await r.read() if r.status == 200 else b""
 
     async def proxy_one() -> bytes:

