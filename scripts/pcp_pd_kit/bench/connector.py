@@ -1,17 +1,8 @@
-#!/usr/bin/env python3
-"""Per-step overhead of PcpCanonicalNixlConnector versus stock NixlPullConnector.
-
-Runs both connectors side by side over many simulated engine steps of a
-PCP2 producer (TP1, PP1) and prints median nanoseconds per step for:
-
-* ``get_transfer_results`` on both ranks (facade over a stand-in worker that
-  reports like vLLM's pull worker: rank 1 at once, rank 0 a step later);
-* ``get_finished`` (legacy API, same path);
-* the stats path: per-rank ``get_kv_connector_stats``, aggregation across
-  ranks, ``build_kv_connector_stats`` and Prometheus ``observe``.
-
-Usage: pcp-pd-kit bench connector [--steps N] [--repeats R]
-Not a timed test: numbers depend on the machine and its load.
+"""Per-step overhead of PcpCanonicalNixlConnector versus stock NixlPullConnector, side by side
+over simulated engine steps of a PCP2 producer (TP1, PP1), median ns per step for
+``get_transfer_results`` on both ranks (a stand-in worker reporting like vLLM's pull worker: rank 1
+at once, rank 0 a step later), ``get_finished`` and the stats path (per-rank stats, aggregation,
+``build_kv_connector_stats``, Prometheus ``observe``). Not a timed test: the machine's load counts.
 """
 
 from __future__ import annotations

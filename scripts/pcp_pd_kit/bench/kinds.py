@@ -1,9 +1,10 @@
 """`pcp-pd-kit bench KIND`: every benchmark of the kit behind one command.
 
-A kind is one module with four names: HELP (one line), add_arguments(parser), check(args) -> a
-problem or None (found before anything starts or is written; it may also raise the stack's own
-user errors, such as a busy port), and run(args, out_dir) -> results.Outcome. This module gives
-each the shared flags, makes its run folder and writes the layout of bench.results.
+A kind is one module (or a namespace in one: `module:NAME`) with four names: HELP (one line),
+add_arguments(parser), check(args) -> a problem or None (found before anything starts or is
+written; it may also raise the stack's own user errors, such as a busy port), and
+run(args, out_dir) -> results.Outcome. This module gives each the shared flags, makes its run
+folder and writes the layout of bench.results.
 
 To add a kind: write such a module and add one line to KINDS.
 """
@@ -16,7 +17,6 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 from pcp_pd_kit.bench import results
@@ -24,7 +24,7 @@ from pcp_pd_kit.bench import results
 # kind -> its module (see the module docstring)
 KINDS: dict[str, str] = {
     "serve": "pcp_pd_kit.bench.serve",
-    "local-prefill": "pcp_pd_kit.bench.local_prefill",
+    "local-prefill": "pcp_pd_kit.bench.serve:LOCAL_PREFILL",
     "proxy": "pcp_pd_kit.bench.proxy",
     "connector": "pcp_pd_kit.bench.connector",
     "prefill": "pcp_pd_kit.bench.prefill_ep",
@@ -46,8 +46,11 @@ def add_flags(parser: Any, flags: Sequence[tuple[str, Any, Any, str | None]]) ->
         parser.add_argument(flag, type=kind, default=default, help=text)
 
 
-def module(kind: str) -> ModuleType:
-    return importlib.import_module(KINDS[kind])
+def module(kind: str) -> Any:
+    """The kind's module, or a namespace of the same four names in one (`module:NAME`)."""
+    name, _, attr = KINDS[kind].partition(":")
+    found = importlib.import_module(name)
+    return getattr(found, attr) if attr else found
 
 
 def add_kind_parsers(bench: argparse.ArgumentParser) -> None:

@@ -1,20 +1,11 @@
-#!/usr/bin/env python3
 """Prefill latency of the CPU PCP2 + EP2 prefill server, before and after a connector change.
 
-Starts the local stack's prefill server alone (the same command line as `pcp-pd-kit up`, the
-tiny default model unless MODEL is set) once per core placement and connector version, sends
-one request at a time with `max_tokens` 1 and prompts of fixed token counts, and prints the
-median milliseconds per request side by side.
+Starts the local stack's prefill server alone once per core placement and connector version and
+sends one request at a time (`max_tokens` 1, prompts of fixed token counts): median ms side by
+side. "before" runs the `connector/` folder of ``--before REF`` (`git archive`, first on the
+server's PYTHONPATH), "after" this checkout's; each server's log must show which EP fix it loaded.
 
-The "before" server runs the `connector/` folder of a git revision (``--before REF``, taken with
-`git archive` into a temporary directory and put first on the server's PYTHONPATH); the "after"
-server runs this checkout's. Each server's log must show which EP fix it loaded (the current
-one logs its refusal of quantized experts; older ones do not), so the columns cannot be mixed up.
-
-Usage (heavy: starts vLLM servers; on shared machines run it under the kit's lock):
-    pcp-pd-kit bench prefill --before d68f419
-    pcp-pd-kit bench prefill --placements 0 0,1 --lengths 250 1000 --repeats 8
-Not a timed test: numbers depend on the machine and its load.
+    pcp-pd-kit bench prefill --before d68f419 --placements 0 0,1 --lengths 250 1000
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Time to first token of a follow-up turn, with and without the prefix cache, at concurrency 1.
-
-Against one running server (decode of ``make up`` by default): each round sends a new first turn
-of ``--context`` token ids (it fills the cache), then its follow-up turn - the first turn plus
-``--new`` token ids - twice, streamed: once as is (the first turn's blocks come from the cache)
-and once with a unique ``cache_salt`` (nothing matches: a full prefill). The two orders
-alternate between rounds. Medians and their ratio, side by side from the same run::
+"""Time to first token of a follow-up turn, with and without the prefix cache, at concurrency 1,
+against one running server: per round a new first turn of ``--context`` token ids, then its
+follow-up (plus ``--new`` ids) twice, as is (cached) and with a unique ``cache_salt`` (a full
+prefill), the order alternating. `bench cache` compares the same turn through the kit.
 
     pcp-pd-kit bench prefix-ttft --url http://127.0.0.1:18200 --rounds 8
-
-`bench cache` compares the same follow-up turn through the kit with a single vLLM.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """Benchmark pd-proxy against its floor: a client that does both P/D legs itself.
 
-A fake vLLM prefill and a fake vLLM decode run as their own processes on loopback, the proxy runs
-as its own process (one per ``--workers`` count), and this process is the load generator. Each
-round runs every mode once: the floor and each proxy, for each endpoint (``--endpoint``). The order
-flips every round so machine noise hits all modes alike; the summary gives medians over rounds and
-each proxy's ratios to the floor of the same endpoint. Every response is checked (status, all
-tokens, ``[DONE]``); errors must be 0. Each round also reads every process's CPU time from /proc
-(a proxy's worker processes included): the proxy's CPU microseconds per request is the figure to
-compare changes by, since it barely moves when the machine is busy.
+Fake vLLM prefill and decode processes on loopback, the proxy as its own process (one per
+``--workers`` count), this process the load generator. Each round runs every mode once (the floor
+and each proxy, per ``--endpoint``), the order flipped every round; the summary gives medians over
+rounds and each proxy's ratios to the floor of the same endpoint. Every response is checked
+(status, all tokens, ``[DONE]``; errors must be 0). The CPU microseconds per request of each
+process (from /proc) is the figure to compare changes by: it barely moves on a busy machine.
 
-    pcp-pd-kit bench proxy                     # 32 streams x 16 tokens, 5 rounds, both
-    pcp-pd-kit bench proxy --endpoint chat     # /v1/chat/completions only
-    pcp-pd-kit bench proxy --workers 1 2       # one proxy and a 2-worker proxy, side by side
+    pcp-pd-kit bench proxy --endpoint chat --workers 1 2 --first-token
     pcp-pd-kit bench proxy --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
-    pcp-pd-kit bench proxy --port-base 16000   # fixed ports from 16000, not ephemeral
-    pcp-pd-kit bench proxy --first-token       # also a proxy with --first-token-from-prefill
 
 ``--proxy-cmd`` is a template with ``{port}``, ``{prefill}``, ``{decode}`` (base URLs) and
-``{workers}``; ``--also NAME=CMD`` adds another proxy (same placeholders but ``{workers}``) to the
-same rounds, e.g. the code before a change, for a before/after from one run.
+``{workers}``; ``--also NAME=CMD`` adds another proxy (the code before a change, say) to the same
+rounds.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from pcp_pd_kit import repo_root
@@ -343,3 +344,16 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     mode = "remote" if remote else "local"
     manifest = {"mode": mode, "bench": plan.as_dict(), "short": short.as_dict(), **extra}
     return Outcome(result, text, manifest, rc=1 if incomplete or errors else 0, summary=figures)
+
+
+LOCAL_PREFILL = SimpleNamespace(
+    HELP="vllm bench serve, short prompts: single, P/D and P/D with --local-prefill-max-tokens",
+    __doc__="""`bench serve` with the short-prompt workload: single, P/D and P/D through a pd-proxy
+with --local-prefill-max-tokens N (short prompts on decode alone, long ones P/D, back to back).
+
+    pcp-pd-kit bench local-prefill --concurrency 1
+""",
+    add_arguments=lambda parser: add_arguments(parser, default_targets="single,pd,pd-local"),
+    check=check,
+    run=run,
+)

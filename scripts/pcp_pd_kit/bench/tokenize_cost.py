@@ -1,18 +1,10 @@
-"""What pd-proxy's --local-prefill-max-tokens pays to count a prompt, measured per request.
+"""What pd-proxy's --local-prefill-max-tokens pays to count a prompt, measured per request: a
+decode's ``POST /tokenize`` (aiohttp, as the proxy does) against a local Hugging Face tokenizer of
+the same model, inline or through ``asyncio.to_thread``; short and long prompts, completions and
+chat; medians over ``--requests``; the counts of both ways must agree. Without ``--url`` it starts
+one plain vLLM of the kit's model (on --port-base + 30) and stops it afterwards.
 
-The proxy asks a decode's ``POST /tokenize`` (aiohttp, as the proxy does). The alternative is a
-local Hugging Face tokenizer of the same model dir (transformers' AutoTokenizer; for chat its
-chat template applied), run inline (blocking the event loop) or through ``asyncio.to_thread``
-(what a proxy must do not to block it). Short (36 tokens) and long (303 tokens) prompts, for
-completions and chat; medians over ``--requests`` after a warm-up; the counts of both ways must
-agree.
-
-    pcp-pd-kit bench tokenize                                  # starts a vLLM, stops it
     pcp-pd-kit bench tokenize --url http://127.0.0.1:18020     # a running decode
-
-Without ``--url`` it starts one plain vLLM of the kit's model (the local stack's single-instance
-part, on --port-base + 30; the same /tokenize code as a decode's) and stops it afterwards. Run it
-under the same lock as other timing measurements: it times a shared machine.
 """
 
 from __future__ import annotations
