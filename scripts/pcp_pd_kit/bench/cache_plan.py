@@ -1,11 +1,7 @@
-"""What `pcp-pd-kit bench cache` starts and sends, as plain data: its knobs, ports, the extra
-flags it appends to the kit's own server and proxy command lines, its prompts and the ideal
-cache-hit count of the shared-prefix run. No I/O.
-
-The server and proxy command lines come from pcp_pd_kit.localstack.commands; this module only
-appends flags (KV events, a small KV cache, the proxy's cache routing and tokenizer), so a flag
-the kit's builders later pass themselves is replaced (KV events: each server needs its own port)
-or overridden by the bench's value (argparse keeps the last one).
+"""What `bench cache` starts and sends, as plain data: knobs, ports, prompts, the ideal cache-hit
+count, and the flags it appends to the kit's own server and proxy command lines
+(pcp_pd_kit.localstack.commands): a flag the builders pass themselves is replaced (KV events: each
+server needs its own port) or overridden (argparse keeps the last one). No I/O.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Prometheus histograms and counters from parsed /metrics samples: before/after deltas. No I/O.
-
-A histogram here is one metric summed over all its label sets (vLLM labels by model and engine),
-or over those carrying some label values (a selector such as
-``vllm:nixl_handover_seconds{phase="admitted_to_first_token"}``), so a delta counts every
-observation the server made during one bench run. Counters are read the same way, per label set.
-"""
+A metric is summed over all its label sets (vLLM labels by model and engine), or over those with
+some label values (a selector: ``vllm:nixl_handover_seconds{phase="admitted_to_first_token"}``), so
+a delta counts every observation of one bench run."""
 
 from __future__ import annotations
 
@@ -41,10 +38,6 @@ class Histogram:
                 return lower, bound
             lower = bound
         return lower, math.inf
-
-
-def _le(raw: str) -> float:
-    return math.inf if raw in ("+Inf", "Inf", "inf") else float(raw)
 
 
 _SELECTOR = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
@@ -85,7 +78,8 @@ def histogram(
         if wanted and any(s.labels.get(k) != v for k, v in wanted.items()):
             continue
         if s.name == f"{name}_bucket" and "le" in s.labels:
-            bound = _le(s.labels["le"])
+            le = s.labels["le"]
+            bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
             buckets[bound] = buckets.get(bound, 0.0) + s.value
             found = True
         elif s.name == f"{name}_sum":

@@ -152,9 +152,9 @@ def check_stream(raw: bytes, tokens: int, chat: bool) -> bool:
 
 def client_body(endpoint: str, tokens: int) -> dict:
     body: dict = {"model": "fake-model", "max_tokens": tokens, "stream": True}
-    text = "hello " * 8
-    body.update({"messages": [{"role": "user", "content": text}]} if endpoint == "chat" else {})
-    return body if endpoint == "chat" else {**body, "prompt": text}
+    if endpoint == "chat":
+        return {**body, "messages": [{"role": "user", "content": "hello " * 8}]}
+    return {**body, "prompt": "hello " * 8}
 
 
 async def run_round(
@@ -211,10 +211,6 @@ async def run_round(
     return Round(mode, latencies, wall, errors, cpu)
 
 
-def round_order(modes: list[str], i: int) -> list[str]:
-    return modes if i % 2 == 0 else modes[::-1]
-
-
 async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -223,7 +219,7 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any
                 **vars(args), "requests": args.warmup}))  # fmt: skip
         rounds: list[Round] = []
         for i in range(args.rounds):
-            for mode in round_order(args.modes, i):
+            for mode in args.modes if i % 2 == 0 else args.modes[::-1]:  # noise hits all alike
                 r = await run_round(mode, session, urls, args)
                 rounds.append(r)
                 cpu = " ".join(f"{k}={v:.0f}" for k, v in (r.cpu_us or {}).items())

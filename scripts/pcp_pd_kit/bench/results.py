@@ -1,12 +1,7 @@
-"""One results layout for every bench kind, and the small summary a document can cite.
-
-Each run of `pcp-pd-kit bench KIND` writes ``results/<kind>-<UTC time>/`` (gitignored) holding
-``result.json`` (the measurements), ``table.md`` (what was printed) and ``manifest.json`` (what
-ran, on what, with which versions), plus ``summary.json`` and ``summary.md``: the command, the
-commit, the host and the kind's headline figures, small enough to commit. With
-``--summary-dir DIR`` the two summaries are also written as ``DIR/<kind>-<UTC time>.{json,md}``
-(``--summary-dir docs/results``: what docs/measurements.md cites). Kinds may add files beside
-them (vllm bench serve's per-run JSON, server logs), never other names for these.
+"""One results layout for every bench kind (docs/bench.md): ``results/<kind>-<UTC time>/`` with
+``result.json``, ``table.md``, ``manifest.json`` and the committable ``summary.json`` and
+``summary.md`` (also as ``DIR/<kind>-<UTC time>.{json,md}`` with ``--summary-dir DIR``). Kinds may
+add files beside them, never other names for these.
 """
 
 from __future__ import annotations

