@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -88,17 +89,9 @@ def _own_cpu(pid: int) -> float:
 
 def _children(pid: int) -> list[int]:
     kids: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tasks:
-        try:
-            kids.extend(
-                int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
-            )
-        except OSError:
-            pass
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):  # none once the process is gone
+        with contextlib.suppress(OSError):
+            kids += map(int, task.read_text().split())
     return kids
 
 

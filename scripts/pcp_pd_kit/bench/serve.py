@@ -53,12 +53,8 @@ SETTLE_S = 1.0  # after a run, before the "after" scrape: the last observations 
 WARMUP_REQUESTS = 2
 # the local stack's pd-proxy of each P/D target
 PROXY_PARTS = {"pd": "proxy", "pd-local": LOCAL_PREFILL_PROXY, "pd-ft": FIRST_TOKEN_PROXY}
-REMOTE_URLS = {
-    "pd": "base_url",
-    "single": "single_url",
-    "pd-ft": "first_token_url",
-    "pd-local": "local_prefill_url",
-}
+REMOTE_URLS = {"pd": "base_url", "single": "single_url", "pd-ft": "first_token_url",
+               "pd-local": "local_prefill_url"}  # fmt: skip
 WANTED = Wanted(report.histograms_read(), report.COUNTERS, report.GAUGES)
 
 

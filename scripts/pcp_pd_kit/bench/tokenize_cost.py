@@ -38,11 +38,9 @@ WORDS = (
 PROMPT_SIZES: tuple[tuple[str, int], ...] = (("short", 28), ("long", 230))
 ENDPOINTS = ("completions", "chat")
 # (column key, title) of the ways to count, in table order.
-WAYS: tuple[tuple[str, str], ...] = (
-    ("http", "decode /tokenize (aiohttp)"),
-    ("local", "local tokenizer, inline"),
-    ("local_thread", "local tokenizer, to_thread"),
-)
+WAYS: tuple[tuple[str, str], ...] = (("http", "decode /tokenize (aiohttp)"),
+                                     ("local", "local tokenizer, inline"),
+                                     ("local_thread", "local tokenizer, to_thread"))  # fmt: skip
 
 
 def prompt_text(words: int) -> str:
