@@ -89,12 +89,13 @@ def test_a_server_that_never_gets_healthy_shows_its_last_log_lines(bad_env) -> N
     bad_env["CPU_MODEL"] = "/models/no-such-model"
     # Long enough for vLLM to print why it cannot start, short enough to keep the test quick.
     bad_env["VLLM_START_PERIOD"] = "45s"
-    bad_env["UP_TIMEOUT_S"] = "120"  # the proxy never gets a prefill: a bounded wait
+    # The proxy never gets a prefill: a bounded wait, past vLLM's failure (~25 s on 2 cores).
+    bad_env["UP_TIMEOUT_S"] = "75"
     proc = run_up(bad_env, timeout=400)
     assert proc.returncode != 0
     named = [line for line in proc.stderr.splitlines() if line.startswith("--- ")]
     assert any(line.startswith("--- prefill-cpu ") for line in named), (named, proc.stderr[-3000:])
-    assert "did not get ready within UP_TIMEOUT_S=120s" in proc.stderr, proc.stderr[-3000:]
+    assert "did not get ready within UP_TIMEOUT_S=75s" in proc.stderr, proc.stderr[-3000:]
     assert "no-such-model" in proc.stderr, proc.stderr[-3000:]
     assert project_containers(bad_env["COMPOSE_PROJECT_NAME"]) == []
 

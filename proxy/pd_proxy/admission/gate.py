@@ -172,15 +172,15 @@ class Gate:
         """``route`` with its replicas settled and the lease on their room; ``Refused`` when it
         cannot be served in time. A cancelled wait (the client left) leaves the queue."""
         pd = route.path == PD
-        self._check_healthy(pd)
         tokens = max(1, tokens)
         label = self.metrics.flow(flow.name)
         if not len(self.queue):
             placed = self._place(route, tokens, pd)
-            if placed is not None:
+            if placed is not None:  # placed on healthy replicas: the common case, checked first
                 self.metrics.count(ADMITTED, NOW)
                 self.metrics.waited(label, 0.0)
                 return placed
+        self._check_healthy(pd)
         self._check_bounds(flow, tokens)
         ticket = Ticket(flow.name, tokens, flow.band, flow.weight, (route, pd), self.clock())
         future: asyncio.Future[tuple[Route, Lease]] = asyncio.get_running_loop().create_future()
@@ -259,9 +259,14 @@ class Gate:
     ) -> Backend | None:
         if chosen is not None and chosen.healthy and not chosen.draining:
             return chosen if fits(chosen) else None
-        healthy = self._healthy(role)
-        room = [b for b in healthy if fits(b)]
-        if len(room) == len(healthy):  # room everywhere: the pool's own choice, as without
+        healthy = 0
+        room = []
+        for b in self.pools[role].backends:
+            if b.healthy and not b.draining:
+                healthy += 1
+                if fits(b):
+                    room.append(b)
+        if len(room) == healthy:  # room everywhere: the pool's own choice, as without
             return self.pools[role].pick()
         return self.pools[role].pick(among=room) if room else None
 
