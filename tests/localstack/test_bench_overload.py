@@ -132,3 +132,31 @@ def test_the_kind_is_registered_and_checks_its_sizes() -> None:
     bad = parser.parse_args(["--flood-prompts", "0", "--output-len", "0"])
     assert overload.check(bad) == "--flood-prompts 0, --output-len 0: at least 1"
     assert "--port-base" in str(overload.check(parser.parse_args(["--port-base", "65500"])))
+
+
+def test_beside_a_flood_the_light_client_sends_until_it_ends_and_only_those_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A light client stuck behind the flood waits on one request; the fast ones it sends once
+    the flood is over must not hide that wait in its median."""
+    import threading
+
+    over = threading.Event()
+    sent: list[int] = []
+
+    def fake_send(url: str, key: str, client: str, body: object, timeout_s: float) -> Reply:
+        sent.append(1)
+        if len(sent) == 4:  # the flood ends while the fourth request waits
+            over.set()
+        return Reply(client, 200, 60.0 if len(sent) <= 4 else 0.1, complete=True)
+
+    monkeypatch.setattr(overload, "send", fake_send)
+    args = argparse.Namespace(
+        light_requests=2, light_input_len=4, output_len=2, request_timeout_s=1.0
+    )
+    replies = overload.light_run("http://x:1", "k", "m", 0, args, over)
+    assert [r.during for r in replies] == [True, True, True, True]  # past --light-requests
+    later = overload.light_run("http://x:1", "k", "m", 0, args, over)
+    assert [r.during for r in later] == [False, False]  # the flood is over: at least 2, after
+    s = summarize([*replies, *later], [0.1], KV_FREED)
+    assert s["light_ttft_s"] == 60.0 and s["light_during"] == 4 and s["light_ttft_max_s"] == 60.0

@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import tempfile
+import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -115,12 +116,19 @@ def body(model: str, seed: int, length: int, output_len: int) -> dict[str, Any]:
             "temperature": 0.0, "ignore_eos": True, "stream": True}  # fmt: skip
 
 
-def light_run(url: str, key: str, model: str, seed: int, args: argparse.Namespace) -> list[Any]:
-    return [
-        send(url, key, report.LIGHT,
-             body(model, seed + i, args.light_input_len, args.output_len), args.request_timeout_s)
-        for i in range(args.light_requests)
-    ]  # fmt: skip
+def light_run(
+    url: str, key: str, model: str, seed: int, args: argparse.Namespace,
+    flood_over: threading.Event | None = None,
+) -> list[report.Reply]:  # fmt: skip
+    """--light-requests one after another; beside a flood, on until the flood is over (a client
+    stuck behind it sends one request that waits, not five that follow it once it ended)."""
+    replies: list[report.Reply] = []
+    while len(replies) < args.light_requests or (flood_over and not flood_over.is_set()):
+        during = flood_over is None or not flood_over.is_set()
+        prompt = body(model, seed + len(replies), args.light_input_len, args.output_len)
+        reply = send(url, key, report.LIGHT, prompt, args.request_timeout_s)
+        replies.append(dataclasses.replace(reply, during=during))
+    return replies
 
 
 def prefill_kv(url: str) -> dict[str, float | None]:
@@ -147,8 +155,12 @@ def one_mode(
             for i in range(args.flood_prompts)
         ]  # fmt: skip
         time.sleep(LIGHT_START_S)
-        light = pool.submit(light_run, url, keys[report.LIGHT], model, seed + 100, args)
-        replies = [f.result() for f in flood] + light.result()
+        flood_over = threading.Event()
+        light = pool.submit(light_run, url, keys[report.LIGHT], model, seed + 100, args,
+                            flood_over)  # fmt: skip
+        replies = [f.result() for f in flood]
+        flood_over.set()
+        replies += light.result()
     wall = time.monotonic() - t0
     live.settle_prefill(prefill, SETTLE_S)
     after = prefill_kv(prefill)
