@@ -44,7 +44,10 @@ pytestmark = pytest.mark.e2e
 
 ADMISSION_PROXY_PORT = 18549  # apart from the other e2e proxies (18540-18548)
 FLOOD_KEY, LIGHT_KEY = "sk-e2e-flood", "sk-e2e-light"
-FLOOD = 24  # at once: 1.5x the CPU queue plus the prefill's 2, several times what it serves
+SHIPPED = settings_from_env(example_env())
+# At once: 1.5x the shipped CPU queue plus the prefill's room, so part of it is refused whatever
+# this host's speed (the predicted wait may refuse more on a slow one).
+FLOOD = SHIPPED.queue_size * 3 // 2 + SHIPPED.prefill_max_inflight
 FLOOD_WORDS = 300  # about 500 tokens each, uncached (a fresh seed per request)
 LIGHT_ALONE, LIGHT_LOADED = 5, 6
 MAX_TOKENS = 8
@@ -104,7 +107,7 @@ def admission_proxy(pd_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -
     assert pd_stack.model is not None
     keys = tmp_path_factory.mktemp("keys") / "api_keys"
     keys.write_text(f"{FLOOD_KEY} flow=flood\n{LIGHT_KEY} flow=light\n")
-    shipped = settings_from_env(example_env())
+    shipped = SHIPPED
     assert shipped.admission, "admission is off in .env.example"
     settings = dataclasses.replace(
         pd_stack.settings,
