@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +23,7 @@ from pcp_pd_kit.bench import cache_report as report
 from pcp_pd_kit.bench import serve_plan as spec
 from pcp_pd_kit.bench.client import BenchError, bench_env, http, read_result, run_process
 from pcp_pd_kit.bench.kinds import add_flags
-from pcp_pd_kit.bench.metrics import counter_values
+from pcp_pd_kit.bench.metrics import counter_delta, counter_values
 from pcp_pd_kit.bench.prefix_ttft import request_body, ttft_s
 from pcp_pd_kit.bench.results import Outcome, knobs, startup_s
 from pcp_pd_kit.localstack import commands
@@ -219,10 +218,9 @@ def snapshot(sources: Mapping[str, str]) -> dict[str, Counters]:
 def counter_growth(
     before: Mapping[str, Counters], after: Mapping[str, Counters]
 ) -> dict[str, Counters]:
-    """source -> selector -> growth (a series absent before counts from zero)."""
+    """source -> selector -> growth (metrics.counter_delta per source)."""
     return {
-        source: {k: v - before.get(source, {}).get(k, 0.0) for k, v in later.items()}
-        for source, later in after.items()
+        source: counter_delta(later, before.get(source)) or {} for source, later in after.items()
     }
 
 
@@ -230,9 +228,7 @@ def reset_prefix_cache(url: str, tries: int = 20) -> None:
     """Empty a server's prefix cache (vLLM's dev endpoint: VLLM_SERVER_DEV_MODE=1); retried
     while blocks are still held."""
     for _ in range(tries):
-        request = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            text = resp.read().decode(errors="replace")
+        text = http(f"{url}/reset_prefix_cache", None, {})
         try:
             ok = json.loads(text).get("success", True) if text.strip() else True
         except ValueError:

@@ -59,25 +59,23 @@ WANTED = Wanted(report.histograms_read(), report.COUNTERS, report.GAUGES)
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None = None) -> None:
-    d = "(%(default)s)"
+    d, b, s = "(%(default)s)", sp.BenchPlan(), sp.ShortPlan()
     add_flags(parser.add_argument_group("what to run"), [
-        ("--concurrency", str, ",".join(map(str, sp.DEFAULT_CONCURRENCY)),
+        ("--concurrency", str, ",".join(map(str, b.levels)),
          f"--max-concurrency levels {d}"),
         ("--prompts", str, None,
          f"N, or one per level (default max({sp.MIN_PROMPTS}, {sp.PROMPTS_PER_SLOT} x c))"),
-        ("--input-len", int, sp.DEFAULT_INPUT_LEN, d),
-        ("--output-len", int, sp.DEFAULT_OUTPUT_LEN, d),
-        ("--seed", int, sp.DEFAULT_SEED, f"dataset seed {d}"),
+        ("--input-len", int, b.input_len, d),
+        ("--output-len", int, b.output_len, d),
+        ("--seed", int, b.seed, f"dataset seed {d}"),
         ("--targets", str, default_targets or ",".join(sp.TARGETS),
          f"of single,pd,pd-local,pd-ft {d}"),
-        ("--short-input-len", int, sp.DEFAULT_SHORT_INPUT_LEN, f"pd-local's short prompts {d}"),
-        ("--short-output-len", int, sp.DEFAULT_SHORT_OUTPUT_LEN, d),
-        ("--short-prompts", int, sp.DEFAULT_SHORT_PROMPTS, f"per target, c=1 {d}"),
-        ("--local-prefill-max-tokens", int, sp.DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
-         f"N of the pd-local proxy {d}"),
-        ("--breakdown-concurrency", int, sp.DEFAULT_BREAKDOWN_LEVEL,
-         f"level of the printed breakdown {d}"),
-        ("--run-timeout", float, 900.0, f"seconds one vllm bench serve may run {d}"),
+        ("--short-input-len", int, s.input_len, f"pd-local's short prompts {d}"),
+        ("--short-output-len", int, s.output_len, d),
+        ("--short-prompts", int, s.prompts, f"per target, c=1 {d}"),
+        ("--local-prefill-max-tokens", int, s.max_tokens, f"N of the pd-local proxy {d}"),
+        ("--breakdown-concurrency", int, b.breakdown_level, f"level of the printed breakdown {d}"),
+        ("--run-timeout", float, b.run_timeout_s, f"seconds one vllm bench serve may run {d}"),
         ("--port-base", int, sp.DEFAULT_PORT_BASE, f"local stack ports base..base+90 {d}"),
     ])  # fmt: skip
     r = parser.add_argument_group("a running deployment (nothing is started when a URL is given)")

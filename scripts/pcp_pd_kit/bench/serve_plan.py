@@ -15,14 +15,6 @@ from typing import Any
 from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 
 VLLM_SERVE_MODULE = "pcp_pd_kit.bench.vllm_serve"
-DEFAULT_CONCURRENCY = (1, 4, 16)
-# Not a whole number of KV blocks (16 on CPU, 16 to 128 on GPU): with fixed-length prompts of
-# N = k x block_size tokens the prefill's blocks have no slot for position N, so the first-token
-# proxy takes the normal flow for every request (`kv_blocks`) and that mode would go unmeasured.
-DEFAULT_INPUT_LEN = 250
-DEFAULT_OUTPUT_LEN = 64
-DEFAULT_SEED = 0
-DEFAULT_BREAKDOWN_LEVEL = 4
 # Prompts per level: at least MIN_PROMPTS (a median over fewer moves with every hiccup of a busy
 # 2-core machine), and PROMPTS_PER_SLOT per concurrent slot so a high level spends most of its run
 # at full concurrency rather than ramping up and draining.
@@ -46,14 +38,6 @@ LOCAL_PREFILL_PROXY_OFFSET = 2
 # docs/bench.md: single (one vLLM), pd (P/D through pd-proxy), pd-local and pd-ft (proxy options)
 TARGETS = ("single", "pd", "pd-local", "pd-ft")
 TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-ft": "P/D 1st-tok"}
-# The short-prompt workload (run when pd-local is a target): prompts well below N at
-# concurrency 1, measured on single, P/D and P/D with the option. N sits above the short prompt
-# (the dataset's prompt plus the tokenizer's BOS) and below the long one (DEFAULT_INPUT_LEN), so
-# one proxy takes the local path for the first and P/D for the second.
-DEFAULT_SHORT_INPUT_LEN = 32
-DEFAULT_SHORT_OUTPUT_LEN = 32  # TTFT does not depend on it; shorter keeps the run short
-DEFAULT_SHORT_PROMPTS = 32
-DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 64
 SHORT_LEVEL = 1
 # Workload tags in result names; long: the main prompt length at c=1 on pd and pd-local.
 MAIN, SHORT, LONG = "", "short", "long"
@@ -70,12 +54,16 @@ def default_prompts(level: int) -> int:
     return max(MIN_PROMPTS, PROMPTS_PER_SLOT * level)
 
 
+def _ints(text: str, flag: str, expected: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BenchSpecError(f"{flag} {text!r}: expected {expected}") from None
+
+
 def parse_levels(text: str) -> tuple[int, ...]:
     """'1,4,16' -> (1, 4, 16); each a positive integer, no duplicates."""
-    try:
-        levels = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise BenchSpecError(f"--concurrency {text!r}: expected integers like 1,4,16") from None
+    levels = _ints(text, "--concurrency", "integers like 1,4,16")
     if not levels:
         raise BenchSpecError("--concurrency is empty")
     if any(level < 1 for level in levels):
@@ -89,12 +77,8 @@ def parse_prompts(text: str | None, levels: Sequence[int]) -> tuple[int, ...]:
     """Prompts per level: None -> default_prompts; 'N' -> N for each; 'a,b,c' -> one per level."""
     if text is None or not text.strip():
         return tuple(default_prompts(level) for level in levels)
-    try:
-        counts = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise BenchSpecError(f"--prompts {text!r}: expected N or one count per level") from None
-    if len(counts) == 1:
-        counts = counts * len(levels)
+    counts = _ints(text, "--prompts", "N or one count per level")
+    counts = counts * len(levels) if len(counts) == 1 else counts
     if len(counts) != len(levels):
         raise BenchSpecError(
             f"--prompts {text!r}: {len(counts)} counts for {len(levels)} concurrency levels"
@@ -121,15 +105,19 @@ def bench_settings(port_base: int, **changes: Any) -> StackSettings:
 class BenchPlan:
     """Everything that makes two runs comparable: dataset, lengths, seed, levels, prompts."""
 
-    levels: tuple[int, ...] = DEFAULT_CONCURRENCY
-    prompts: tuple[int, ...] = tuple(default_prompts(level) for level in DEFAULT_CONCURRENCY)
-    input_len: int = DEFAULT_INPUT_LEN
-    output_len: int = DEFAULT_OUTPUT_LEN
-    seed: int = DEFAULT_SEED
+    levels: tuple[int, ...] = (1, 4, 16)
+    prompts: tuple[int, ...] = tuple(default_prompts(level) for level in (1, 4, 16))
+    # Not a whole number of KV blocks (16 on CPU, 16 to 128 on GPU): with fixed-length prompts of
+    # N = k x block_size tokens the prefill's blocks have no slot for position N, so the
+    # first-token proxy takes the normal flow for every request (`kv_blocks`) and that mode would
+    # go unmeasured.
+    input_len: int = 250
+    output_len: int = 64
+    seed: int = 0
     temperature: float = 0.0
     backend: str = "vllm"
     endpoint: str = "/v1/completions"
-    breakdown_level: int = DEFAULT_BREAKDOWN_LEVEL
+    breakdown_level: int = 4
     run_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
@@ -157,12 +145,15 @@ class BenchPlan:
 
 @dataclass(frozen=True)
 class ShortPlan:
-    """The short-prompt workload and the N of the pd-local proxy."""
+    """The short-prompt workload (run when pd-local is a target): prompts well below N at
+    concurrency 1, measured on single, P/D and P/D with the option. N sits above the short prompt
+    (the dataset's prompt plus the tokenizer's BOS) and below the long one (BenchPlan.input_len),
+    so one proxy takes the local path for the first and P/D for the second."""
 
-    input_len: int = DEFAULT_SHORT_INPUT_LEN
-    output_len: int = DEFAULT_SHORT_OUTPUT_LEN
-    prompts: int = DEFAULT_SHORT_PROMPTS
-    max_tokens: int = DEFAULT_LOCAL_PREFILL_MAX_TOKENS
+    input_len: int = 32
+    output_len: int = 32  # TTFT does not depend on it; shorter keeps the run short
+    prompts: int = 32
+    max_tokens: int = 64  # the pd-local proxy's N
 
     def __post_init__(self) -> None:
         if self.input_len < 1 or self.output_len < 1 or self.prompts < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -197,22 +198,16 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace, out: Path) -> Outcome:
-    stack = None
     url = args.url.rstrip("/") if args.url else None
-    if url is None:
-        from pcp_pd_kit.bench.serve_plan import bench_settings
-        from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
+    with contextlib.ExitStack() as servers:
+        if url is None:  # one plain vLLM of the kit's model, stopped on the way out
+            from pcp_pd_kit.bench.serve_plan import bench_settings
+            from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
 
-        settings = bench_settings(args.port_base)
-        stack = Stack(settings, parts=REFERENCE_PARTS, work_dir=out / "servers")
-        stack.start()
-        url = stack.urls["reference"]
-    try:
+            stack = Stack(bench_settings(args.port_base), REFERENCE_PARTS, work_dir=out / "servers")
+            url = servers.enter_context(stack).urls["reference"]
         model, root = served_model(url)
         rows = asyncio.run(measure(url, model, args.tokenizer or root, args.requests, args.warmup))
-    finally:
-        if stack is not None:
-            stack.stop()
     knobs = {"url": args.url, "requests": args.requests, "warmup": args.warmup, "model": model}
     rc = 0 if all(r.counts_agree for r in rows) else 1
     return Outcome(rows_json(rows), format_table(rows), {"bench": knobs}, rc=rc)

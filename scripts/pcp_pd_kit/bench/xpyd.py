@@ -17,11 +17,11 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench.client import http
 from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import fmt_ratio, markdown_table, ratio
@@ -97,8 +97,7 @@ class Stack:
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         url = f"{self.prom_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=30) as resp:
-            return list(json.load(resp)["data"]["result"])
+        return list(json.loads(http(url))["data"]["result"])
 
     def wait_for(self, expr: str, ok: Any, what: str, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
