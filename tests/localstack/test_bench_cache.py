@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pcp_pd_kit.bench import cache, cache_plan, cache_report, kinds
+from pcp_pd_kit.bench import cache, cache_plan, cache_report, kinds, serve_plan
 from pcp_pd_kit.bench.results import Outcome
 from pcp_pd_kit.cli import main
 from pcp_pd_kit.localstack.commands import ProcessSpec, proxy_spec
@@ -299,7 +299,7 @@ def test_the_stack_settings_turn_prefix_caching_on() -> None:
 
 
 def test_the_stacks_prefill_and_decode_publish_on_their_own_ports(tmp_path: Path) -> None:
-    ports = cache_plan.ports(18400)
+    ports = serve_plan.bench_ports(18400, cache_plan.PORT_OFFSETS)
     stack = cache.EventsStack(
         cache._settings(18400),
         parts=cache.STACK_PARTS,

@@ -195,10 +195,6 @@ def follow_up_ttfts(
         return list(pool.map(one, seeds))
 
 
-def short_body(model: str, text: str) -> dict[str, object]:
-    return {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "stream": True}
-
-
 def counters(url: str) -> Counters:
     """The COUNTERS of one /metrics page, keyed by selector; {} when it cannot be read."""
     try:
@@ -279,7 +275,7 @@ def run_short(urls: dict[str, str], model: str, plan: cp.CachePlan) -> dict[str,
     for name, url in targets.items():
         for i in range(WARM_SHORT):
             text = cp.short_prompt(plan.seed - 1000 - 10 * i - index[name], plan.short_words)
-            ttft_s(url, short_body(model, text))
+            ttft_s(url, request_body(model, text, None))
     proxies = {t: targets[t] for t in ("tokenize", "tokenizer")}
     before = snapshot(proxies)
     ttft: dict[str, list[float]] = {t: [] for t in targets}
@@ -287,7 +283,7 @@ def run_short(urls: dict[str, str], model: str, plan: cp.CachePlan) -> dict[str,
         for name in cp.rotation(list(targets), i):
             # A prompt of its own per request: decode serves two of the targets.
             text = cp.short_prompt(plan.seed + 10 * i + index[name], plan.short_words)
-            ttft[name].append(ttft_s(targets[name], short_body(model, text)))
+            ttft[name].append(ttft_s(targets[name], request_body(model, text, None)))
     growth = counter_growth(before, snapshot(proxies))
     return {"ttft_s": ttft, "requests": plan.short_requests, "proxies": growth}
 
@@ -328,7 +324,7 @@ def run_shared(
 # --- the kind ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace, out: Path) -> Outcome:
     plan, skip, settings = plan_from_args(args), skipped(args), _settings(args.port_base)
-    ports, url = cp.ports(args.port_base), settings.url
+    ports, url = spec.bench_ports(args.port_base, cp.PORT_OFFSETS), settings.url
     ensure_ports_free(
         settings.host, {n: p for n, p in ports.items() if not n.startswith("events-")}
     )

@@ -104,10 +104,6 @@ class CachePlan:
         return dataclasses.asdict(self)
 
 
-def ports(base: int) -> dict[str, int]:
-    return {name: base + offset for name, offset in PORT_OFFSETS.items()}
-
-
 def prefix_blocks(prefix_len: int, block_size: int, added: int) -> int:
     """Whole blocks of a shared prefix (after ``added`` special tokens): what a hit can reuse."""
     return (prefix_len + added) // block_size

@@ -32,8 +32,10 @@ def token_ids(seed: int, count: int) -> list[int]:
     return [rng.randrange(FIRST_ID, LAST_ID) for _ in range(count)]
 
 
-def request_body(model: str, prompt: Sequence[int], salt: str | None) -> dict[str, object]:
-    body = {"model": model, "prompt": list(prompt), "max_tokens": 1, "temperature": 0.0,
+def request_body(model: str, prompt: str | Sequence[int], salt: str | None) -> dict[str, object]:
+    """One token, streamed; a text prompt or token ids; `salt`: a cache_salt of its own."""
+    text = prompt if isinstance(prompt, str) else list(prompt)
+    body = {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0.0,
             "stream": True, "cache_salt": salt}  # fmt: skip
     return {k: v for k, v in body.items() if v is not None}
 
