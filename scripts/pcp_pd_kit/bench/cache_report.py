@@ -11,7 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcp_pd_kit.bench.tables import VERDICT, fmt_num, fmt_ratio, markdown_table, median, ratio
+from pcp_pd_kit.bench.tables import (
+    VERDICT,
+    fmt_num,
+    fmt_ratio,
+    markdown_table,
+    median,
+    ratio,
+    versus,
+)
 
 
 @dataclass(frozen=True)
@@ -211,45 +219,28 @@ def goals(
     """The cache goals; reported, never a failure."""
     out: list[Goal] = []
     for row in multi:
-        level = row["concurrency"]
-        text = f"follow-up TTFT <= {FOLLOW_UP_LIMIT:g}x warm single" + (
-            "" if level == 1 else " (reported)"
+        level, why = row["concurrency"], None if row["follow_ups_local"] else row["path_text"]
+        measured, met, r = versus(row["kit_ms"], row["single_ms"], FOLLOW_UP_LIMIT, None, why)
+        text = f"follow-up TTFT <= {FOLLOW_UP_LIMIT:g}x warm single" + " (reported)" * (level != 1)
+        out.append(
+            Goal(text, "kit", level, measured, met if level == 1 else None, r, FOLLOW_UP_LIMIT)
         )
-        r = row["kit_over_single"]
-        if not row["follow_ups_local"]:
-            out.append(Goal(text, "kit", level, row["path_text"], None, r, FOLLOW_UP_LIMIT))
-            continue
-        measured = f"{fmt_num(row['kit_ms'])} / {fmt_num(row['single_ms'])} ms = {fmt_ratio(r)}"
-        met = None if r is None or level != 1 else r <= FOLLOW_UP_LIMIT
-        out.append(Goal(text, "kit", level, measured, met, r, FOLLOW_UP_LIMIT))
-    summary = shared_summary(shared) if shared else None
+    ev, off = shared_summary(shared).values() if shared else ({}, {})
+    fraction = ev.get("hit_fraction")
     text = f"shared prefixes: hit tokens >= {HIT_FRACTION_GOAL:g} of ideal (cache-aware)"
-    fraction = None if summary is None else summary["events"]["hit_fraction"]
-    measured = "not run" if fraction is None else f"{fraction:.2f}"
     met = None if fraction is None else fraction >= HIT_FRACTION_GOAL
+    measured = "not run" if fraction is None else f"{fraction:.2f}"
     out.append(Goal(text, "events", 4, measured, met, fraction, HIT_FRACTION_GOAL))
+    why = None if shared else "not run"
+    found = versus(ev.get("ttft_ms"), off.get("ttft_ms"), SHARED_TTFT_LIMIT, None, why)
     text = f"shared prefixes: TTFT p50 <= {SHARED_TTFT_LIMIT:g}x least outstanding"
-    if summary is None:
-        out.append(Goal(text, "events", 4, "not run", None, None, SHARED_TTFT_LIMIT))
-    else:
-        ev, off = summary["events"]["ttft_ms"], summary["off"]["ttft_ms"]
-        r = ratio(ev, off)
-        measured = f"{fmt_num(ev)} / {fmt_num(off)} ms = {fmt_ratio(r)}"
-        met = None if r is None else r <= SHARED_TTFT_LIMIT
-        out.append(Goal(text, "events", 4, measured, met, r, SHARED_TTFT_LIMIT))
-    by_target = {row["target"]: row for row in short}
+    out.append(Goal(text, "events", 4, *found, SHARED_TTFT_LIMIT))
+    by = {row["target"]: row for row in short}
+    local, single = by.get("tokenizer") or {}, by.get("single") or {}
+    why = "not run" if not local else None if local["measured"] else local["path_text"]
+    found = versus(None if why else local["ttft_ms"], single.get("ttft_ms"), SHORT_LIMIT, None, why)
     text = f"short prompts <= {SHORT_LIMIT:g}x single (local tokenizer)"
-    local = by_target.get("tokenizer")
-    if local is None:
-        out.append(Goal(text, "tokenizer", 1, "not run", None, None, SHORT_LIMIT))
-    elif not local["measured"]:
-        out.append(Goal(text, "tokenizer", 1, local["path_text"], None, None, SHORT_LIMIT))
-    else:
-        r = local["over_single"]
-        single = by_target["single"]["ttft_ms"]
-        measured = f"{fmt_num(local['ttft_ms'])} / {fmt_num(single)} ms = {fmt_ratio(r)}"
-        met = None if r is None else r <= SHORT_LIMIT
-        out.append(Goal(text, "tokenizer", 1, measured, met, r, SHORT_LIMIT))
+    out.append(Goal(text, "tokenizer", 1, *found, SHORT_LIMIT))
     return out
 
 

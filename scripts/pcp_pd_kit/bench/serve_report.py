@@ -12,6 +12,7 @@ from typing import Any
 
 from pcp_nixl_connector.handover import DECODE_PHASES
 from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
+from pcp_pd_kit.bench import tables
 from pcp_pd_kit.bench.metrics import Histogram, parse_selector, selector
 from pcp_pd_kit.bench.serve_plan import LONG, MAIN, SHORT, TARGET_TITLES, BenchPlan, ShortPlan
 from pcp_pd_kit.bench.tables import VERDICT, fmt_num, fmt_ratio, markdown_table, ratio, value
@@ -379,13 +380,8 @@ def goals(runs: Runs) -> list[dict[str, Any]]:
             "not run" if mine is None or base is None
             else found.text if found is not None and not found.measured else None
         )  # fmt: skip
-        if why:
-            out.append({"goal": text, "measured": why, "ratio": None, "met": None})
-            continue
-        a, b = value(mine.result, "median_ttft_ms"), value(base.result, "median_ttft_ms")  # type: ignore[union-attr]
-        r = ratio(a, b)
-        met = None if r is None else (low is None or r >= low) and r <= high
-        measured = f"{fmt_num(a)} / {fmt_num(b)} ms = {fmt_ratio(r)}"
+        a, b = (None, None) if why else (value(r.result, "median_ttft_ms") for r in (mine, base))  # type: ignore[union-attr]
+        measured, met, r = tables.versus(a, b, high, low, why)
         out.append({"goal": text, "measured": measured, "ratio": r, "met": met})
     return out
 

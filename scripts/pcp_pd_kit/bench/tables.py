@@ -60,3 +60,13 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 VERDICT = {True: "met", False: "NOT MET", None: "n/a"}  # a goal met, not met, not measured
+Num = float | None
+
+
+def versus(
+    a: Num, b: Num, high: float, low: Num = None, why: str | None = None
+) -> tuple[str, bool | None, Num]:
+    """A `low <= a / b <= high` goal's (measured, met, ratio); `why` (not run...) leaves it open."""
+    r = ratio(a, b)
+    met = None if r is None or why else (low is None or r >= low) and r <= high
+    return why or f"{fmt_num(a)} / {fmt_num(b)} ms = {fmt_ratio(r)}", met, r
