@@ -23,7 +23,7 @@ from pcp_pd_kit.bench import cache_report as report
 from pcp_pd_kit.bench import serve_plan as spec
 from pcp_pd_kit.bench.client import BenchError, bench_env, http, read_result, run_process
 from pcp_pd_kit.bench.kinds import add_flags
-from pcp_pd_kit.bench.metrics import counter_delta, counter_values
+from pcp_pd_kit.bench.metrics import REQUESTS_COUNTER, counter_delta, counter_values
 from pcp_pd_kit.bench.prefix_ttft import request_body, ttft_s
 from pcp_pd_kit.bench.results import Outcome, knobs, startup_s
 from pcp_pd_kit.localstack import commands
@@ -169,7 +169,7 @@ def stop_all(procs: list[ManagedProcess]) -> None:
 
 # --- clients: blocking HTTP, one thread per concurrent conversation ---------------------------
 COUNTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("pd_proxy_requests_total", ("path",)),
+    (REQUESTS_COUNTER, ("path",)),
     ("vllm:prefix_cache_hits_total", ()),
     ("vllm:prefix_cache_queries_total", ()),
     ("vllm:prompt_tokens_by_source_total", ("source",)),

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pcp_pd_kit.bench.metrics import paths
 from pcp_pd_kit.bench.tables import (
     VERDICT,
     fmt_num,
@@ -43,7 +44,6 @@ FOLLOW_UP_LIMIT = 1.1  # follow-up TTFT, kit / warm single, c=1
 HIT_FRACTION_GOAL = 0.9  # cache-hit tokens / ideal, cache-aware
 SHARED_TTFT_LIMIT = 0.6  # TTFT median, cache-aware / least outstanding
 SHORT_LIMIT = 1.1  # short prompts through the proxy with the local tokenizer / single
-PATH_COUNTER = "pd_proxy_requests_total"
 HITS = "vllm:prefix_cache_hits_total"
 SUCCESS = "vllm:request_success_total"
 TARGET_TITLES = {
@@ -58,17 +58,6 @@ MODE_TITLES = {"events": "cache-aware (events)", "off": "least outstanding (off)
 def median_ms(seconds: Sequence[float]) -> float | None:
     found = median(seconds)
     return None if found is None else found * 1000
-
-
-def paths(grown: Mapping[str, float]) -> dict[str, float]:
-    """local/pd request counts from a proxy's counter growth (selector -> delta)."""
-    out = {"local": 0.0, "pd": 0.0}
-    for key, value in grown.items():
-        if key.startswith(PATH_COUNTER + "{"):
-            for path in out:
-                if f'path="{path}"' in key:
-                    out[path] += value
-    return out
 
 
 def counter(grown: Mapping[str, float], name: str) -> float:

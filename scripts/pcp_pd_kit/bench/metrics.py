@@ -40,6 +40,7 @@ class Histogram:
         return lower, math.inf
 
 
+REQUESTS_COUNTER = "pd_proxy_requests_total"  # pd-proxy's, by path: pd, or local (decode alone)
 _SELECTOR = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"\s*,?')
 
@@ -60,6 +61,25 @@ def parse_selector(key: str) -> tuple[str, dict[str, str]]:
     name, inner = match.group(1), match.group(2) or ""
     labels = dict(_LABEL.findall(inner))
     return name, labels
+
+
+def series(counts: Mapping[str, float] | None, name: str) -> list[tuple[dict[str, str], float]]:
+    """A counter's (labels, value) pairs from values keyed by selector (counter_values)."""
+    found = []
+    for key, count in (counts or {}).items():
+        metric, labels = parse_selector(key)
+        if metric == name:
+            found.append((labels, count))
+    return found
+
+
+def paths(counts: Mapping[str, float] | None) -> dict[str, float]:
+    """pd-proxy's requests per path, local and pd, from its counters keyed by selector."""
+    out = {"local": 0.0, "pd": 0.0}
+    for labels, count in series(counts, REQUESTS_COUNTER):
+        if labels.get("path") in out:
+            out[labels["path"]] += count
+    return out
 
 
 def histogram(

@@ -13,7 +13,7 @@ from typing import Any
 from pcp_nixl_connector.handover import DECODE_PHASES
 from pcp_nixl_connector.metric_names import HANDOVER_SECONDS, KV_LEASE_SECONDS
 from pcp_pd_kit.bench import tables
-from pcp_pd_kit.bench.metrics import Histogram, parse_selector, selector
+from pcp_pd_kit.bench.metrics import REQUESTS_COUNTER, Histogram, paths, selector, series
 from pcp_pd_kit.bench.serve_plan import LONG, MAIN, SHORT, TARGET_TITLES, BenchPlan, ShortPlan
 from pcp_pd_kit.bench.tables import VERDICT, fmt_num, fmt_ratio, markdown_table, ratio, value
 
@@ -39,7 +39,6 @@ BURST_GAP_S = 0.0005  # SSE messages closer than this reached the client in the 
 BURSTY_ABOVE = 1.1  # tokens per delivery above which TTFT/TPOT/ITL are flagged
 BURST_AFFECTED = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
 FIRST_TOKEN_COUNTER = "pd_proxy_first_token_requests_total"
-REQUESTS_COUNTER = "pd_proxy_requests_total"  # by path: pd, or local (decode alone)
 TTFT_SECONDS = "vllm:time_to_first_token_seconds"
 ITL_SECONDS = "vllm:inter_token_latency_seconds"
 XFER_SECONDS = "vllm:nixl_xfer_time_seconds"
@@ -170,22 +169,13 @@ class Check:
     counts: Mapping[str, float] | None = None
 
 
-def _series(run: Run, name: str) -> list[tuple[dict[str, str], float]]:
-    found = []
-    for key, count in (run.counters.get("proxy") or {}).items():
-        metric, labels = parse_selector(key)
-        if metric == name:
-            found.append((labels, count))
-    return found
-
-
 def first_token_check(run: Run) -> Check:
     """Did the proxy continue the run's requests from prefill's token 1 (outcome continued)?"""
-    series = _series(run, FIRST_TOKEN_COUNTER)
-    if not series:
+    found = series(run.counters.get("proxy"), FIRST_TOKEN_COUNTER)
+    if not found:
         return Check(False, f"NOT MEASURED: no {FIRST_TOKEN_COUNTER} on the proxy's /metrics")
     counts: dict[str, float] = {}
-    for labels, n in series:
+    for labels, n in found:
         outcome = labels.get("outcome", "")
         if outcome not in ("continued", "finished"):
             outcome = f"normal flow ({labels.get('reason') or '?'})"
@@ -198,13 +188,9 @@ def first_token_check(run: Run) -> Check:
 
 def path_check(run: Run, expected: str) -> Check:
     """Did every completed request of the run take `expected` (local or pd) and none the other?"""
-    series = _series(run, REQUESTS_COUNTER)
-    if not series:
+    if not series(run.counters.get("proxy"), REQUESTS_COUNTER):
         return Check(False, f"NOT MEASURED: no {REQUESTS_COUNTER}{{path}} on the proxy's /metrics")
-    counts = {"local": 0.0, "pd": 0.0}
-    for labels, n in series:
-        if labels.get("path") in counts:
-            counts[labels["path"]] += n
+    counts = paths(run.counters.get("proxy"))
     done = value(run.result, "completed")
     other = "pd" if expected == "local" else "local"
     measured = bool(done) and counts[expected] >= (done or 0) and counts[other] == 0
