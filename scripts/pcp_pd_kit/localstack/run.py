@@ -30,6 +30,7 @@ def cmd_up(settings: StackSettings) -> int:
 
 def cmd_demo(settings: StackSettings, limit: int) -> int:
     wall_start = time.monotonic()
+    Stack(settings).ensure_ports_free()
     settings, task = choose(settings, repo_root())
     if settings.local_prefill_max_tokens:
         # The demo proves the P/D path (its report reads the KV that crossed NIXL): its short

@@ -107,6 +107,10 @@ class Stack:
         return self.model.served_name
 
     # --- lifecycle --------------------------------------------------------------------------
+    def ensure_ports_free(self) -> None:
+        """Refuse a busy port before any slow step (the demo's model build takes minutes cold)."""
+        host.ensure_ports_free(self.settings.host, self._ports())
+
     def _ports(self) -> dict[str, int]:
         s = self.settings
         wanted: dict[str, int] = {}
@@ -167,7 +171,7 @@ class Stack:
     def start(self) -> Stack:
         """Check ports, resolve the model, start every part, wait until all are healthy, then
         warm the P/D path (one request through proxy, prefill and decode)."""
-        host.ensure_ports_free(self.settings.host, self._ports())
+        self.ensure_ports_free()
         s = self.settings
         self.model = resolve_model(s.model, s.served_model_name, self.repo)
         log.info("model %s served as %r", self.model.path, self.model.served_name)
