@@ -21,16 +21,15 @@ from typing import Any
 from pcp_pd_kit.bench import cache_plan as cp
 from pcp_pd_kit.bench import cache_report as report
 from pcp_pd_kit.bench import serve_plan as spec
-from pcp_pd_kit.bench.client import BenchError, bench_env, http, read_result, run_process
+from pcp_pd_kit.bench.client import Wanted, bench_env, http, read_result, run_process, scrape
 from pcp_pd_kit.bench.kinds import add_flags
-from pcp_pd_kit.bench.metrics import REQUESTS_COUNTER, counter_delta, counter_values
+from pcp_pd_kit.bench.metrics import REQUESTS_COUNTER, counter_delta
 from pcp_pd_kit.bench.prefix_ttft import request_body, ttft_s
 from pcp_pd_kit.bench.results import Outcome, knobs, startup_s
 from pcp_pd_kit.localstack import commands
 from pcp_pd_kit.localstack.host import ensure_ports_free
 from pcp_pd_kit.localstack.model_source import ResolvedModel
 from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
-from pcp_pd_kit.localstack.report import parse_metrics
 from pcp_pd_kit.localstack.stack import Stack
 from pcp_pd_kit.settings import StackSettings
 
@@ -82,12 +81,7 @@ SKIPPABLE = ("multi-turn", "short", "shared")
 
 
 def plan_from_args(args: argparse.Namespace) -> cp.CachePlan:
-    try:
-        levels = tuple(int(x) for x in str(args.concurrency).split(",") if x.strip())
-    except ValueError:
-        raise cp.CachePlanError(
-            f"--concurrency {args.concurrency!r}: comma-separated integers"
-        ) from None
+    levels = spec.parse_ints(args.concurrency, "--concurrency", "comma-separated integers")
     same = ("conversations", "context", "new", "think_ms", "short_requests", "prefix_len",
             "suffix_len", "prefixes", "per_prefix", "shared_rounds", "kv_blocks")  # fmt: skip
     return cp.CachePlan(levels=levels, local_max=args.local_max_tokens, **knobs(args, *same))
@@ -112,7 +106,7 @@ def check(args: argparse.Namespace) -> str | None:
     try:
         plan = plan_from_args(args)
         settings = _settings(args.port_base)
-    except (cp.CachePlanError, spec.BenchSpecError, ValueError) as exc:
+    except (spec.BenchSpecError, ValueError) as exc:
         return str(exc)
     unknown = skipped(args) - set(SKIPPABLE)
     problems = [f"--skip {sorted(unknown)}: one of {', '.join(SKIPPABLE)}"] if unknown else []
@@ -197,14 +191,8 @@ def follow_up_ttfts(
 
 def counters(url: str) -> Counters:
     """The COUNTERS of one /metrics page, keyed by selector; {} when it cannot be read."""
-    try:
-        samples = parse_metrics(http(f"{url}/metrics", timeout_s=10))
-    except (BenchError, ValueError):
-        return {}
-    out: Counters = {}
-    for name, keep in COUNTERS:
-        out.update(counter_values(samples, name, keep) or {})
-    return out
+    page = scrape(url, "", Wanted(counters={"": COUNTERS}))
+    return {k: v for c in (page.counters.values() if page else ()) for k, v in (c or {}).items()}
 
 
 def snapshot(sources: Mapping[str, str]) -> dict[str, Counters]:

@@ -36,10 +36,6 @@ SHORT_TARGETS = ("single", "tokenize", "tokenizer")
 SHARED_MODES = ("events", "off")
 
 
-class CachePlanError(ValueError):
-    """Knobs that cannot give a meaningful run, found before anything starts."""
-
-
 @dataclass(frozen=True)
 class CachePlan:
     """The three workloads' knobs (bench cache --help explains each)."""

@@ -55,16 +55,14 @@ def _facades(kind: str, cfg: Any) -> list[Any]:
     from pcp_nixl_connector.stats import PcpNixlKVConnectorStats
 
     out = []
+    stock = kind == "stock"
     for rank in (0, 1):
-        if kind == "stock":
-            facade = object.__new__(NixlPullConnector)
-            facade.connector_worker = _Worker(rank, NixlKVConnectorStats())
-        else:
-            facade = object.__new__(PcpCanonicalNixlConnector)
-            facade.pcp_layout = layout_from_config(cfg)
-            facade.connector_worker = _Worker(rank, PcpNixlKVConnectorStats())
+        facade = object.__new__(NixlPullConnector if stock else PcpCanonicalNixlConnector)
+        stats = NixlKVConnectorStats() if stock else PcpNixlKVConnectorStats()
+        facade.connector_worker = _Worker(rank, stats)
         facade.kv_transfer_config = cfg.kv_transfer_config
-        if kind != "stock":
+        if not stock:
+            facade.pcp_layout = layout_from_config(cfg)
             facade._bind_rank(rank)
         out.append(facade)
     return out

@@ -1,12 +1,8 @@
 """`pcp-pd-kit bench KIND`: every benchmark of the kit behind one command.
 
-A kind is one module (or a namespace in one: `module:NAME`) with four names: HELP (one line),
-add_arguments(parser), check(args) -> a problem or None (found before anything starts or is
-written; it may also raise the stack's own user errors, such as a busy port), and
-run(args, out_dir) -> results.Outcome. This module gives each the shared flags, makes its run
-folder and writes the layout of bench.results.
-
-To add a kind: write such a module and add one line to KINDS.
+A kind is one module (or a namespace in one: `module:NAME`) with HELP, add_arguments(parser),
+check(args) -> a problem or None (before anything starts or is written; it may also raise the
+stack's user errors, such as a busy port) and run(args, out_dir) -> results.Outcome (docs/bench.md).
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ from typing import Any
 
 from pcp_pd_kit.bench import results
 
-# kind -> its module (see the module docstring)
 KINDS: dict[str, str] = {
     "serve": "pcp_pd_kit.bench.serve",
     "local-prefill": "pcp_pd_kit.bench.serve:LOCAL_PREFILL",

@@ -1,7 +1,6 @@
 """Prometheus histograms and counters from parsed /metrics samples: before/after deltas. No I/O.
-A metric is summed over all its label sets (vLLM labels by model and engine), or over those with
-some label values (a selector: ``vllm:nixl_handover_seconds{phase="admitted_to_first_token"}``), so
-a delta counts every observation of one bench run."""
+A metric is summed over its label sets (vLLM labels by model and engine), or over those a selector
+names (``vllm:nixl_handover_seconds{phase="admitted_to_first_token"}``)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,6 @@ class Histogram:
 
     def bucket_of(self, q: float) -> tuple[float, float] | None:
         """(lower, upper] bounds of the bucket holding rank q: all a histogram really knows."""
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"quantile {q} outside [0, 1]")
         if self.count <= 0 or not self.buckets:
             return None
         lower = 0.0
@@ -58,9 +55,7 @@ def parse_selector(key: str) -> tuple[str, dict[str, str]]:
     match = _SELECTOR.match(key.strip())
     if match is None:
         raise ValueError(f"not a metric selector: {key!r}")
-    name, inner = match.group(1), match.group(2) or ""
-    labels = dict(_LABEL.findall(inner))
-    return name, labels
+    return match.group(1), dict(_LABEL.findall(match.group(2) or ""))
 
 
 def series(counts: Mapping[str, float] | None, name: str) -> list[tuple[dict[str, str], float]]:
@@ -82,15 +77,9 @@ def paths(counts: Mapping[str, float] | None) -> dict[str, float]:
     return out
 
 
-def histogram(
-    samples: Iterable[Sample], name: str, labels: Mapping[str, str] | None = None
-) -> Histogram | None:
-    """The histogram `name` summed over its label sets (only those carrying every one of
-    `labels` when given); None when the page has none of it. `name` may be a selector."""
-    if "{" in name:
-        name, parsed = parse_selector(name)
-        labels = {**parsed, **(labels or {})}
-    wanted = dict(labels or {})
+def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
+    """The histogram `name` (or selector) summed over its label sets; None when absent."""
+    name, wanted = parse_selector(name)
     buckets: dict[float, float] = {}
     total_sum = total_count = 0.0
     found = False
@@ -130,9 +119,8 @@ def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None
 def counter_values(
     samples: Iterable[Sample], name: str, keep: Sequence[str] = ()
 ) -> dict[str, float] | None:
-    """A counter's values summed per combination of the `keep` labels, keyed by selector
-    ('pd_proxy_first_token_requests_total{outcome="continued",reason=""}' with keep=('outcome',
-    'reason')); `name` as exposed (with _total). None when the page has none of it."""
+    """A counter's values (`name` with _total) summed per combination of the `keep` labels, keyed
+    by selector (`name{outcome="continued"}` with keep=('outcome',)); None when absent."""
     found: dict[str, float] = {}
     for s in samples:
         if s.name != name:

@@ -1,15 +1,7 @@
-"""A flood several times the stack's capacity plus a light client, pd-proxy with admission on and
-off, side by side in one run.
-
-Starts the local CPU stack once (prefill, decode and its pd-proxy with admission on and a key
-file of two flows, `flood` and `light`), plus a second pd-proxy with --no-admission in front of
-the same servers. For each proxy in turn: the light client's TTFT alone (--light-requests one
-after another), then the flood (--flood-prompts sent at once under the flood key) with the light
-client sending its requests one after another beside it. Each request is a distinct prompt of
-random token ids (no cache hits). Reported per proxy: served and refused (status and code), the
-served requests' TTFT (p50, p90, max), the light client's median TTFT against alone, and the
-prefill's KV held and freed (its connector counters, read once it settled). Exit 1 when a
-request got neither an answer nor a refusal, or the prefill kept KV.
+"""A flood several times the stack's capacity plus a light client, through the local stack's
+pd-proxy (admission on, two key flows: `flood` and `light`) and a second pd-proxy with
+--no-admission in front of the same servers, side by side (docs/bench.md). Exit 1 when a request
+got neither an answer nor a refusal, or the prefill kept KV.
 
     pcp-pd-kit bench overload                  # about 5 minutes on 2 cores
 """

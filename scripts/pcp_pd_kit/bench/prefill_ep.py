@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from pcp_pd_kit import repo_root
 from pcp_pd_kit.bench.client import http
+from pcp_pd_kit.bench.prefix_ttft import token_ids
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.commands import ProcessSpec
@@ -64,10 +64,8 @@ def export_connector(ref: str, into: Path) -> Path:
 
 
 def prompt_ids(length: int, seed: int) -> list[int]:
-    """A prompt of exactly ``length`` token ids (no tokenizer round trip), inside any vocab
-    the tiny model's 2048 covers."""
-    rng = random.Random(seed)
-    return [rng.randrange(100, 2000) for _ in range(length)]
+    """A prompt of exactly ``length`` token ids (no tokenizer round trip)."""
+    return token_ids(seed, length, first=100)
 
 
 def request_ms(url: str, model: str, ids: list[int]) -> float:
@@ -155,9 +153,8 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             for variant in variants:
                 label = f"PREFILL_CPUS={cpus} {variant}"
                 print(f"measuring {label} ...", file=sys.stderr, flush=True)
-                work_dir = out / "servers" / f"{cpus.replace(',', '_')}-{variant}"
-                found = measure(settings, dirs[variant], work_dir, args.lengths, args.repeats)
-                medians, log = found
+                work = out / "servers" / f"{cpus.replace(',', '_')}-{variant}"
+                medians, log = measure(settings, dirs[variant], work, args.lengths, args.repeats)
                 check_version(log, variant == "after", label)
                 results[(cpus, variant)] = medians
     ranks = int(env["CPU_PREFILL_PCP_SIZE"])

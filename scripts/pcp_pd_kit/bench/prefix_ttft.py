@@ -27,9 +27,9 @@ from pcp_pd_kit.bench.tables import markdown_table
 FIRST_ID, LAST_ID = 10, 2000  # past the tiny tokenizer's special tokens
 
 
-def token_ids(seed: int, count: int) -> list[int]:
+def token_ids(seed: int, count: int, first: int = FIRST_ID) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(FIRST_ID, LAST_ID) for _ in range(count)]
+    return [rng.randrange(first, LAST_ID) for _ in range(count)]
 
 
 def request_body(model: str, prompt: str | Sequence[int], salt: str | None) -> dict[str, object]:

@@ -1,18 +1,13 @@
-"""Benchmark pd-proxy against its floor: a client that does both P/D legs itself.
-
-Fake vLLM prefill and decode processes on loopback, the proxy as its own process (one per
-``--workers`` count), this process the load generator. Each round runs every mode once (the floor
-and each proxy, per ``--endpoint``), the order flipped every round; the summary gives medians over
-rounds and each proxy's ratios to the floor of the same endpoint. Every response is checked
-(status, all tokens, ``[DONE]``; errors must be 0). The CPU microseconds per request of each
-process (from /proc) is the figure to compare changes by: it barely moves on a busy machine.
+"""Benchmark pd-proxy against its floor, a client that does both P/D legs itself, on fake vLLM
+prefill and decode processes (docs/proxy/benchmark.md). Each round runs every mode once, the order
+flipped every round: medians over rounds, each proxy's ratios to the floor of its endpoint, and
+CPU microseconds per request by process (from /proc), which barely move on a busy machine.
 
     pcp-pd-kit bench proxy --endpoint chat --workers 1 2 --first-token
     pcp-pd-kit bench proxy --proxy-cmd 'vllm-router --port {port} ...'  # another proxy
 
 ``--proxy-cmd`` is a template with ``{port}``, ``{prefill}``, ``{decode}`` (base URLs) and
-``{workers}``; ``--also NAME=CMD`` adds another proxy (the code before a change, say) to the same
-rounds.
+``{workers}``; ``--also NAME=CMD`` adds another proxy (the code before a change, say).
 """
 
 from __future__ import annotations

@@ -96,17 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None =
 
 def plans(args: argparse.Namespace) -> tuple[sp.BenchPlan, sp.ShortPlan, tuple[str, ...]]:
     """The plan, the short workload and the targets; BenchError names a bad option."""
-    try:
-        levels = sp.parse_levels(args.concurrency)
-        plan = sp.BenchPlan(
-            levels=levels, prompts=sp.parse_prompts(args.prompts, levels), input_len=args.input_len,
-            output_len=args.output_len, seed=args.seed, breakdown_level=args.breakdown_concurrency,
-            run_timeout_s=args.run_timeout,
-        )  # fmt: skip
-        short = sp.ShortPlan(args.short_input_len, args.short_output_len, args.short_prompts,
-                             args.local_prefill_max_tokens)  # fmt: skip
-    except sp.BenchSpecError as exc:
-        raise BenchError(str(exc)) from None
+    levels = sp.parse_levels(args.concurrency)
+    plan = sp.BenchPlan(
+        levels=levels, prompts=sp.parse_prompts(args.prompts, levels), input_len=args.input_len,
+        output_len=args.output_len, seed=args.seed, breakdown_level=args.breakdown_concurrency,
+        run_timeout_s=args.run_timeout,
+    )  # fmt: skip
+    short = sp.ShortPlan(args.short_input_len, args.short_output_len, args.short_prompts,
+                         args.local_prefill_max_tokens)  # fmt: skip
     wanted = tuple(t.strip() for t in args.targets.split(",") if t.strip())
     if not wanted or set(wanted) - set(sp.TARGETS):
         raise BenchError(f"--targets {args.targets!r}: choose from {','.join(sp.TARGETS)}")
@@ -136,10 +133,7 @@ def remote_urls(args: argparse.Namespace, wanted: Sequence[str]) -> dict[str, st
 def local_settings(port_base: int) -> StackSettings:
     """The bench's ports; every prompt P/D and cache-aware routing off (the workloads repeat
     prompts across targets: `bench cache` measures the cache)."""
-    try:
-        return sp.bench_settings(port_base, local_prefill_max_tokens=0, prefix_cache_routing="off")
-    except sp.BenchSpecError as exc:
-        raise BenchError(str(exc)) from None
+    return sp.bench_settings(port_base, local_prefill_max_tokens=0, prefix_cache_routing="off")
 
 
 def phases(wanted: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -205,7 +199,7 @@ def run_target(
         )
         time.sleep(SETTLE_S)
         run.deltas, run.counters, run.gauges = grown(before, snapshot(sources, WANTED, api_key))
-        run.result = read_result(out / sp.result_filename(target.name, level, workload))
+        run.result = read_result(out / f"{sp.run_name(target.name, level, workload)}.json")
         run.log = str(log_path)
         if not run.complete:
             how = "timed out" if run.timed_out else f"exited {run.returncode}"

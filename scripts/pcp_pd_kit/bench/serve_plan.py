@@ -1,7 +1,5 @@
 """What one `bench serve` run is, as plain data: the plan, the targets, the run order and each
-`vllm bench serve` argv. No I/O: bench.serve executes these, the tests parse them with vLLM's own
-`vllm bench serve` parser.
-"""
+`vllm bench serve` argv (the tests parse them with vLLM's own parser). No I/O."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pcp_pd_kit.bench.client import BenchError
 from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 
 VLLM_SERVE_MODULE = "pcp_pd_kit.bench.vllm_serve"
@@ -46,7 +45,7 @@ PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,99"
 
 
-class BenchSpecError(ValueError):
+class BenchSpecError(BenchError):
     """A bench option the run cannot use; the message names it."""
 
 
@@ -54,7 +53,7 @@ def default_prompts(level: int) -> int:
     return max(MIN_PROMPTS, PROMPTS_PER_SLOT * level)
 
 
-def _ints(text: str, flag: str, expected: str) -> tuple[int, ...]:
+def parse_ints(text: str, flag: str, expected: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -63,7 +62,7 @@ def _ints(text: str, flag: str, expected: str) -> tuple[int, ...]:
 
 def parse_levels(text: str) -> tuple[int, ...]:
     """'1,4,16' -> (1, 4, 16); each a positive integer, no duplicates."""
-    levels = _ints(text, "--concurrency", "integers like 1,4,16")
+    levels = parse_ints(text, "--concurrency", "integers like 1,4,16")
     if not levels:
         raise BenchSpecError("--concurrency is empty")
     if any(level < 1 for level in levels):
@@ -77,7 +76,7 @@ def parse_prompts(text: str | None, levels: Sequence[int]) -> tuple[int, ...]:
     """Prompts per level: None -> default_prompts; 'N' -> N for each; 'a,b,c' -> one per level."""
     if text is None or not text.strip():
         return tuple(default_prompts(level) for level in levels)
-    counts = _ints(text, "--prompts", "N or one count per level")
+    counts = parse_ints(text, "--prompts", "N or one count per level")
     counts = counts * len(levels) if len(counts) == 1 else counts
     if len(counts) != len(levels):
         raise BenchSpecError(
@@ -161,8 +160,7 @@ class ShortPlan:
 
     def short(self, base: BenchPlan) -> BenchPlan:
         """The short prompts at concurrency 1, otherwise as the main plan."""
-        long = self.long(base)
-        return dataclasses.replace(long, input_len=self.input_len)
+        return dataclasses.replace(self.long(base), input_len=self.input_len)
 
     def long(self, base: BenchPlan) -> BenchPlan:
         """The main workload's prompt length at concurrency 1, as many prompts and output tokens
@@ -223,10 +221,6 @@ def run_name(target: str, level: int, workload: str = MAIN) -> str:
     return f"{target}-{workload}-c{level}" if workload else f"{target}-c{level}"
 
 
-def result_filename(target: str, level: int, workload: str = MAIN) -> str:
-    return f"{run_name(target, level, workload)}.json"
-
-
 def vllm_bench_argv(
     python: str, base_url: str, served: str, tokenizer: str, options: Mapping[str, object],
     flags: Sequence[str], result_dir: str, result_filename: str,
@@ -263,4 +257,4 @@ def bench_serve_argv(
              f"workload={workload or 'main'}"]  # fmt: skip
     return vllm_bench_argv(python, target.base_url, target.served_model_name, target.tokenizer,
                            options, flags, result_dir,
-                           result_filename(target.name, level, workload))  # fmt: skip
+                           f"{run_name(target.name, level, workload)}.json")  # fmt: skip

@@ -1,7 +1,6 @@
-"""The serve bench's report, from its runs: per workload one table with the targets side by side
-and their ratios to the reference, each checked run's check, where the time to first token goes,
-and the goals, from `vllm bench serve` results and /metrics deltas. No I/O. A P/D variant's
-figure counts only when its proxy's own counter shows it did what its column is about (check()).
+"""The serve bench's report from `vllm bench serve` results and /metrics deltas: per workload the
+targets side by side with their ratios to the reference, where the TTFT goes, the goals. No I/O.
+A P/D variant's figure counts only when its proxy's counter shows it did what its column is about.
 """
 
 from __future__ import annotations
@@ -82,10 +81,7 @@ GOALS: tuple[tuple[str, str, int, float | None, float], ...] = (
 
 def histograms_read() -> dict[str, tuple[str, ...]]:
     """Source -> the histograms (names or selectors) the breakdown reads from it."""
-    wanted: dict[str, tuple[str, ...]] = {}
-    for _label, source, name in BREAKDOWN:
-        wanted[source] = (*wanted.get(source, ()), name)
-    return wanted
+    return {s: tuple(n for _l, src, n in BREAKDOWN if src == s) for _l, s, _n in BREAKDOWN}
 
 
 @dataclass
@@ -315,8 +311,7 @@ def breakdown(run: Run) -> list[dict[str, Any]]:
         hist = (run.deltas.get(source) or {}).get(name)
         if name == PREFILL_HOLD and lease is not None:
             label = f"{label} (lease {lease:g} s)"
-        bucket = None if hist is None else hist.bucket_of(0.5)
-        mean = None if hist is None else hist.mean
+        mean, bucket = (None, None) if hist is None else (hist.mean, hist.bucket_of(0.5))
         means[name] = None if mean is None else mean * 1000.0
         p50 = None if bucket is None else [b * 1000.0 for b in bucket]
         count = None if hist is None else hist.count

