@@ -1,8 +1,6 @@
 """What `bench cache` starts and sends, as plain data: knobs, ports, prompts, the ideal cache-hit
-count, and the flags it appends to the kit's own server and proxy command lines
-(pcp_pd_kit.localstack.commands): a flag the builders pass themselves is replaced (KV events: each
-server needs its own port) or overridden (argparse keeps the last one). No I/O.
-"""
+count, and the flags it appends to the kit's server and proxy command lines (a flag the builders
+pass is replaced, as KV events, or overridden: argparse keeps the last one). No I/O."""
 
 from __future__ import annotations
 
@@ -61,12 +59,11 @@ class CachePlan:
     run_timeout_s: float = 600.0
 
     def problems(self, block_size: int) -> list[str]:
-        out = []
         counts = {"--conversations": self.conversations, "--short-requests": self.short_requests,
                   "--prefixes": self.prefixes, "--per-prefix": self.per_prefix,
                   "--shared-rounds": self.shared_rounds,
                   "--local-max-tokens": self.local_max}  # fmt: skip
-        out += [f"{flag} must be >= 1, got {n}" for flag, n in counts.items() if n < 1]
+        out = [f"{flag} must be >= 1, got {n}" for flag, n in counts.items() if n < 1]
         if not self.levels or min(self.levels) < 1:
             out.append(f"--concurrency levels must be >= 1, got {list(self.levels)}")
         if self.new >= self.local_max:
@@ -122,18 +119,10 @@ def kv_events_config(port: int) -> str:
 def with_kv_events(spec: ProcessSpec, port: int) -> ProcessSpec:
     """The server publishing KV events on ``port``; a --kv-events-config it already has is
     replaced (two servers of one bench must not share a port)."""
-    argv: list[str] = []
-    skip = False
-    for arg in spec.argv:
-        if skip:
-            skip = False
-            continue
-        if arg == KV_EVENTS_FLAG:
-            skip = True
-            continue
-        if arg.startswith(KV_EVENTS_FLAG + "="):
-            continue
-        argv.append(arg)
+    argv = [arg for arg in spec.argv if not arg.startswith(KV_EVENTS_FLAG + "=")]
+    while KV_EVENTS_FLAG in argv:
+        at = argv.index(KV_EVENTS_FLAG)
+        del argv[at : at + 2]
     return dataclasses.replace(spec, argv=[*argv, KV_EVENTS_FLAG, kv_events_config(port)])
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from pcp_pd_kit.bench.client import BenchError, http
 from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
@@ -82,14 +83,6 @@ def _own_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):  # none once the process is gone
-        with contextlib.suppress(OSError):
-            kids += map(int, task.read_text().split())
-    return kids
-
-
 def cpu_seconds(pid: int) -> float:
     """User+system CPU of a process and its live descendants (Linux /proc; 0 elsewhere); a
     negative ``pid`` counts that process alone."""
@@ -99,7 +92,9 @@ def cpu_seconds(pid: int) -> float:
     while todo:
         p = todo.pop()
         total += _own_cpu(p)
-        todo.extend(_children(p))
+        for task in Path(f"/proc/{p}/task").glob("*/children"):  # none once the process is gone
+            with contextlib.suppress(OSError):
+                todo += map(int, task.read_text().split())
     return total
 
 
@@ -117,19 +112,16 @@ def start_fake(role: str, token_delay: float, port: int = 0) -> tuple[subprocess
     return proc, line.split()[-1]
 
 
-async def wait_ready(url: str, timeout: float = 60.0) -> None:
+def wait_ready(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while True:
-            try:
-                async with s.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
+    while True:
+        try:
+            http(f"{url}/health", timeout_s=timeout)
+            return
+        except BenchError:
             if time.monotonic() > deadline:
-                raise SystemExit(f"{url} not ready after {timeout}s")
-            await asyncio.sleep(0.1)
+                raise SystemExit(f"{url} not ready after {timeout}s") from None
+            time.sleep(0.1)
 
 
 def check_stream(raw: bytes, tokens: int, chat: bool) -> bool:
@@ -344,13 +336,9 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                 urls[name] = f"http://127.0.0.1:{port}"
                 print(f"{name}: {cmd}", flush=True)
             print(f"proxy log: {log.name}", flush=True)
-
-            async def go() -> dict[str, Any]:
-                for name in proxies:
-                    await wait_ready(urls[name])
-                return await bench(args, urls)
-
-            data = _event_loop_runner()(go())
+            for name in proxies:
+                wait_ready(urls[name])
+            data = _event_loop_runner()(bench(args, urls))
         finally:
             for proc in reversed(procs):
                 if proc.poll() is None:

@@ -46,6 +46,7 @@ from pcp_pd_kit.localstack.stack import (
     Stack,
 )
 from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
+from pd_proxy.api.auth import KeyFileError, read_key_file
 
 HELP = "vllm bench serve: single vLLM vs P/D and its proxy variants"
 log = logging.getLogger("pcp_pd_kit.bench")
@@ -113,15 +114,11 @@ def plans(args: argparse.Namespace) -> tuple[sp.BenchPlan, sp.ShortPlan, tuple[s
 def resolve_api_key(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     if args.api_key:
         return str(args.api_key)
-    if args.api_key_file:
+    if args.api_key_file:  # pd-proxy's own key file format: its first key
         try:
-            lines = Path(args.api_key_file).read_text().splitlines()
-        except OSError as exc:
-            raise BenchError(f"--api-key-file {args.api_key_file}: {exc}") from None
-        keys = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-        if not keys:
-            raise BenchError(f"--api-key-file {args.api_key_file}: no key in it")
-        return keys[0]
+            return read_key_file(args.api_key_file)[0].key
+        except KeyFileError as exc:
+            raise BenchError(f"--api-key-file: {exc}") from None
     return env.get("OPENAI_API_KEY") or None
 
 
@@ -252,10 +249,10 @@ def run_local(
         try:
             stack.start()
             extra["startup_s"][phase] = startup_s(stack)
-            assert stack.model is not None
-            extra["model"] = dataclasses.asdict(stack.model)
-            urls = stack.urls
-            targets = {}
+            model = stack.model
+            assert model is not None
+            extra["model"] = dataclasses.asdict(model)
+            urls, targets = stack.urls, {}
             here = [t for t in sp.TARGETS if t in wanted and (t == "single") == (phase == "single")]
             for name in here:
                 if name == "single":
@@ -263,7 +260,6 @@ def run_local(
                 else:
                     url = urls[PROXY_PARTS[name]]
                     sources = {"proxy": url, "prefill": urls["prefill"], "server": urls["decode"]}
-                model = stack.model
                 targets[name] = (sp.Target(name, url, model.served_name, model.path), sources)
                 extra["targets"][name] = url
             runs += run_all(targets, plan, short, wanted, out, None, errors)

@@ -16,7 +16,7 @@ import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +107,6 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
-    return [{"size": r.size, "endpoint": r.endpoint, "counts": dict(r.counts),
-             "counts_agree": r.counts_agree, "stats": {k: vars(v) for k, v in r.stats.items()}}
-            for r in rows]  # fmt: skip
-
-
 async def _timed(
     call: Callable[[], Awaitable[int]], warmup: int, n: int
 ) -> tuple[int, list[float]]:
@@ -153,11 +147,8 @@ async def measure(url: str, model: str, tokenizer_dir: str, n: int, warmup: int)
                 body = json.dumps(tokenize_body(model, endpoint, text)).encode()
 
                 async def http(body: bytes = body) -> int:
-                    async with session.post(
-                        f"{url}/tokenize",
-                        data=body,
-                        headers={"Content-Type": "application/json"},
-                    ) as resp:
+                    headers = {"Content-Type": "application/json"}
+                    async with session.post(f"{url}/tokenize", data=body, headers=headers) as resp:
                         resp.raise_for_status()
                         return int((await resp.json())["count"])
 
@@ -204,4 +195,5 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
         rows = asyncio.run(measure(url, model, args.tokenizer or root, args.requests, args.warmup))
     knobs = {"url": args.url, "requests": args.requests, "warmup": args.warmup, "model": model}
     rc = 0 if all(r.counts_agree for r in rows) else 1
-    return Outcome(rows_json(rows), format_table(rows), {"bench": knobs}, rc=rc)
+    result = [{**asdict(r), "counts_agree": r.counts_agree} for r in rows]
+    return Outcome(result, format_table(rows), {"bench": knobs}, rc=rc)

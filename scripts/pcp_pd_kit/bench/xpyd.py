@@ -41,13 +41,11 @@ class Stack:
     """The cpu profile under PROJECT, driven with the real Compose binary."""
 
     def __init__(self, work: Path) -> None:
-        key = "sk-bench-" + secrets.token_urlsafe(12)
         secrets_dir = work / "secrets"
         secrets_dir.mkdir(mode=0o700)
         self.key_file = secrets_dir / "api_keys"
-        self.key_file.write_text(key + "\n")
+        self.key_file.write_text(f"sk-bench-{secrets.token_urlsafe(12)}\n")
         self.key_file.chmod(0o600)
-        self.key = key
         proxy, prom = free_port(), free_port()
         self.proxy_url = f"http://127.0.0.1:{proxy}"
         self.prom_url = f"http://127.0.0.1:{prom}"
@@ -68,17 +66,19 @@ class Stack:
         start = time.monotonic()
         wait = ["up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
         proc = self.compose(*wait, timeout=UP_TIMEOUT_S + 120)
-        if proc.returncode != 0 and self.all_healthy(UP_TIMEOUT_S):
-            # A new count recreates the role (KIT_ROLE_REPLICAS changes): meanwhile pd-proxy has
-            # no prefill and its healthcheck fails, which ends --wait at once although the proxy
-            # is healthy again one check after the prefills.
-            proc = subprocess.CompletedProcess(proc.args, 0, proc.stdout, proc.stderr)
-        if proc.returncode != 0:
+        # A new count recreates the role (KIT_ROLE_REPLICAS changes): meanwhile pd-proxy has no
+        # prefill and its healthcheck fails, which ends --wait at once although the proxy is
+        # healthy again one check after the prefills.
+        if proc.returncode != 0 and not self.all_healthy(UP_TIMEOUT_S):
             logs = self.compose("logs", "--no-color", "--tail", "40").stdout
             raise SystemExit(
                 f"compose up failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{logs}"
             )
-        self.wait_for(HEALTHY, lambda v: v >= prefill_replicas, "pd-proxy's prefill pool")
+        deadline = time.monotonic() + 180
+        while sum(float(r["value"][1]) for r in self.query(HEALTHY)) < prefill_replicas:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"pd-proxy's prefill pool: {HEALTHY} not reached within 180s")
+            time.sleep(3)
         return time.monotonic() - start
 
     def all_healthy(self, timeout_s: float) -> bool:
@@ -98,15 +98,6 @@ class Stack:
     def query(self, expr: str) -> list[dict[str, Any]]:
         url = f"{self.prom_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         return list(json.loads(http(url))["data"]["result"])
-
-    def wait_for(self, expr: str, ok: Any, what: str, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            rows = self.query(expr)
-            if rows and ok(sum(float(r["value"][1]) for r in rows)):
-                return
-            time.sleep(3)
-        raise SystemExit(f"{what}: {expr} not reached within {timeout_s:.0f}s")
 
     def served(self) -> dict[str, float]:
         return {r["metric"]["instance"]: float(r["value"][1]) for r in self.query(SERVED)}
