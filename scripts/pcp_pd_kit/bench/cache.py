@@ -92,8 +92,7 @@ def skipped(args: argparse.Namespace) -> set[str]:
 
 
 def stack_parts(skip: set[str]) -> tuple[str, ...]:
-    """The stack's servers this run needs: none for the shared-prefix part alone (``--skip
-    multi-turn,short``), which starts its own two decodes and proxies; they would only idle."""
+    """None for the shared-prefix part alone: it starts its own decodes and proxies."""
     return () if {"multi-turn", "short"} <= skip else STACK_PARTS
 
 
@@ -133,8 +132,7 @@ def decode_process(
     settings: StackSettings, model: ResolvedModel, name: str, ports: tuple[int, int, int],
     cpus: str, plan: cp.CachePlan, repo: Path, log_dir: Path,
 ) -> ManagedProcess:  # fmt: skip
-    """A decode of the kit (its KV connector, as a second decode replica would run) with a small
-    KV cache, KV events on, and vLLM's dev endpoints (POST /reset_prefix_cache)."""
+    """A decode of the kit with a small KV cache, KV events and POST /reset_prefix_cache."""
     port, side, events = ports
     s = dataclasses.replace(
         settings, decode_port=port, decode_side_channel_port=side, decode_cpus=cpus
@@ -176,8 +174,7 @@ def follow_up_ttfts(
     url: str, model: str, seeds: Sequence[int], plan: cp.CachePlan, concurrency: int,
     send: Callable[[str, dict[str, object]], float] = ttft_s,
 ) -> list[float]:  # fmt: skip
-    """One conversation per seed, ``concurrency`` at a time: the first turn (untimed), a pause
-    of plan.think_ms, then the follow-up, whose TTFT (s) is returned in seed order."""
+    """One conversation per seed, ``concurrency`` at a time: the follow-ups' TTFTs (s)."""
 
     def one(seed: int) -> float:
         first, follow_up = cp.conversation(seed, plan.context, plan.new)
@@ -209,8 +206,7 @@ def counter_growth(
 
 
 def reset_prefix_cache(url: str, tries: int = 20) -> None:
-    """Empty a server's prefix cache (vLLM's dev endpoint: VLLM_SERVER_DEV_MODE=1); retried
-    while blocks are still held."""
+    """Empty a server's prefix cache; retried while blocks are still held."""
     for _ in range(tries):
         text = http(f"{url}/reset_prefix_cache", None, {})
         try:

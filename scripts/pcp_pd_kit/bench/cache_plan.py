@@ -109,16 +109,14 @@ def ideal_hit_tokens(plan: CachePlan, block_size: int, added: int) -> int:
 
 
 def kv_events_config(port: int) -> str:
-    """vLLM's --kv-events-config: a ZMQ publisher bound on every interface (the proxy finds it
-    at the server's GET /kv_event_sources), its replay socket on the next port."""
+    """vLLM's --kv-events-config: a ZMQ publisher on every interface, replay on the next port."""
     return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                        "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{port + 1}",
                        "topic": "kv"})  # fmt: skip
 
 
 def with_kv_events(spec: ProcessSpec, port: int) -> ProcessSpec:
-    """The server publishing KV events on ``port``; a --kv-events-config it already has is
-    replaced (two servers of one bench must not share a port)."""
+    """The server publishing KV events on ``port`` (its own --kv-events-config replaced)."""
     argv = [arg for arg in spec.argv if not arg.startswith(KV_EVENTS_FLAG + "=")]
     while KV_EVENTS_FLAG in argv:
         at = argv.index(KV_EVENTS_FLAG)
@@ -138,8 +136,7 @@ def with_flags(
 def proxy_flags(
     routing: str, tokenizer: str | None, extra_decodes: Sequence[str] = ()
 ) -> list[str]:
-    """pd-proxy flags for a cache mode (events, approx, auto, off), with or without the local
-    tokenizer, and more decode URLs (--decode extends the list)."""
+    """pd-proxy flags for a cache mode, the local tokenizer and more decodes."""
     flags = ["--prefix-cache-routing", routing]
     if tokenizer:
         flags += ["--tokenizer", tokenizer]
@@ -149,14 +146,12 @@ def proxy_flags(
 
 
 def conversation(seed: int, context: int, new: int) -> tuple[list[int], list[int]]:
-    """A first turn of ``context`` token ids and its follow-up: the first turn + ``new`` ids."""
     first = token_ids(seed, context)
     return first, first + token_ids(seed + 1, new)
 
 
 def short_prompt(seed: int, words: int) -> str:
-    """A short text prompt of ``words`` words, different from its first word on per seed (the
-    prefix cache holds nothing of it)."""
+    """``words`` words, different per seed from the first word on (nothing of it cached)."""
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
@@ -171,8 +166,7 @@ def prefix_bench_argv(
     base_url: str, served_model_name: str, tokenizer: str, plan: CachePlan, seed: int,
     result_dir: str, result_filename: str, python: str = sys.executable,
 ) -> list[str]:  # fmt: skip
-    """`vllm bench serve` on the shared-prefix dataset. No initial test request: it would cache
-    one prefix before the counters are read."""
+    """`vllm bench serve` on the shared-prefix dataset (no test request: it would cache one)."""
     options = {
         "--dataset-name": "prefix_repetition", "--prefix-repetition-prefix-len": plan.prefix_len,
         "--prefix-repetition-suffix-len": plan.suffix_len,

@@ -119,8 +119,7 @@ def format_multi_turn(rows: Sequence[Mapping[str, Any]], context: int, new: int)
 
 # --- short prompts -----------------------------------------------------------------------------
 def short_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per target: TTFT median and ratio to single; for the proxies, whether every request went
-    to decode alone. run: {"ttft_s": {target: [s]}, "proxies": {target: growth}, "requests": n}."""
+    """Per target: TTFT median, ratio to single and, for the proxies, the path check."""
     ttft = run.get("ttft_s", {})
     single = median_ms(ttft.get("single", []))
     n = int(run.get("requests", 0))
@@ -148,8 +147,7 @@ def format_short(rows: Sequence[Mapping[str, Any]], words: int, requests: int) -
 
 # --- shared prefixes across two decodes -------------------------------------------------------
 def shared_rows(runs: Sequence[Mapping[str, Any]], ideal: int) -> list[dict[str, Any]]:
-    """Per run, in order: mode, TTFT median, cache-hit tokens over both decodes and their
-    fraction of ideal, requests per decode."""
+    """Per run: TTFT, cache-hit tokens over both decodes (and of ideal), requests per decode."""
     rows = []
     for run in runs:
         result = run.get("result") or {}

@@ -37,17 +37,14 @@ def http(url: str, api_key: str | None = None, payload: Any = None, timeout_s: f
     if payload is not None:
         data = json.dumps(payload).encode()
         headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data, headers)
     try:
-        with urllib.request.urlopen(
-            urllib.request.Request(url, data, headers), timeout=timeout_s
-        ) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             return str(resp.read().decode(errors="replace"))
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")[:300]
-        hint = " (the endpoint wants a key: --api-key, --api-key-file or OPENAI_API_KEY)" * (
-            exc.code == 401
-        )
-        raise BenchError(f"{url}: HTTP {exc.code}{hint}: {body}") from None
+        hint = " (the endpoint wants a key: --api-key, --api-key-file or OPENAI_API_KEY)"
+        raise BenchError(f"{url}: HTTP {exc.code}{hint * (exc.code == 401)}: {body}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise BenchError(f"{url}: no answer: {exc}") from None
 
@@ -139,8 +136,7 @@ def bench_env(api_key: str | None = None) -> dict[str, str]:
 def run_process(
     argv: Sequence[str], log_path: Path, env: Mapping[str, str], timeout_s: float, what: str
 ) -> tuple[int | None, float, bool]:
-    """argv in its own process group, output to log_path: (returncode, seconds, timed out); a
-    heartbeat is logged while it runs; on timeout or Ctrl-C the whole group is killed."""
+    """(returncode, seconds, timed out) of argv in its own process group, killed on timeout."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "ab") as out:

@@ -8,6 +8,7 @@ at once, rank 0 a step later), ``get_finished`` and the stats path (per-rank sta
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -87,16 +88,8 @@ def _prom(cls: Any, cfg: Any) -> Any:
     import prometheus_client
     from prometheus_client import Counter, Gauge, Histogram
 
-    registry = prometheus_client.CollectorRegistry()
-
-    def bound(metric: type) -> type:
-        class Bound(metric):
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, registry=registry, **kwargs)
-
-        return Bound
-
-    types = {Gauge: bound(Gauge), Counter: bound(Counter), Histogram: bound(Histogram)}
+    registry = prometheus_client.CollectorRegistry()  # its own: the metrics are made twice
+    types = {t: functools.partial(t, registry=registry) for t in (Gauge, Counter, Histogram)}
     return cls.build_prom_metrics(cfg, types, ["model_name", "engine"], {0: ["m", "0"]})
 
 

@@ -103,8 +103,7 @@ def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
 
 
 def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:
-    """Observations made between two scrapes; None when missing afterwards, or when the count
-    went down (a restarted server). Missing before (created lazily) counts as zero."""
+    """Observations between two scrapes; None when missing after or reset, zero before."""
     if after is None:
         return None
     if before is None:
@@ -139,8 +138,7 @@ def gauge_max(samples: Iterable[Sample], name: str) -> float | None:
 def counter_delta(
     after: Mapping[str, float] | None, before: Mapping[str, float] | None
 ) -> dict[str, float] | None:
-    """Per label set: after - before; a set absent before counts from zero; a set that went
-    down (a restarted process) counts its value after. None when missing afterwards."""
+    """Per label set: after - before (after alone when absent before or reset)."""
     if after is None:
         return None
     earlier = before or {}

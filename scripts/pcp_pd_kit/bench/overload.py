@@ -71,8 +71,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def send(url: str, key: str, client: str, body: dict[str, Any], timeout_s: float) -> report.Reply:
-    """One streamed completion: its status, code and Retry-After, or the time to its first token
-    and whether the stream ended with [DONE]."""
+    """One streamed completion: its refusal, or its time to first token and [DONE]."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
     start = time.perf_counter()
@@ -112,8 +111,8 @@ def light_run(
     url: str, key: str, model: str, seed: int, args: argparse.Namespace,
     flood_over: threading.Event | None = None,
 ) -> list[report.Reply]:  # fmt: skip
-    """--light-requests one after another; beside a flood, on until the flood is over (a client
-    stuck behind it sends one request that waits, not five that follow it once it ended)."""
+    """--light-requests one after another; beside a flood, on until it is over (stuck behind
+    it, one request waits rather than five following it once it ended)."""
     replies: list[report.Reply] = []
     while len(replies) < args.light_requests or (flood_over and not flood_over.is_set()):
         during = flood_over is None or not flood_over.is_set()
@@ -125,11 +124,8 @@ def light_run(
 
 def prefill_kv(url: str) -> dict[str, float | None]:
     samples = live.scrape(url)
-    return {
-        "held": total(samples, HELD_REQUESTS_TOTAL),
-        "freed": total(samples, CANONICAL_COMPLETIONS),
-        "usage": total(samples, live.KV_USAGE),
-    }
+    names = {"held": HELD_REQUESTS_TOTAL, "freed": CANONICAL_COMPLETIONS, "usage": live.KV_USAGE}
+    return {key: total(samples, name) for key, name in names.items()}
 
 
 def one_mode(

@@ -27,9 +27,7 @@ class Reply:
     code: str | None = None  # the error body's code
     retry_after: str | None = None
     complete: bool = False  # a 200 whose stream reached [DONE]
-    # Sent while the flood was in flight (the light client keeps sending until it ends; only
-    # these measure it beside the flood).
-    during: bool = True
+    during: bool = True  # sent while the flood was in flight: only those count beside it
 
     @property
     def served(self) -> bool:
@@ -53,8 +51,7 @@ def key_file_text(keys: Mapping[str, str]) -> str:
 def kv_growth(
     before: Mapping[str, float | None], after: Mapping[str, float | None]
 ) -> dict[str, float | None]:
-    """The prefill's held and freed (canonical completions) counters' growth over a run, and
-    its KV usage after it; None where the counter is absent (not the kit's connector)."""
+    """The prefill's held and freed counters' growth and its KV usage after (None: absent)."""
     out: dict[str, float | None] = {"usage": after.get("usage")}
     for name in ("held", "freed"):
         later = after.get(name)
@@ -65,8 +62,7 @@ def kv_growth(
 def summarize(
     replies: Sequence[Reply], light_alone_s: Sequence[float], kv: Mapping[str, float | None]
 ) -> dict[str, Any]:
-    """One mode's figures: counts by outcome and client, TTFTs of the served (s), the light
-    client's median against alone, refusal times, and the prefill's KV (held, freed, usage)."""
+    """One mode's figures: outcomes, TTFTs (s), the light client against alone, the KV."""
     served = [r.seconds for r in replies if r.served]
     light = [r.seconds for r in replies if r.served and r.client == LIGHT and r.during]
     refused = [r for r in replies if r.status in (429, 503)]
@@ -133,9 +129,8 @@ def goals(s: Mapping[str, Any]) -> list[Goal]:
 
 
 def _kv(s: Mapping[str, Any]) -> str:
-    return (
-        f"held {fmt_num(s['kv_held'])}, freed {fmt_num(s['kv_freed'])}, usage {s['kv_usage_after']}"
-    )
+    held, freed = fmt_num(s["kv_held"]), fmt_num(s["kv_freed"])
+    return f"held {held}, freed {freed}, usage {s['kv_usage_after']}"
 
 
 def _refused(counts: Mapping[str, int]) -> str:

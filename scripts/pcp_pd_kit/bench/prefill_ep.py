@@ -82,8 +82,7 @@ def measure(
     settings: StackSettings, connector_dir: Path, work_dir: Path, lengths: Sequence[int],
     repeats: int,
 ) -> tuple[dict[int, float], str]:  # fmt: skip
-    """Median ms per length for one server; and its log (to check which fix it ran). Each
-    server logs into its own ``work_dir`` (the stack appends to an existing log)."""
+    """Median ms per length for one server, and its log (which fix it ran)."""
     stack = ConnectorStack(settings, connector_dir, work_dir)
     with stack:
         url, model = stack.urls["prefill"], stack.served_model_name

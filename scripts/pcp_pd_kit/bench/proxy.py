@@ -84,8 +84,7 @@ def _own_cpu(pid: int) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its live descendants (Linux /proc; 0 elsewhere); a
-    negative ``pid`` counts that process alone."""
+    """User+system CPU of a process and its live descendants (-pid: alone) from /proc."""
     if pid < 0:
         return _own_cpu(-pid)
     total, todo = 0.0, [pid]
@@ -233,8 +232,7 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any
 
 
 def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
-    """Markdown: per mode the medians over rounds, the ratios to the floor of the same endpoint
-    and CPU microseconds per request by process."""
+    """Markdown: per mode the medians over rounds, ratios to the floor, CPU us per request."""
     summary, ratios, load = data["summary"], data["ratios"], data["load"]
     title = (
         f"{args.concurrency} concurrent streams x {args.tokens} tokens, {args.requests} requests"

@@ -57,8 +57,7 @@ def utc_stamp(now: datetime | None = None) -> str:
 
 
 def run_dir(kind: str, results_dir: str | Path | None, started_utc: str) -> Path:
-    """``<results_dir or <repo>/results>/<kind>-<started_utc>``, created; two runs never share
-    a folder (an existing one is an error)."""
+    """``<results_dir or <repo>/results>/<kind>-<started_utc>``, new: never shared."""
     out = (Path(results_dir) if results_dir else repo_root() / "results") / f"{kind}-{started_utc}"
     out.mkdir(parents=True, exist_ok=False)
     return out

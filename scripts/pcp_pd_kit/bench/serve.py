@@ -21,19 +21,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from pcp_pd_kit import repo_root
+from pcp_pd_kit.bench import client
 from pcp_pd_kit.bench import serve_plan as sp
 from pcp_pd_kit.bench import serve_report as report
-from pcp_pd_kit.bench.client import (
-    BenchError,
-    Wanted,
-    bench_env,
-    grown,
-    http,
-    read_result,
-    run_process,
-    served_model,
-    snapshot,
-)
+from pcp_pd_kit.bench.client import BenchError
 from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome, startup_s
 from pcp_pd_kit.localstack.host import ensure_ports_free
@@ -56,7 +47,7 @@ WARMUP_REQUESTS = 2
 PROXY_PARTS = {"pd": "proxy", "pd-local": LOCAL_PREFILL_PROXY, "pd-ft": FIRST_TOKEN_PROXY}
 REMOTE_URLS = {"pd": "base_url", "single": "single_url", "pd-ft": "first_token_url",
                "pd-local": "local_prefill_url"}  # fmt: skip
-WANTED = Wanted(report.histograms_read(), report.COUNTERS, report.GAUGES)
+WANTED = client.Wanted(report.histograms_read(), report.COUNTERS, report.GAUGES)
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None = None) -> None:
@@ -134,8 +125,7 @@ def local_settings(port_base: int) -> StackSettings:
 
 
 def phases(wanted: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """Local phase -> the stack's parts: the single instance alone, then P/D with a pd-proxy per
-    P/D target wanted."""
+    """Local phase -> parts: the single instance alone, then P/D with a proxy per P/D target."""
     out: dict[str, tuple[str, ...]] = {}
     if "single" in wanted:
         out["single"] = REFERENCE_PARTS
@@ -157,7 +147,7 @@ def check(args: argparse.Namespace) -> str | None:
             return "--targets leaves none of the URLs given"
         key = resolve_api_key(args, os.environ)
         for url in urls.values():
-            served_model(url, key)  # reachable, and the key accepted
+            client.served_model(url, key)  # reachable, and the key accepted
         return None
     settings = local_settings(args.port_base)
     ports = {"reference": settings.reference_port, **settings.ports(),
@@ -174,7 +164,7 @@ def warm_up(target: sp.Target, api_key: str | None) -> None:
     body = {"model": target.served_model_name, "prompt": "warm up the server " * 8,
             "max_tokens": 4, "temperature": 0}  # fmt: skip
     for _ in range(WARMUP_REQUESTS):
-        http(f"{target.base_url}/v1/completions", api_key, body, timeout_s=300)
+        client.http(f"{target.base_url}/v1/completions", api_key, body, timeout_s=300)
 
 
 def run_target(
@@ -190,13 +180,14 @@ def run_target(
         log.info("%s: %d prompts, %d in / %d out tokens", run.name, *sizes)
         argv = sp.bench_serve_argv(target, plan, level, str(out), workload=workload)
         log_path = out / "logs" / f"{sp.run_name(target.name, level, workload)}.log"
-        before = snapshot(sources, WANTED, api_key)
-        run.returncode, run.seconds, run.timed_out = run_process(
-            argv, log_path, bench_env(api_key), plan.run_timeout_s, run.name
+        before = client.snapshot(sources, WANTED, api_key)
+        run.returncode, run.seconds, run.timed_out = client.run_process(
+            argv, log_path, client.bench_env(api_key), plan.run_timeout_s, run.name
         )
         time.sleep(SETTLE_S)
-        run.deltas, run.counters, run.gauges = grown(before, snapshot(sources, WANTED, api_key))
-        run.result = read_result(out / f"{sp.run_name(target.name, level, workload)}.json")
+        after = client.snapshot(sources, WANTED, api_key)
+        run.deltas, run.counters, run.gauges = client.grown(before, after)
+        run.result = client.read_result(out / f"{sp.run_name(target.name, level, workload)}.json")
         run.log = str(log_path)
         if not run.complete:
             how = "timed out" if run.timed_out else f"exited {run.returncode}"
@@ -214,8 +205,7 @@ def run_all(
     short: sp.ShortPlan,
     wanted: Sequence[str], out: Path, api_key: str | None, errors: list[str],
 ) -> list[report.Run]:  # fmt: skip
-    """Every (target, workload) these servers serve, in serve_plan.run_order; a failure is
-    recorded and the next one still runs."""
+    """Every (target, workload) these servers serve in run order; a failure does not stop it."""
     runs: list[report.Run] = []
     for name, workload, wplan in sp.run_order(list(targets), plan, short, wanted):
         target, sources = targets[name]
@@ -231,8 +221,7 @@ def run_local(
     args: argparse.Namespace, plan: sp.BenchPlan, short: sp.ShortPlan, wanted: Sequence[str],
     out: Path, errors: list[str],
 ) -> tuple[list[report.Run], dict[str, Any]]:  # fmt: skip
-    """Each phase starts its servers, runs its targets' workloads and stops them again; a phase
-    that fails to start is recorded and the next one still runs."""
+    """Each phase starts its servers, runs its targets and stops them; a failure is recorded."""
     settings = local_settings(args.port_base)
     runs: list[report.Run] = []
     extra: dict[str, Any] = {
@@ -295,7 +284,7 @@ def run_remote(
     versions: dict[str, str | None] = {}
     tokenizer = None
     for name, url in urls.items():
-        served, root = served_model(url, key)
+        served, root = client.served_model(url, key)
         tokenizer = tokenizer or tokenizer_for(root, args.tokenizer)
         sources = {"server": url} if name == "single" else {"proxy": url}
         if name != "single" and args.prefill_metrics_url:
@@ -304,7 +293,7 @@ def run_remote(
             sources["server"] = args.decode_metrics_url.rstrip("/")
         targets[name] = (sp.Target(name, url, args.served_model_name or served, tokenizer), sources)
         try:  # vLLM answers /version; pd-proxy does not
-            versions[name] = str(json.loads(http(f"{url}/version", key))["version"])
+            versions[name] = str(json.loads(client.http(f"{url}/version", key))["version"])
         except (BenchError, ValueError, KeyError, TypeError):
             versions[name] = None
     runs = run_all(targets, plan, short, list(urls), out, key, errors)  # only those given

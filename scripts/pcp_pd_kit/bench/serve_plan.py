@@ -41,8 +41,6 @@ SHORT_LEVEL = 1
 # Workload tags in result names; long: the main prompt length at c=1 on pd and pd-local.
 MAIN, SHORT, LONG = "", "short", "long"
 SHORT_TARGETS = ("single", "pd", "pd-local")
-PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
-METRIC_PERCENTILES = "50,99"
 
 
 class BenchSpecError(BenchError):
@@ -163,8 +161,7 @@ class ShortPlan:
         return dataclasses.replace(self.long(base), input_len=self.input_len)
 
     def long(self, base: BenchPlan) -> BenchPlan:
-        """The main workload's prompt length at concurrency 1, as many prompts and output tokens
-        as the short workload: pd and pd-local run it back to back."""
+        """The main prompt length with the short workload's count, output and concurrency."""
         return dataclasses.replace(
             base, levels=(SHORT_LEVEL,), prompts=(self.prompts,), output_len=self.output_len
         )
@@ -225,8 +222,7 @@ def vllm_bench_argv(
     python: str, base_url: str, served: str, tokenizer: str, options: Mapping[str, object],
     flags: Sequence[str], result_dir: str, result_filename: str,
 ) -> list[str]:  # fmt: skip
-    """`vllm bench serve` (as VLLM_SERVE_MODULE) on /v1/completions: `--option value` pairs,
-    then bare flags, saving its JSON result."""
+    """`vllm bench serve` (VLLM_SERVE_MODULE) on /v1/completions, saving its JSON result."""
     pairs = {"--backend": "vllm", "--base-url": base_url.rstrip("/"),
              "--endpoint": "/v1/completions", "--model": tokenizer,
              "--served-model-name": served, "--tokenizer": tokenizer, **options}  # fmt: skip
@@ -248,8 +244,8 @@ def bench_serve_argv(
         "--dataset-name": "random", "--random-input-len": plan.input_len,
         "--random-output-len": plan.output_len, "--random-range-ratio": 0, "--seed": plan.seed,
         "--num-prompts": plan.prompts_for(level), "--max-concurrency": level,
-        "--temperature": plan.temperature, "--percentile-metrics": PERCENTILE_METRICS,
-        "--metric-percentiles": METRIC_PERCENTILES, "--label": target.name,
+        "--temperature": plan.temperature, "--percentile-metrics": "ttft,tpot,itl,e2el",
+        "--metric-percentiles": "50,99", "--label": target.name,
     }  # fmt: skip
     flags = ["--ignore-eos", "--disable-tqdm",
              "--save-detailed",  # per-request ITLs: serve_report.delivery reads the arrivals

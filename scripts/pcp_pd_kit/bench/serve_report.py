@@ -218,8 +218,7 @@ Runs = Mapping[tuple[str, str, int], Run]  # (workload, target, level) -> run
 
 
 def table_rows(runs: Runs, workload: str) -> list[dict[str, Any]]:
-    """Per (level, metric): each target's figure (None: not run or not measured) and each
-    compared target's ratio to the reference."""
+    """Per (level, metric): each target's figure (None: not measured) and ratio to reference."""
     ref, others = WORKLOADS[workload]
     rows = []
     for lv in sorted({lv for (w, _t, lv) in runs if w == workload}):
@@ -295,8 +294,7 @@ def format_table(runs: Runs, workload: str) -> str:
 
 # --- where the time to first token goes -------------------------------------------------------
 def breakdown(run: Run) -> list[dict[str, Any]]:
-    """Rows of mean ms (sum/count of the run's delta: exact), the p50 bucket and n; derived rows
-    subtract means."""
+    """Rows of mean ms (exact: sum/count), the p50 bucket and n; derived rows subtract means."""
     lease = (run.gauges.get("prefill") or {}).get(KV_LEASE_SECONDS)
     rows: list[dict[str, Any]] = [
         {

@@ -87,8 +87,7 @@ class Row:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """Markdown: median (p90) ms per request for each way, side by side, and whether the counts
-    agree."""
+    """Markdown: median (p90) ms per request for each way, and whether the counts agree."""
     body = []
     for row in rows:
         counts = "/".join(str(c) for c in dict.fromkeys(row.counts.values()))
