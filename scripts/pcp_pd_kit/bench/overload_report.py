@@ -133,16 +133,13 @@ def _kv(s: Mapping[str, Any]) -> str:
     return f"held {held}, freed {freed}, usage {s['kv_usage_after']}"
 
 
-def _refused(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "0"
-
-
 def format_table(summaries: Mapping[str, Mapping[str, Any]], plan: Mapping[str, Any]) -> str:
     """Both modes side by side, then the goals for the admission mode."""
     headers = ["proxy", "served", "refused", "other", "TTFT p50 s", "TTFT p90 s", "TTFT max s",
                "light TTFT p50 (max) s", "light alone s", "light ratio", "prefill KV"]  # fmt: skip
     rows = [
-        [mode, f"{s['served']}/{s['requests']}", _refused(s["refused"]), s["errors"],
+        [mode, f"{s['served']}/{s['requests']}",
+         ", ".join(f"{k}: {v}" for k, v in sorted(s["refused"].items())) or "0", s["errors"],
          fmt_num(s["ttft_s"]["p50"]), fmt_num(s["ttft_s"]["p90"]), fmt_num(s["ttft_s"]["max"]),
          f"{fmt_num(s['light_ttft_s'])} ({fmt_num(s.get('light_ttft_max_s'))})",
          fmt_num(s["light_alone_s"]), fmt_ratio(s["light_ratio"]),

@@ -42,12 +42,8 @@ def request_body(model: str, prompt: str | Sequence[int], salt: str | None) -> d
 
 def ttft_s(url: str, body: dict[str, object], timeout_s: float = 120.0) -> float:
     """Seconds from sending the request to the first streamed choice."""
-    request = urllib.request.Request(
-        f"{url}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
+    headers = {"Content-Type": "application/json"}
+    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), headers)
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=timeout_s) as resp:
         for raw in resp:
@@ -84,19 +80,17 @@ def summarize(cached_s: Sequence[float], uncached_s: Sequence[float]) -> Summary
 
 
 def run_rounds(url: str, model: str, context: int, new: int, rounds: int, seed: int) -> Summary:
-    cached, uncached = [], []
+    cached: list[float] = []
+    uncached: list[float] = []
     for i in range(rounds):
         first = token_ids(seed + 2 * i, context)
         follow_up = first + token_ids(seed + 2 * i + 1, new)
         ttft_s(url, request_body(model, first, None))  # fills the cache
         salted = request_body(model, follow_up, f"bench-{uuid.uuid4().hex}")
         plain = request_body(model, follow_up, None)
-        if i % 2:
-            uncached.append(ttft_s(url, salted))
-            cached.append(ttft_s(url, plain))
-        else:
-            cached.append(ttft_s(url, plain))
-            uncached.append(ttft_s(url, salted))
+        order = [(uncached, salted), (cached, plain)]  # alternating: neither always goes first
+        for timings, body in order if i % 2 else order[::-1]:
+            timings.append(ttft_s(url, body))
     return summarize(cached, uncached)
 
 

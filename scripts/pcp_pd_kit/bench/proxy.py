@@ -123,25 +123,13 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
             time.sleep(0.1)
 
 
-def check_stream(raw: bytes, tokens: int, chat: bool) -> bool:
-    """All tokens and [DONE] (a chat stream starts with a role-only chunk)."""
-    events = tokens + 1 + chat
-    return raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: ") == events
-
-
-def client_body(endpoint: str, tokens: int) -> dict:
-    body: dict = {"model": "fake-model", "max_tokens": tokens, "stream": True}
-    if endpoint == "chat":
-        return {**body, "messages": [{"role": "user", "content": "hello " * 8}]}
-    return {**body, "prompt": "hello " * 8}
-
-
 async def run_round(
     mode: str, session: aiohttp.ClientSession, urls: dict[str, str], args: argparse.Namespace
 ) -> Round:
     side, endpoint = mode.split(":")
-    path = ENDPOINTS[endpoint]
-    body = client_body(endpoint, args.tokens)
+    path, chat, text = ENDPOINTS[endpoint], endpoint == "chat", "hello " * 8
+    prompt: Any = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+    body = {"model": "fake-model", "max_tokens": args.tokens, "stream": True, **prompt}
     latencies: list[float] = []
     errors = 0
     remaining = args.requests
@@ -174,7 +162,8 @@ async def run_round(
                 raw = await one()
             except (aiohttp.ClientError, ValueError, KeyError):
                 raw = b""
-            if check_stream(raw, args.tokens, endpoint == "chat"):
+            # all tokens and [DONE] (a chat stream starts with a role-only chunk)
+            if raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: ") == args.tokens + 1 + chat:
                 latencies.append(time.perf_counter() - t0)
             else:
                 errors += 1

@@ -47,7 +47,7 @@ WARMUP_REQUESTS = 2
 PROXY_PARTS = {"pd": "proxy", "pd-local": LOCAL_PREFILL_PROXY, "pd-ft": FIRST_TOKEN_PROXY}
 REMOTE_URLS = {"pd": "base_url", "single": "single_url", "pd-ft": "first_token_url",
                "pd-local": "local_prefill_url"}  # fmt: skip
-WANTED = client.Wanted(report.histograms_read(), report.COUNTERS, report.GAUGES)
+WANTED = client.Wanted(report.HISTOGRAMS, report.COUNTERS, report.GAUGES)
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None = None) -> None:

@@ -66,6 +66,8 @@ BREAKDOWN: tuple[tuple[str, str, str], ...] = (
     ("· decode step (inter-token latency)", "server", ITL_SECONDS),
     ("prefill: KV hold, done -> freed", "prefill", PREFILL_HOLD),
 )
+# source -> the histograms (names or selectors) the breakdown reads from it
+HISTOGRAMS = {s: tuple(n for _l, src, n in BREAKDOWN if src == s) for _l, s, _n in BREAKDOWN}
 COUNTERS = {"proxy": ((FIRST_TOKEN_COUNTER, ("outcome", "reason")), (REQUESTS_COUNTER, ("path",)))}
 GAUGES = {"prefill": (KV_LEASE_SECONDS,)}
 # (workload, target, concurrency, lowest, highest) of target / reference median TTFT
@@ -77,11 +79,6 @@ GOALS: tuple[tuple[str, str, int, float | None, float], ...] = (
     (SHORT, "pd-local", 1, None, 1.1),
     (LONG, "pd-local", 1, 0.85, 1.15),  # long prompts unchanged: the proxy only counts them
 )
-
-
-def histograms_read() -> dict[str, tuple[str, ...]]:
-    """Source -> the histograms (names or selectors) the breakdown reads from it."""
-    return {s: tuple(n for _l, src, n in BREAKDOWN if src == s) for _l, s, _n in BREAKDOWN}
 
 
 @dataclass
@@ -330,8 +327,6 @@ def breakdown(run: Run) -> list[dict[str, Any]]:
 
 def format_breakdown(runs: Sequence[Run]) -> str:
     """The runs' breakdowns side by side: mean ms and n per target."""
-    if not runs:
-        return ""
     per = [breakdown(r) for r in runs]
     headers = ["row"] + [f"{TARGET_TITLES[r.target]} {h}" for r in runs for h in ("mean ms", "n")]
     cells = []
@@ -365,13 +360,6 @@ def goals(runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
-def format_goals(found: Sequence[Mapping[str, Any]]) -> str:
-    return markdown_table(
-        ["goal (reported, never a failure)", "measured", "result"],
-        [[g["goal"], g["measured"], VERDICT[g["met"]]] for g in found],
-    )
-
-
 # --- the whole report ----------------------------------------------------------------------------
 def render(
     plan: BenchPlan, short: ShortPlan, runs: Sequence[Run], errors: Sequence[str] = ()
@@ -403,7 +391,9 @@ def render(
             title = f"== where TTFT goes, {name} workload, c={chosen[0].level} (means) =="
             text += ["", title, format_breakdown(chosen)]
     found = goals(by)
-    text += ["", "== goals ==", format_goals(found)]
+    rows = [[g["goal"], g["measured"], VERDICT[g["met"]]] for g in found]
+    head = ["goal (reported, never a failure)", "measured", "result"]
+    text += ["", "== goals ==", markdown_table(head, rows)]
     if errors:
         text += ["", "errors (their cells read n/a):", *(f"- {e}" for e in errors)]
     checks = [{"run": r.name, **asdict(c)} for r in runs if (c := check(r)) is not None]

@@ -44,11 +44,6 @@ WAYS: tuple[tuple[str, str], ...] = (("http", "decode /tokenize (aiohttp)"),
                                      ("local_thread", "local tokenizer, to_thread"))  # fmt: skip
 
 
-def prompt_text(words: int) -> str:
-    """A prompt of `words` words cycled from WORDS."""
-    return " ".join(WORDS[i % len(WORDS)] for i in range(words))
-
-
 def tokenize_body(model: str, endpoint: str, text: str) -> dict[str, Any]:
     """The /tokenize request pd-proxy sends for this prompt."""
     if endpoint == "chat":
@@ -91,15 +86,12 @@ def format_table(rows: Sequence[Row]) -> str:
     body = []
     for row in rows:
         counts = "/".join(str(c) for c in dict.fromkeys(row.counts.values()))
-        cells = [f"{row.size}, {row.endpoint}", counts]
-        for key, _title in WAYS:
-            s = row.stats.get(key)
-            cells.append("n/a" if s is None else f"{s.median_ms:.3f} ({s.p90_ms:.3f})")
-        body.append(cells)
-    lines = [markdown_table(["prompt", "tokens", *(title for _key, title in WAYS)], body)]
-    lines.append(
-        "\nms per request: median (p90). tokens: the count (two values: the ways disagree)."
-    )
+        stats = [row.stats[key] for key, _title in WAYS]
+        timings = [f"{s.median_ms:.3f} ({s.p90_ms:.3f})" for s in stats]
+        body.append([f"{row.size}, {row.endpoint}", counts, *timings])
+    head = ["prompt", "tokens", *(title for _key, title in WAYS)]
+    note = "\nms per request: median (p90). tokens: the count (two values: the ways disagree)."
+    lines = [markdown_table(head, body), note]
     disagree = [f"{r.size}, {r.endpoint}: {dict(r.counts)}" for r in rows if not r.counts_agree]
     if disagree:
         lines += ["WARNING: the counts differ:", *(f"  {d}" for d in disagree)]
@@ -141,7 +133,7 @@ async def measure(url: str, model: str, tokenizer_dir: str, n: int, warmup: int)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for size, words in PROMPT_SIZES:
-            text = prompt_text(words)
+            text = " ".join(WORDS[i % len(WORDS)] for i in range(words))
             for endpoint in ENDPOINTS:
                 body = json.dumps(tokenize_body(model, endpoint, text)).encode()
 
