@@ -172,11 +172,16 @@ def _leave_before_first_token(stack: Stack, prompt: str) -> None:
     conn.close()
 
 
+def _this_run(log_path: str | Path) -> str:
+    """The log of this start only: the file is appended to across runs."""
+    return Path(log_path).read_text(errors="replace").rsplit("=== start ", 1)[-1]
+
+
 def _logs_without_dead_handler(stack: Stack) -> list[str]:
     return [
         name
         for name in ("prefill", "decode")
-        if OUTPUT_HANDLER_DIED in Path(stack.processes[name].log_path).read_text(errors="replace")
+        if OUTPUT_HANDLER_DIED in _this_run(stack.processes[name].log_path)
     ]
 
 
@@ -228,8 +233,7 @@ def test_pd_requests_across_stats_intervals_with_clients_that_leave(
     stack.check_alive()
     assert _logs_without_dead_handler(stack) == []
     # Each PCP worker read the wrapper from vLLM's own config (no call stack): one line per rank.
-    log_text = Path(stack.processes["prefill"].log_path).read_text(errors="replace")
-    this_run = log_text.rsplit("=== start ", 1)[-1]  # the log file is appended to across runs
+    this_run = _this_run(stack.processes["prefill"].log_path)
     assert this_run.count("mode=world_size (inside MultiConnector)") == 2
 
     lease = stack.settings.kv_lease_s
