@@ -35,10 +35,10 @@ class BenchUsageError(ValueError):
     """A bad option of a kind, found before anything starts or is written."""
 
 
-def add_flags(parser: Any, flags: Sequence[tuple[str, Any, Any, str | None]]) -> None:
-    """A kind's plain options, one (flag, type, default, help) each."""
-    for flag, kind, default, text in flags:
-        parser.add_argument(flag, type=kind, default=default, help=text)
+def add_flags(parser: Any, flags: Sequence[tuple[Any, ...]]) -> None:
+    """A kind's options, one (flag, type, default, help[, {other add_argument keywords}]) each."""
+    for flag, kind, default, text, *more in flags:
+        parser.add_argument(flag, type=kind, default=default, help=text, **dict(*more))
 
 
 def module(kind: str) -> Any:

@@ -80,26 +80,23 @@ def paths(counts: Mapping[str, float] | None) -> dict[str, float]:
 def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
     """The histogram `name` (or selector) summed over its label sets; None when absent."""
     name, wanted = parse_selector(name)
+    totals = {f"{name}_{part}": 0.0 for part in ("sum", "count")}
     buckets: dict[float, float] = {}
-    total_sum = total_count = 0.0
     found = False
     for s in samples:
-        if wanted and any(s.labels.get(k) != v for k, v in wanted.items()):
+        if any(s.labels.get(k) != v for k, v in wanted.items()):
             continue
         if s.name == f"{name}_bucket" and "le" in s.labels:
-            le = s.labels["le"]
-            bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
+            bound = float(s.labels["le"])  # "+Inf" included
             buckets[bound] = buckets.get(bound, 0.0) + s.value
-            found = True
-        elif s.name == f"{name}_sum":
-            total_sum += s.value
-            found = True
-        elif s.name == f"{name}_count":
-            total_count += s.value
-            found = True
+        elif s.name in totals:
+            totals[s.name] += s.value
+        else:
+            continue
+        found = True
     if not found:
         return None
-    return Histogram(tuple(sorted(buckets.items())), total_sum, total_count)
+    return Histogram(tuple(sorted(buckets.items())), *totals.values())
 
 
 def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:

@@ -28,6 +28,7 @@ from pcp_pd_kit.bench import serve_plan as spec
 from pcp_pd_kit.bench.prefix_ttft import token_ids
 from pcp_pd_kit.bench.results import Outcome, startup_s
 from pcp_pd_kit.localstack import commands, live
+from pcp_pd_kit.localstack.keys import write_credentials
 from pcp_pd_kit.localstack.model_source import tokenizer_folder
 from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
 from pcp_pd_kit.localstack.report import CANONICAL_COMPLETIONS, HELD_REQUESTS_TOTAL, total
@@ -166,9 +167,8 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     plan = {n: getattr(args, n) for n in SIZES}
     data: dict[str, Any] = {"plan": plan, "modes": {}, "errors": []}
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as secret_dir:
-        key_file = Path(secret_dir) / "api_keys"  # outside the results: keys never go there
-        key_file.write_text(report.key_file_text(keys))
-        key_file.chmod(0o600)
+        # outside the results: keys never go there
+        key_file = write_credentials(report.key_file_text(keys), Path(secret_dir) / "api_keys")
         settings = _settings(args.port_base, str(key_file))
         off_port = args.port_base + NO_ADMISSION_OFFSET
         stack = Stack(settings, parts=("prefill", "decode", "proxy"), work_dir=out / "servers")

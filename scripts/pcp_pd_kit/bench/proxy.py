@@ -246,36 +246,28 @@ def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flags(parser, [("--concurrency", int, 32, None), ("--tokens", int, 16, None),
-                       ("--requests", int, 2000, "requests per round"), ("--rounds", int, 5, None),
-                       ("--warmup", int, 300, None),
-                       ("--token-delay", float, 0.0, "fake decode, seconds")])  # fmt: skip
-    parser.add_argument(
-        "--endpoint", choices=("completions", "chat", "both"), default="both",
-        help="which OpenAI endpoint to drive (both: side by side, each with its own floor)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--workers", type=int, nargs="+", default=[1], metavar="N",
-        help="proxy worker counts (pd-proxy --workers); several start one proxy each, compared "
-        "side by side in the same rounds (default 1)",
-    )  # fmt: skip
-    parser.add_argument("--proxy-cmd", default=DEFAULT_PROXY_CMD)
-    parser.add_argument(
-        "--also", action="append", default=[], metavar="NAME=CMD",
-        help="one more proxy to compare in the same rounds, e.g. 'old=env PYTHONPATH=/tmp/old "
-        "python -m pd_proxy --port {port} --prefill {prefill} --decode {decode}' (repeatable)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--port-base", type=int, default=0,
-        help="listen on this port and the next ones (prefill, decode, proxies); 0: ephemeral",
-    )  # fmt: skip
+    add_flags(parser, [
+        ("--concurrency", int, 32, None), ("--tokens", int, 16, None),
+        ("--requests", int, 2000, "requests per round"), ("--rounds", int, 5, None),
+        ("--warmup", int, 300, None), ("--token-delay", float, 0.0, "fake decode, seconds"),
+        ("--endpoint", str, "both", "which OpenAI endpoint to drive (both: side by side, each "
+         "with its own floor)", {"choices": ("completions", "chat", "both")}),
+        ("--workers", int, [1], "proxy worker counts (pd-proxy --workers); several start one "
+         "proxy each, compared side by side in the same rounds (default 1)",
+         {"nargs": "+", "metavar": "N"}),
+        ("--proxy-cmd", str, DEFAULT_PROXY_CMD, None),
+        ("--also", str, [], "one more proxy to compare in the same rounds, e.g. 'old=env "
+         "PYTHONPATH=/tmp/old python -m pd_proxy --port {port} --prefill {prefill} --decode "
+         "{decode}' (repeatable)", {"action": "append", "metavar": "NAME=CMD"}),
+        ("--port-base", int, 0, "listen on this port and the next ones (prefill, decode, "
+         "proxies); 0: ephemeral"),
+    ])  # fmt: skip
     parser.add_argument(
         "--first-token", action="store_true",
         help="also run the default proxy with --first-token-from-prefill (named first-token)",
     )  # fmt: skip
-    parser.add_argument(
-        "--only", choices=("floor", "proxy"), help="run one side only (for profiling; no ratios)"
-    )
+    add_flags(parser, [("--only", str, None, "run one side only (for profiling; no ratios)",
+                        {"choices": ("floor", "proxy")})])  # fmt: skip
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -292,7 +284,6 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace, out: Path) -> Outcome:
-    # name -> command template
     many = len(args.workers) > 1
     proxies = {(f"proxy-w{n}" if many else "proxy"): args.proxy_cmd.replace("{workers}", str(n))
                for n in args.workers}  # fmt: skip

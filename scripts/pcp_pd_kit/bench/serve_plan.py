@@ -29,11 +29,9 @@ PORT_OFFSETS = {
     "reference_port": 30,
     "prometheus_port": 90,  # never started by the bench; moved so it cannot clash either
 }  # fmt: skip
-# The second pd-proxy, with --first-token-from-prefill, in front of the same prefill + decode
-# (not a StackSettings field: the local stack takes its port as an argument).
-FIRST_TOKEN_PROXY_OFFSET = 1
-# The third pd-proxy, with --local-prefill-max-tokens N (short prompts on decode alone).
-LOCAL_PREFILL_PROXY_OFFSET = 2
+# The pd-proxies with --first-token-from-prefill and with --local-prefill-max-tokens N, in front
+# of the same prefill + decode (the local stack takes their ports as arguments).
+FIRST_TOKEN_PROXY_OFFSET, LOCAL_PREFILL_PROXY_OFFSET = 1, 2
 # docs/bench.md: single (one vLLM), pd (P/D through pd-proxy), pd-local and pd-ft (proxy options)
 TARGETS = ("single", "pd", "pd-local", "pd-ft")
 TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-ft": "P/D 1st-tok"}

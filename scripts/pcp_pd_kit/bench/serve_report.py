@@ -39,8 +39,6 @@ BURSTY_ABOVE = 1.1  # tokens per delivery above which TTFT/TPOT/ITL are flagged
 BURST_AFFECTED = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
 FIRST_TOKEN_COUNTER = "pd_proxy_first_token_requests_total"
 TTFT_SECONDS = "vllm:time_to_first_token_seconds"
-ITL_SECONDS = "vllm:inter_token_latency_seconds"
-XFER_SECONDS = "vllm:nixl_xfer_time_seconds"
 PHASE_LABELS: dict[str, str] = {
     "admitted_to_read_posted": "decode: admitted -> read posted",
     "read_posted_to_transfer_done": "decode: read posted -> transfer done",
@@ -62,8 +60,8 @@ BREAKDOWN: tuple[tuple[str, str, str], ...] = (
         (label, "server", selector(HANDOVER_SECONDS, {"phase": p}))
         for p, label in PHASE_LABELS.items()
     ),
-    ("· NIXL transfer (per xfer)", "server", XFER_SECONDS),
-    ("· decode step (inter-token latency)", "server", ITL_SECONDS),
+    ("· NIXL transfer (per xfer)", "server", "vllm:nixl_xfer_time_seconds"),
+    ("· decode step (inter-token latency)", "server", "vllm:inter_token_latency_seconds"),
     ("prefill: KV hold, done -> freed", "prefill", PREFILL_HOLD),
 )
 # source -> the histograms (names or selectors) the breakdown reads from it

@@ -38,7 +38,6 @@ WORDS = (
 # each count, chat template included).
 PROMPT_SIZES: tuple[tuple[str, int], ...] = (("short", 28), ("long", 230))
 ENDPOINTS = ("completions", "chat")
-# (column key, title) of the ways to count, in table order.
 WAYS: tuple[tuple[str, str], ...] = (("http", "decode /tokenize (aiohttp)"),
                                      ("local", "local tokenizer, inline"),
                                      ("local_thread", "local tokenizer, to_thread"))  # fmt: skip

@@ -26,6 +26,7 @@ from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import fmt_ratio, markdown_table, ratio
 from pcp_pd_kit.localstack.host import free_port
+from pcp_pd_kit.localstack.keys import write_credentials
 
 HELP = "compose cpu profile: 1P1D vs 2P1D at a prefill-bound load (needs Docker, make images)"
 REPO = repo_root()
@@ -43,9 +44,8 @@ class Stack:
     def __init__(self, work: Path) -> None:
         secrets_dir = work / "secrets"
         secrets_dir.mkdir(mode=0o700)
-        self.key_file = secrets_dir / "api_keys"
-        self.key_file.write_text(f"sk-bench-{secrets.token_urlsafe(12)}\n")
-        self.key_file.chmod(0o600)
+        key = f"sk-bench-{secrets.token_urlsafe(12)}\n"
+        self.key_file = write_credentials(key, secrets_dir / "api_keys")
         proxy, prom = free_port(), free_port()
         self.proxy_url = f"http://127.0.0.1:{proxy}"
         self.prom_url = f"http://127.0.0.1:{prom}"
