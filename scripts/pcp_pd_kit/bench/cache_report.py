@@ -1,8 +1,5 @@
-"""The cache bench's tables and goals, from what its runs recorded. No I/O.
-
-A figure of a proxy counts only when the proxy's own path counter says its requests went the way
-the figure is about (a follow-up turn on decode alone, a short prompt on decode alone); otherwise
-the goal says NOT MEASURED, never a misleading ratio.
+"""The cache bench's tables and goals from what its runs recorded. No I/O. A proxy's figure counts
+only when its path counter says its requests went to decode alone; else its goal is NOT MEASURED.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Per-step overhead of PcpCanonicalNixlConnector versus stock NixlPullConnector, side by side
-over simulated engine steps of a PCP2 producer (TP1, PP1), median ns per step for
-``get_transfer_results`` on both ranks (a stand-in worker reporting like vLLM's pull worker: rank 1
-at once, rank 0 a step later), ``get_finished`` and the stats path (per-rank stats, aggregation,
+"""Per-step overhead of PcpCanonicalNixlConnector against stock NixlPullConnector over simulated
+steps of a PCP2 producer: median ns for ``get_transfer_results`` on both ranks (a stand-in worker:
+rank 1 reports at once, rank 0 a step later), ``get_finished`` and the stats path (aggregation,
 ``build_kv_connector_stats``, Prometheus ``observe``). Not a timed test: the machine's load counts.
 """
 

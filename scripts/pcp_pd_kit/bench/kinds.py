@@ -55,14 +55,12 @@ def add_kind_parsers(bench: argparse.ArgumentParser) -> None:
         p = sub.add_parser(kind, help=mod.HELP, description=mod.__doc__)
         p.formatter_class = argparse.RawDescriptionHelpFormatter
         mod.add_arguments(p)
-        p.add_argument(
-            "--results-dir", help="where <kind>-<UTC time>/ is created (default <repo>/results)"
-        )
-        p.add_argument(
-            "--summary-dir",
-            help="also write the run's summary as DIR/<kind>-<UTC time>.{json,md} "
-            "(docs/results: to commit it with the figures it backs)",
-        )
+        add_flags(p, [
+            ("--results-dir", str, None, "where <kind>-<UTC time>/ is created (default "
+             "<repo>/results)"),
+            ("--summary-dir", str, None, "also write the run's summary as DIR/<kind>-<UTC "
+             "time>.{json,md} (docs/results: to commit it with the figures it backs)"),
+        ])  # fmt: skip
 
 
 def run_kind(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:

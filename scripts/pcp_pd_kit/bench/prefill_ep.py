@@ -1,9 +1,7 @@
-"""Prefill latency of the CPU PCP2 + EP2 prefill server, before and after a connector change.
-
-Starts the local stack's prefill server alone once per core placement and connector version and
-sends one request at a time (`max_tokens` 1, prompts of fixed token counts): median ms side by
-side. "before" runs the `connector/` folder of ``--before REF`` (`git archive`, first on the
-server's PYTHONPATH), "after" this checkout's; each server's log must show which EP fix it loaded.
+"""Prefill latency of the CPU PCP2 + EP2 prefill server, before and after a connector change: the
+prefill server alone per core placement and connector version, one request at a time (`max_tokens`
+1, fixed token counts), median ms side by side. "before" runs `connector/` of ``--before REF`` (`git
+archive`, first on PYTHONPATH); each server's log must show which EP fix it loaded.
 
     pcp-pd-kit bench prefill --before d68f419 --placements 0 0,1 --lengths 250 1000
 """
@@ -83,8 +81,7 @@ def measure(
     repeats: int,
 ) -> tuple[dict[int, float], str]:  # fmt: skip
     """Median ms per length for one server, and its log (which fix it ran)."""
-    stack = ConnectorStack(settings, connector_dir, work_dir)
-    with stack:
+    with ConnectorStack(settings, connector_dir, work_dir) as stack:
         url, model = stack.urls["prefill"], stack.served_model_name
         medians = {}
         for length in lengths:

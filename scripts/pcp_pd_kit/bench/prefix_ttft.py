@@ -1,7 +1,6 @@
-"""Time to first token of a follow-up turn, with and without the prefix cache, at concurrency 1,
-against one running server: per round a new first turn of ``--context`` token ids, then its
-follow-up (plus ``--new`` ids) twice, as is (cached) and with a unique ``cache_salt`` (a full
-prefill), the order alternating. `bench cache` compares the same turn through the kit.
+"""A follow-up turn's time to first token against one server at concurrency 1, cached and with a
+unique ``cache_salt`` (a full prefill), the order alternating; each round a new first turn of
+``--context`` token ids, its follow-up ``--new`` more. `bench cache` compares it through the kit.
 
     pcp-pd-kit bench prefix-ttft --url http://127.0.0.1:18200 --rounds 8
 """

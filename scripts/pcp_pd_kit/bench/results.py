@@ -1,8 +1,6 @@
 """One results layout for every bench kind (docs/bench.md): ``results/<kind>-<UTC time>/`` with
-``result.json``, ``table.md``, ``manifest.json`` and the committable ``summary.json`` and
-``summary.md`` (also as ``DIR/<kind>-<UTC time>.{json,md}`` with ``--summary-dir DIR``). Kinds may
-add files beside them, never other names for these.
-"""
+``result.json``, ``table.md``, ``manifest.json``, ``summary.{json,md}`` (also as ``DIR/<kind>-<UTC
+time>.{json,md}`` with ``--summary-dir DIR``). Kinds may add files, never other names for these."""
 
 from __future__ import annotations
 

@@ -126,12 +126,8 @@ class Delivery:
 
 
 def delivery(result: Result | None) -> Delivery | None:
-    """Output tokens per separate arrival; None without per-request ITLs (--save-detailed).
-
-    An arrival is a streamed message more than BURST_GAP_S after the previous one (no decode step
-    is that fast). Above 1, TTFT includes decode steps and TPOT/ITL understate (a server, the
-    proxy or the client short of CPU); E2E and throughput stay right.
-    """
+    """Output tokens per arrival, a message more than BURST_GAP_S after the previous one (no
+    decode step is that fast); None without per-request ITLs (--save-detailed)."""
     itls, outs = (result or {}).get("itls"), (result or {}).get("output_lens")
     if not isinstance(itls, list) or not isinstance(outs, list) or len(itls) != len(outs):
         return None
@@ -235,37 +231,32 @@ def _completed(run: Run) -> str:
 
 def format_table(runs: Runs, workload: str) -> str:
     ref, others = WORKLOADS[workload]
-    ran = [t for t in (ref, *others) if any(w == workload and tt == t for w, tt, _ in runs)]
+    mine = [r for (w, _t, _lv), r in sorted(runs.items()) if w == workload]
+    ran = [t for t in (ref, *others) if any(r.target == t for r in mine)]
     compared = [t for t in others if t in ran]
     headers = ["c", "metric", *(TARGET_TITLES[t] for t in ran)]
     headers += [f"{TARGET_TITLES[t]}/{TARGET_TITLES[ref]}" for t in compared]
     cells: list[list[object]] = []
-    for level in sorted({lv for (w, _t, lv) in runs if w == workload}):
+    for row in table_rows(runs, workload):
+        level, key = row["concurrency"], row["key"]
         here = {t: runs.get((workload, t, level)) for t in ran}
-        cells.append(
-            [level, "completed", *(_completed(r) if r else "not run" for r in here.values())]
-            + [""] * len(compared)
-        )
-        for row in (r for r in table_rows(runs, workload) if r["concurrency"] == level):
-            marks = {
-                t: "*" if bursty(r.result if r else None) and row["key"] in BURST_AFFECTED else ""
-                for t, r in here.items()
-            }
-            line: list[object] = ["", row["metric"]]
-            for t, r in here.items():
-                figure = row["values"][t]
-                gone = r is not None and figure is None and value(r.result, row["key"]) is not None
-                line.append(
-                    "not run" if r is None else "not meas." if gone else fmt_num(figure) + marks[t]
-                )
-            line += [
-                fmt_ratio(row["ratios"][t]) + (marks[t] or marks.get(ref, "")) for t in compared
-            ]
-            cells.append(line)
+        if key == METRICS[0][1]:  # each level opens with its completed requests
+            done = [_completed(r) if r else "not run" for r in here.values()]
+            cells.append([level, "completed", *done, *[""] * len(compared)])
+        star = key in BURST_AFFECTED
+        marks = {t: "*" if star and r and bursty(r.result) else "" for t, r in here.items()}
+        line: list[object] = ["", row["metric"]]
+        for t, r in here.items():
+            figure = row["values"][t]
+            gone = r is not None and figure is None and value(r.result, key) is not None
+            line.append(
+                "not run" if r is None else "not meas." if gone else fmt_num(figure) + marks[t]
+            )
+        line += [fmt_ratio(row["ratios"][t]) + (marks[t] or marks.get(ref, "")) for t in compared]
+        cells.append(line)
     lines = [markdown_table(headers, cells)]
-    checks = [(r.name, check(r)) for (w, _t, _lv), r in sorted(runs.items()) if w == workload]
-    lines += [f"- {name}: {c.text}" for name, c in checks if c is not None]
-    bursts = [r for (w, _t, _lv), r in sorted(runs.items()) if w == workload and bursty(r.result)]
+    lines += [f"- {r.name}: {c.text}" for r in mine if (c := check(r)) is not None]
+    bursts = [r for r in mine if bursty(r.result)]
     if bursts:
         lines.append(
             "- `*`: these streams reached the client in bursts (a process short of CPU), so their "

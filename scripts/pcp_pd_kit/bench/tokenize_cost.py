@@ -1,8 +1,7 @@
-"""What pd-proxy's --local-prefill-max-tokens pays to count a prompt, measured per request: a
-decode's ``POST /tokenize`` (aiohttp, as the proxy does) against a local Hugging Face tokenizer of
-the same model, inline or through ``asyncio.to_thread``; short and long prompts, completions and
-chat; medians over ``--requests``; the counts of both ways must agree. Without ``--url`` it starts
-one plain vLLM of the kit's model (on --port-base + 30) and stops it afterwards.
+"""What pd-proxy's --local-prefill-max-tokens pays to count a prompt: a decode's ``POST /tokenize``
+(aiohttp, as the proxy does) against a local tokenizer of the same model, inline or through
+``asyncio.to_thread``; short and long, completions and chat; the counts must agree. Without
+``--url`` it starts one plain vLLM of the kit's model (--port-base + 30) for the run.
 
     pcp-pd-kit bench tokenize --url http://127.0.0.1:18020     # a running decode
 """
