@@ -298,16 +298,14 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     procs: list[subprocess.Popen[Any]] = []
     with (out / "proxy.log").open("wb") as log:
         try:
-            base = args.port_base
-            prefill_proc, prefill = start_fake("prefill", 0.0, base)
-            procs.append(prefill_proc)
-            decode_proc, decode = start_fake("decode", args.token_delay, base + 1 if base else 0)
-            procs.append(decode_proc)
-            args.pids = {"prefill": prefill_proc.pid, "decode": decode_proc.pid}
-            urls = {"prefill": prefill, "decode": decode}
+            base, urls, args.pids = args.port_base, {}, {}
+            for i, (role, delay) in enumerate((("prefill", 0.0), ("decode", args.token_delay))):
+                proc, urls[role] = start_fake(role, delay, base + i if base else 0)
+                procs.append(proc)
+                args.pids[role] = proc.pid
             for i, (name, template) in enumerate(proxies.items()):
                 port = base + 2 + i if base else free_port()
-                cmd = template.format(port=port, prefill=prefill, decode=decode)
+                cmd = template.format(port=port, prefill=urls["prefill"], decode=urls["decode"])
                 proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=None)
                 procs.append(proc)
                 args.pids[name] = proc.pid

@@ -4,6 +4,7 @@ time>.{json,md}`` with ``--summary-dir DIR``). Kinds may add files, never other 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -77,18 +78,16 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _version(dist: str) -> str | None:
+    try:
+        return f"{importlib.metadata.version(dist)} ({dist})"
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def package_versions(packages: Mapping[str, Sequence[str]] = PACKAGES) -> dict[str, str | None]:
-    """Installed versions from package metadata (nothing is imported)."""
-    found: dict[str, str | None] = {}
-    for component, dists in packages.items():
-        found[component] = None
-        for dist in dists:
-            try:
-                found[component] = f"{importlib.metadata.version(dist)} ({dist})"
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return found
+    """Installed versions from package metadata (nothing is imported), the first one found."""
+    return {c: next(filter(None, map(_version, dists)), None) for c, dists in packages.items()}
 
 
 def _git(*args: str) -> str | None:
@@ -107,25 +106,22 @@ def git_info() -> dict[str, Any]:
     return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
-def cpu_model(cpuinfo: str) -> str | None:
-    """The first `model name` of /proc/cpuinfo's text."""
-    for line in cpuinfo.splitlines():
-        key, _, val = line.partition(":")
-        if key.strip() == "model name":
-            return val.strip()
+def cpu_model() -> str | None:
+    """The first `model name` of /proc/cpuinfo."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name":
+                return val.strip()
     return None
 
 
 def host_info() -> dict[str, Any]:
     try:
-        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        cpuinfo = ""
-    try:
         usable: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = None
-    return {"cpu_model": cpu_model(cpuinfo) or platform.processor() or None,
+    return {"cpu_model": cpu_model() or platform.processor() or None,
             "logical_cpus": os.cpu_count(), "usable_cpus": usable, "machine": platform.machine(),
             "kernel": platform.release(), "python": sys.version.split()[0]}  # fmt: skip
 

@@ -129,11 +129,9 @@ class BenchPlan:
         return min(self.levels, key=lambda level: (abs(level - self.breakdown_level), level))
 
     def as_dict(self) -> dict[str, object]:
-        data = dataclasses.asdict(self)
-        data["prompts"] = dict(zip(map(str, self.levels), self.prompts, strict=True))
-        data["dataset"] = "random"
-        data["random_range_ratio"] = 0.0
-        return data
+        prompts = dict(zip(map(str, self.levels), self.prompts, strict=True))
+        fixed = {"dataset": "random", "random_range_ratio": 0.0}  # as bench_serve_argv passes
+        return {**dataclasses.asdict(self), "prompts": prompts, **fixed}
 
 
 @dataclass(frozen=True)

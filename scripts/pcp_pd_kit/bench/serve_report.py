@@ -282,14 +282,9 @@ def format_table(runs: Runs, workload: str) -> str:
 def breakdown(run: Run) -> list[dict[str, Any]]:
     """Rows of mean ms (exact: sum/count), the p50 bucket and n; derived rows subtract means."""
     lease = (run.gauges.get("prefill") or {}).get(KV_LEASE_SECONDS)
-    rows: list[dict[str, Any]] = [
-        {
-            "label": "client TTFT (vllm bench serve)",
-            "mean_ms": value(run.result, "mean_ttft_ms"),
-            "p50_ms": value(run.result, "median_ttft_ms"),
-            "count": value(run.result, "completed"),
-        }
-    ]
+    keys = {"mean_ms": "mean_ttft_ms", "p50_ms": "median_ttft_ms", "count": "completed"}
+    client = {k: value(run.result, key) for k, key in keys.items()}
+    rows: list[dict[str, Any]] = [{"label": "client TTFT (vllm bench serve)", **client}]
     means: dict[str, float | None] = {}
     for label, source, name in BREAKDOWN:
         hist = (run.deltas.get(source) or {}).get(name)

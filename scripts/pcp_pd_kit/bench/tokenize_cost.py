@@ -99,14 +99,12 @@ def format_table(rows: Sequence[Row]) -> str:
 async def _timed(
     call: Callable[[], Awaitable[int]], warmup: int, n: int
 ) -> tuple[int, list[float]]:
-    count = 0
-    for _ in range(warmup):
-        count = await call()
-    seconds = []
-    for _ in range(n):
+    count, seconds = 0, []
+    for i in range(warmup + n):
         start = time.perf_counter()
         count = await call()
-        seconds.append(time.perf_counter() - start)
+        if i >= warmup:  # the first ones untimed
+            seconds.append(time.perf_counter() - start)
     return count, seconds
 
 

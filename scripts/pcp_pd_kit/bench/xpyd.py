@@ -16,17 +16,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from pcp_pd_kit import repo_root
-from pcp_pd_kit.bench.client import http
 from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import fmt_ratio, markdown_table, ratio
 from pcp_pd_kit.localstack.host import free_port
 from pcp_pd_kit.localstack.keys import write_credentials
+from pcp_pd_kit.localstack.live import prometheus_query
 
 HELP = "compose cpu profile: 1P1D vs 2P1D at a prefill-bound load (needs Docker, make images)"
 REPO = repo_root()
@@ -96,8 +95,7 @@ class Stack:
         self.compose("down", "-v", "--remove-orphans", "--timeout", "30", timeout=300)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        url = f"{self.prom_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        return list(json.loads(http(url))["data"]["result"])
+        return list(prometheus_query(self.prom_url, expr)["data"]["result"])
 
     def served(self) -> dict[str, float]:
         return {r["metric"]["instance"]: float(r["value"][1]) for r in self.query(SERVED)}
