@@ -118,9 +118,7 @@ def proxy_process(
     settings: StackSettings, name: str, port: int, local_max: int, flags: list[str],
     log_dir: Path, decode_only: bool = False,
 ) -> ManagedProcess:  # fmt: skip
-    """A pd-proxy for one part. ``decode_only``: every request of the part goes to decode alone
-    and no prefill runs, so the proxy's /health (503 without a healthy prefill) is not its
-    readiness: /metrics answering is (its decodes are awaited beside it)."""
+    """A pd-proxy; ``decode_only``: no prefill runs (/health is 503), /metrics is its readiness."""
     s = dataclasses.replace(settings, proxy_port=port, local_prefill_max_tokens=local_max)
     built = commands.proxy_spec(s)
     if decode_only:
@@ -309,9 +307,8 @@ def run_shared(
 def run(args: argparse.Namespace, out: Path) -> Outcome:
     plan, skip, settings = plan_from_args(args), skipped(args), _settings(args.port_base)
     ports, url = spec.bench_ports(args.port_base, cp.PORT_OFFSETS), settings.url
-    ensure_ports_free(
-        settings.host, {n: p for n, p in ports.items() if not n.startswith("events-")}
-    )
+    checked = {n: p for n, p in ports.items() if not n.startswith("events-")}
+    ensure_ports_free(settings.host, checked)
     log_dir = out / "servers" / "logs"
     events = {"prefill": ports["events-prefill"], "decode": ports["events-decode"]}
     stack = EventsStack(settings, parts=stack_parts(skip), work_dir=out / "servers",

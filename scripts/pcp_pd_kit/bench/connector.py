@@ -46,18 +46,16 @@ class _Worker:
         return None if self.xfer_stats.is_empty() else self.xfer_stats.clone_and_reset()
 
 
-def _facades(kind: str, cfg: Any) -> list[Any]:
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+def _facades(kind: str, cls: Any, cfg: Any) -> list[Any]:
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
-    from pcp_nixl_connector import PcpCanonicalNixlConnector
     from pcp_nixl_connector.connector import layout_from_config
     from pcp_nixl_connector.stats import PcpNixlKVConnectorStats
 
     out = []
     stock = kind == "stock"
     for rank in (0, 1):
-        facade = object.__new__(NixlPullConnector if stock else PcpCanonicalNixlConnector)
+        facade = object.__new__(cls)
         stats = NixlKVConnectorStats() if stock else PcpNixlKVConnectorStats()
         facade.connector_worker = _Worker(rank, stats)
         facade.kv_transfer_config = cfg.kv_transfer_config
@@ -132,7 +130,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     classes = {"stock": NixlPullConnector, "ours": PcpCanonicalNixlConnector}
     rows: dict[str, dict[str, float]] = {}
     for kind, cls in classes.items():
-        facades = _facades(kind, cfg)
+        facades = _facades(kind, cls, cfg)
         prom = _prom(cls, cfg)
 
         def transfer(facades: list[Any] = facades) -> None:

@@ -60,12 +60,8 @@ def parse_selector(key: str) -> tuple[str, dict[str, str]]:
 
 def series(counts: Mapping[str, float] | None, name: str) -> list[tuple[dict[str, str], float]]:
     """A counter's (labels, value) pairs from values keyed by selector (counter_values)."""
-    found = []
-    for key, count in (counts or {}).items():
-        metric, labels = parse_selector(key)
-        if metric == name:
-            found.append((labels, count))
-    return found
+    parsed = [(*parse_selector(key), count) for key, count in (counts or {}).items()]
+    return [(labels, count) for metric, labels, count in parsed if metric == name]
 
 
 def paths(counts: Mapping[str, float] | None) -> dict[str, float]:
@@ -119,10 +115,9 @@ def counter_values(
     by selector (`name{outcome="continued"}` with keep=('outcome',)); None when absent."""
     found: dict[str, float] = {}
     for s in samples:
-        if s.name != name:
-            continue
-        key = selector(name, {k: s.labels.get(k, "") for k in keep})
-        found[key] = found.get(key, 0.0) + s.value
+        if s.name == name:
+            key = selector(name, {k: s.labels.get(k, "") for k in keep})
+            found[key] = found.get(key, 0.0) + s.value
     return found or None
 
 
@@ -138,9 +133,5 @@ def counter_delta(
     """Per label set: after - before (after alone when absent before or reset)."""
     if after is None:
         return None
-    earlier = before or {}
-    out = {}
-    for key, value in after.items():
-        prior = earlier.get(key, 0.0)
-        out[key] = value - prior if value >= prior else value
-    return out
+    prior = {k: (before or {}).get(k, 0.0) for k in after}
+    return {k: v - prior[k] if v >= prior[k] else v for k, v in after.items()}

@@ -154,13 +154,12 @@ def summary_markdown(data: Mapping[str, Any], table: str) -> str:
     argv = list(data.get("command") or [])
     if argv[1:3] == ["-m", "pcp_pd_kit"]:
         argv = ["pcp-pd-kit", *argv[3:]]
-    command = " ".join(argv)
     dirty = " (uncommitted changes)" if git.get("dirty") else ""
     load = data.get("load_average") or {}
     versions = ", ".join(f"{k} {v}" for k, v in (data.get("versions") or {}).items())
     return "\n".join([
         f"# bench {data.get('kind')}, {data.get('started_utc')}", "",
-        f"- command: `{command}`", f"- commit: {git.get('commit')}{dirty}",
+        f"- command: `{' '.join(argv)}`", f"- commit: {git.get('commit')}{dirty}",
         f"- host: {host.get('cpu_model')}, {host.get('usable_cpus')} usable CPUs; load "
         f"average {load.get('start')} -> {load.get('end')}",
         f"- versions: {versions}", "", table.rstrip("\n"), "",

@@ -119,8 +119,7 @@ def remote_urls(args: argparse.Namespace, wanted: Sequence[str]) -> dict[str, st
 
 
 def local_settings(port_base: int) -> StackSettings:
-    """The bench's ports; every prompt P/D and cache-aware routing off (the workloads repeat
-    prompts across targets: `bench cache` measures the cache)."""
+    """The bench's ports; every prompt P/D, cache-aware routing off (`bench cache` measures it)."""
     return sp.bench_settings(port_base, local_prefill_max_tokens=0, prefix_cache_routing="off")
 
 

@@ -136,10 +136,8 @@ class BenchPlan:
 
 @dataclass(frozen=True)
 class ShortPlan:
-    """The short-prompt workload (run when pd-local is a target): prompts well below N at
-    concurrency 1, measured on single, P/D and P/D with the option. N sits above the short prompt
-    (the dataset's prompt plus the tokenizer's BOS) and below the long one (BenchPlan.input_len),
-    so one proxy takes the local path for the first and P/D for the second."""
+    """The short prompts of pd-local's check at concurrency 1: N sits above them (plus the BOS) and
+    below the long ones (BenchPlan.input_len), so one proxy takes the local path only for them."""
 
     input_len: int = 32
     output_len: int = 32  # TTFT does not depend on it; shorter keeps the run short
@@ -184,12 +182,8 @@ class ShortPlan:
 def run_order(
     targets: Sequence[str], base: BenchPlan, short: ShortPlan, wanted: Sequence[str]
 ) -> list[tuple[str, str, BenchPlan]]:
-    """(target, workload tag, plan) for the targets one set of servers serves, in run order.
-
-    The main workload of single and pd first; with pd-local wanted, the short prompts on single,
-    pd and pd-local, then the long check on pd and pd-local, each pair back to back so a busy
-    moment of a shared machine is less likely to fall on one side only; pd-ft last. pd-local runs
-    no main workload."""
+    """(target, workload tag, plan) in run order: main on single and pd; with pd-local wanted, short
+    then long prompts, each pair back to back (a busy moment falls on both sides); pd-ft last."""
     runs = [(t, MAIN, base) for t in targets if t in ("single", "pd")]
     if "pd-local" in wanted:
         runs += [(t, SHORT, short.short(base)) for t in SHORT_TARGETS if t in targets]
@@ -233,9 +227,8 @@ def bench_serve_argv(
     target: Target, plan: BenchPlan, level: int, result_dir: str,
     python: str = sys.executable, workload: str = MAIN,
 ) -> list[str]:  # fmt: skip
-    """One target at one concurrency. Fixed lengths (`--random-range-ratio 0`) and `--ignore-eos`
-    so every request reads input_len and writes output_len tokens; greedy, so single and P/D do
-    the same work."""
+    """One target at one concurrency: fixed lengths (`--random-range-ratio 0`, `--ignore-eos`) and
+    greedy, so single and P/D do the same work."""
     options = {
         "--dataset-name": "random", "--random-input-len": plan.input_len,
         "--random-output-len": plan.output_len, "--random-range-ratio": 0, "--seed": plan.seed,

@@ -37,10 +37,8 @@ def fmt_num(number: float | None) -> str:
     """Three significant figures or so: 1234 -> 1234, 12.34 -> 12.3, 1.234 -> 1.23."""
     if number is None:
         return "n/a"
-    magnitude = abs(number)
-    if magnitude >= 100:
-        return f"{number:.0f}"
-    return f"{number:.1f}" if magnitude >= 10 else f"{number:.2f}"
+    decimals = 0 if abs(number) >= 100 else 1 if abs(number) >= 10 else 2
+    return f"{number:.{decimals}f}"
 
 
 def fmt_ratio(number: float | None) -> str:
