@@ -106,9 +106,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> str | None:
-    if args.steps < 1 or args.repeats < 1:
-        return "--steps and --repeats must be >= 1"
-    return None
+    return "--steps and --repeats must be >= 1" if min(args.steps, args.repeats) < 1 else None
 
 
 def format_table(rows: dict[str, dict[str, float]], steps: int, repeats: int) -> str:

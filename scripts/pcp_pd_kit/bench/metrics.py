@@ -90,9 +90,7 @@ def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
         else:
             continue
         found = True
-    if not found:
-        return None
-    return Histogram(tuple(sorted(buckets.items())), *totals.values())
+    return Histogram(tuple(sorted(buckets.items())), *totals.values()) if found else None
 
 
 def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:

@@ -104,10 +104,9 @@ class Goal:
 def goals(s: Mapping[str, Any]) -> list[Goal]:
     """The issue's done-when, read from the admission mode's summary (reported, not a failure)."""
     ttft_max, refusal_max, light = s["ttft_s"]["max"], s["refusal_max_s"], s["light_ratio"]
+    errors = s["errors"]
     return [
-        Goal(
-            "every request served or refused (429/503)", s["errors"] == 0, f"{s['errors']} others"
-        ),
+        Goal("every request served or refused (429/503)", errors == 0, f"{errors} others"),
         Goal(
             f"refusals 429/503 with Retry-After within {REFUSAL_MAX_S:g} s",
             s["refusals_without_retry_after"] == 0

@@ -130,9 +130,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> str | None:
-    if args.repeats < 1 or min(args.lengths) < 1:
-        return "--repeats and --lengths must be >= 1"
-    return None
+    return "--repeats and --lengths must be >= 1" if min(args.repeats, *args.lengths) < 1 else None
 
 
 def run(args: argparse.Namespace, out: Path) -> Outcome:

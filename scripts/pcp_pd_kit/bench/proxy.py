@@ -37,8 +37,7 @@ from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.host import free_port
 
-# The floor's own two legs, as vLLM's P/D protocol wants them (the kit's bench never imports
-# pd-proxy's internals: it runs pd-proxy and its fake vLLM as processes).
+# The floor's prefill leg as vLLM's P/D protocol wants it (pd-proxy's internals are not imported).
 PREFILL_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
               "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
 
@@ -64,7 +63,7 @@ class Round:
     latencies: list[float]
     wall: float
     errors: int
-    cpu_us: dict[str, float] | None = None  # CPU microseconds per request, by process
+    cpu_us: dict[str, float]  # CPU microseconds per request, by process
 
     @property
     def rps(self) -> float:
@@ -190,7 +189,7 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any
             for mode in args.modes if i % 2 == 0 else args.modes[::-1]:  # noise hits all alike
                 r = await run_round(mode, session, urls, args)
                 rounds.append(r)
-                cpu = " ".join(f"{k}={v:.0f}" for k, v in (r.cpu_us or {}).items())
+                cpu = " ".join(f"{k}={v:.0f}" for k, v in r.cpu_us.items())
                 print(
                     f"round {i + 1} {mode:22s}: p50 {r.pct(0.5):7.2f} ms  p99 {r.pct(0.99):7.2f}"
                     f" ms  {r.rps:8.1f} req/s  errors {r.errors}  cpu us/req: {cpu}",
@@ -201,8 +200,7 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any
     for mode in args.modes:
         rs = [r for r in rounds if r.mode == mode]
         # CPU microseconds per request by process: unlike latency, robust to a busy machine.
-        per_req = {name: statistics.median((r.cpu_us or {}).get(name, 0.0) for r in rs)
-                   for name in (rs[0].cpu_us or {})}  # fmt: skip
+        per_req = {name: statistics.median(r.cpu_us[name] for r in rs) for name in rs[0].cpu_us}
         summary[mode] = {"p50_ms": statistics.median(r.pct(0.5) for r in rs),
                          "p99_ms": statistics.median(r.pct(0.99) for r in rs),
                          "req_s": statistics.median(r.rps for r in rs),

@@ -14,9 +14,8 @@ from pcp_pd_kit.bench.client import BenchError
 from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 
 VLLM_SERVE_MODULE = "pcp_pd_kit.bench.vllm_serve"
-# Prompts per level: at least MIN_PROMPTS (a median over fewer moves with every hiccup of a busy
-# 2-core machine), and PROMPTS_PER_SLOT per concurrent slot so a high level spends most of its run
-# at full concurrency rather than ramping up and draining.
+# Prompts per level: at least MIN_PROMPTS (a median of fewer moves with every hiccup of a busy
+# machine), PROMPTS_PER_SLOT per slot (a high level runs mostly at full concurrency, not ramping).
 MIN_PROMPTS = 64
 PROMPTS_PER_SLOT = 8
 # The bench's own ports (base + offset), apart from `make up` (18000-18300) and the e2e suite
@@ -102,10 +101,9 @@ class BenchPlan:
 
     levels: tuple[int, ...] = (1, 4, 16)
     prompts: tuple[int, ...] = tuple(default_prompts(level) for level in (1, 4, 16))
-    # Not a whole number of KV blocks (16 on CPU, 16 to 128 on GPU): with fixed-length prompts of
-    # N = k x block_size tokens the prefill's blocks have no slot for position N, so the
-    # first-token proxy takes the normal flow for every request (`kv_blocks`) and that mode would
-    # go unmeasured.
+    # Not a whole number of KV blocks (16 on CPU, 16 to 128 on GPU): at N = k x block_size tokens
+    # the prefill's blocks have no slot for position N, so the first-token proxy would take the
+    # normal flow for every request (`kv_blocks`) and its mode go unmeasured.
     input_len: int = 250
     output_len: int = 64
     seed: int = 0

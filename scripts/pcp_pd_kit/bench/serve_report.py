@@ -182,9 +182,8 @@ def path_check(run: Run, expected: str) -> Check:
     other = "pd" if expected == "local" else "local"
     measured = bool(done) and counts[expected] >= (done or 0) and counts[other] == 0
     text = f"path local {counts['local']:.0f}, pd {counts['pd']:.0f} of {done or 0:.0f} completed"
-    return Check(
-        measured, f"{text}: all {expected}" if measured else f"NOT MEASURED: {text}", counts
-    )
+    text = f"{text}: all {expected}" if measured else f"NOT MEASURED: {text}"
+    return Check(measured, text, counts)
 
 
 def check(run: Run) -> Check | None:

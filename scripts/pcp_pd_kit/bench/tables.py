@@ -28,9 +28,7 @@ def value(result: Mapping[str, Any] | None, key: str) -> float | None:
 
 def ratio(top: float | None, bottom: float | None) -> float | None:
     """top / bottom; None when either is missing or bottom is 0."""
-    if top is None or bottom is None or bottom == 0:
-        return None
-    return top / bottom
+    return None if top is None or bottom is None or bottom == 0 else top / bottom
 
 
 def fmt_num(number: float | None) -> str:

@@ -33,8 +33,7 @@ WORDS = (
     "the farmer sold seven eggs and each student bought two more books than the week before "
     "so how many apples were left in the basket after they ate half of them at noon today"
 ).split()
-# (name, words): 36 and 303 tokens with the kit's tiny model as completions (the table prints
-# each count, chat template included).
+# (name, words): 36 and 303 tokens with the kit's tiny model as completions (the table says).
 PROMPT_SIZES: tuple[tuple[str, int], ...] = (("short", 28), ("long", 230))
 ENDPOINTS = ("completions", "chat")
 WAYS: tuple[tuple[str, str], ...] = (("http", "decode /tokenize (aiohttp)"),

@@ -65,9 +65,8 @@ class Stack:
         start = time.monotonic()
         wait = ["up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S)]
         proc = self.compose(*wait, timeout=UP_TIMEOUT_S + 120)
-        # A new count recreates the role (KIT_ROLE_REPLICAS changes): meanwhile pd-proxy has no
-        # prefill and its healthcheck fails, which ends --wait at once although the proxy is
-        # healthy again one check after the prefills.
+        # A new count recreates the role: meanwhile pd-proxy has no prefill and fails its
+        # healthcheck, which ends --wait at once though it is healthy one check after them.
         if proc.returncode != 0 and not self.all_healthy(UP_TIMEOUT_S):
             logs = self.compose("logs", "--no-color", "--tail", "40").stdout
             raise SystemExit(
