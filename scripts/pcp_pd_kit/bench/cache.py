@@ -198,9 +198,7 @@ def counter_growth(
     before: Mapping[str, Counters], after: Mapping[str, Counters]
 ) -> dict[str, Counters]:
     """source -> selector -> growth (metrics.counter_delta per source)."""
-    return {
-        source: counter_delta(later, before.get(source)) or {} for source, later in after.items()
-    }
+    return {s: counter_delta(later, before.get(s)) or {} for s, later in after.items()}
 
 
 def reset_prefix_cache(url: str, tries: int = 20) -> None:

@@ -126,8 +126,7 @@ def grown(
 
 def bench_env(api_key: str | None = None) -> dict[str, str]:
     """The bench client's environment: offline, and OPENAI_API_KEY only when a key is given."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    env.update(BENCH_ENV)
+    env = {**{k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}, **BENCH_ENV}
     if api_key:
         env["OPENAI_API_KEY"] = api_key  # vllm bench serve sends it as Authorization: Bearer
     return env

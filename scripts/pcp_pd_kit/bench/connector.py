@@ -35,8 +35,7 @@ class _Worker:
 
     def get_transfer_results(self) -> Any:
         self.step += 1
-        reqs = {f"r{self.step}-{i}" for i in range(4)}
-        return self._results(finished_sending=reqs)
+        return self._results(finished_sending={f"r{self.step}-{i}" for i in range(4)})
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         r = self.get_transfer_results()

@@ -66,11 +66,8 @@ def series(counts: Mapping[str, float] | None, name: str) -> list[tuple[dict[str
 
 def paths(counts: Mapping[str, float] | None) -> dict[str, float]:
     """pd-proxy's requests per path, local and pd, from its counters keyed by selector."""
-    out = {"local": 0.0, "pd": 0.0}
-    for labels, count in series(counts, REQUESTS_COUNTER):
-        if labels.get("path") in out:
-            out[labels["path"]] += count
-    return out
+    found = series(counts, REQUESTS_COUNTER)
+    return {p: sum((n for lb, n in found if lb.get("path") == p), 0.0) for p in ("local", "pd")}
 
 
 def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
@@ -95,9 +92,7 @@ def histogram(samples: Iterable[Sample], name: str) -> Histogram | None:
 
 def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None:
     """Observations between two scrapes; None when missing after or reset, zero before."""
-    if after is None:
-        return None
-    if before is None:
+    if after is None or before is None:
         return after
     if after.count < before.count:
         return None
@@ -109,8 +104,7 @@ def delta(after: Histogram | None, before: Histogram | None) -> Histogram | None
 def counter_values(
     samples: Iterable[Sample], name: str, keep: Sequence[str] = ()
 ) -> dict[str, float] | None:
-    """A counter's values (`name` with _total) summed per combination of the `keep` labels, keyed
-    by selector (`name{outcome="continued"}` with keep=('outcome',)); None when absent."""
+    """A counter's values summed per combination of the `keep` labels, by selector; None: absent."""
     found: dict[str, float] = {}
     for s in samples:
         if s.name == name:

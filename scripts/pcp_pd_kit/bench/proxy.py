@@ -230,17 +230,15 @@ def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
     head += ["cpu us/req: proxy", *OTHER_CPUS]
     rows = []
     for mode, s in summary.items():
-        side = mode.split(":")[0]
         cpu = s["cpu_us_per_req"]
-        proxy_cpu = cpu.get(side, 0.0) if side != "floor" else 0.0
+        proxy_cpu = cpu.get(mode.split(":")[0], 0.0)  # the floor has no process of its own
         r = ratios.get(mode)
         rcells = [f"{r[k]:.2f}" for k in ("p50", "p99", "throughput")] if r else ["", "", ""]
         rows.append(
             [mode, f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['req_s']:.1f}", s["errors"],
              *rcells, f"{proxy_cpu:.0f}", *(f"{cpu.get(p, 0):.0f}" for p in OTHER_CPUS)]
         )  # fmt: skip
-    text = title + "\n\n" + markdown_table(head, rows)
-    return text + (f"\n\n{GOALS}" if ratios else "")
+    return f"{title}\n\n{markdown_table(head, rows)}" + (f"\n\n{GOALS}" if ratios else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,8 +30,7 @@ REDACTED = "<redacted>"
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one kind measured: JSON-ready data, its Markdown table, manifest additions, the exit
-    status (non-zero when a check of the run failed) and its headline figures (None: result)."""
+    """What a kind measured: data, table, manifest additions, exit status, figures (None: data)."""
 
     result: Any
     table: str

@@ -24,7 +24,9 @@ import aiohttp
 from pcp_pd_kit.bench.client import served_model
 from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome
+from pcp_pd_kit.bench.serve_plan import bench_settings
 from pcp_pd_kit.bench.tables import markdown_table
+from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
 
 HELP = "what counting a prompt costs: decode's /tokenize over HTTP vs a local tokenizer"
 
@@ -172,9 +174,6 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     url = args.url.rstrip("/") if args.url else None
     with contextlib.ExitStack() as servers:
         if url is None:  # one plain vLLM of the kit's model, stopped on the way out
-            from pcp_pd_kit.bench.serve_plan import bench_settings
-            from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
-
             stack = Stack(bench_settings(args.port_base), REFERENCE_PARTS, work_dir=out / "servers")
             url = servers.enter_context(stack).urls["reference"]
         model, root = served_model(url)
