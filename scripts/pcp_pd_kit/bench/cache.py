@@ -272,7 +272,6 @@ def run_shared(
     urls: dict[str, str], model: ResolvedModel, plan: cp.CachePlan, out: Path
 ) -> list[dict[str, Any]]:
     decodes = {"decode-a": urls["decode-a"], "decode-b": urls["decode-b"]}
-    env = bench_env(None)
     runs = []
     for rnd in range(plan.shared_rounds):
         for mode in cp.rotation(list(cp.SHARED_MODES), rnd):
@@ -286,7 +285,7 @@ def run_shared(
                 proxy, model.served_name, model.path, plan, plan.seed, str(out), f"{name}.json"
             )
             code, seconds, timed_out = run_process(
-                argv, out / "logs" / f"{name}.log", env, plan.run_timeout_s, name
+                argv, out / "logs" / f"{name}.log", bench_env(None), plan.run_timeout_s, name
             )
             time.sleep(1.0)
             growth = counter_growth(before, snapshot(sources))

@@ -162,8 +162,7 @@ def one_mode(
 
 
 def run(args: argparse.Namespace, out: Path) -> Outcome:
-    keys = {report.FLOOD: f"sk-flood-{secrets.token_hex(8)}",
-            report.LIGHT: f"sk-light-{secrets.token_hex(8)}"}  # fmt: skip
+    keys = {flow: f"sk-{flow}-{secrets.token_hex(8)}" for flow in (report.FLOOD, report.LIGHT)}
     plan = {n: getattr(args, n) for n in SIZES}
     data: dict[str, Any] = {"plan": plan, "modes": {}, "errors": []}
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as secret_dir:

@@ -64,16 +64,12 @@ def run_dir(kind: str, results_dir: str | Path | None, started_utc: str) -> Path
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """The command line with secret option values replaced (both `--opt v` and `--opt=v`)."""
     out: list[str] = []
-    hide_next = False
     for arg in argv:
         name, eq, _ = arg.partition("=")
-        if hide_next:
+        if out and out[-1] in SECRET_OPTIONS:  # the value of `--opt v`
             out.append(REDACTED)
-        elif name in SECRET_OPTIONS and eq:
-            out.append(f"{name}={REDACTED}")
         else:
-            out.append(arg)
-        hide_next = not hide_next and name in SECRET_OPTIONS and not eq
+            out.append(f"{name}={REDACTED}" if name in SECRET_OPTIONS and eq else arg)
     return out
 
 

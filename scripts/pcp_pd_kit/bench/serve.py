@@ -286,10 +286,8 @@ def run_remote(
         served, root = client.served_model(url, key)
         tokenizer = tokenizer or tokenizer_for(root, args.tokenizer)
         sources = {"server": url} if name == "single" else {"proxy": url}
-        if name != "single" and args.prefill_metrics_url:
-            sources["prefill"] = args.prefill_metrics_url.rstrip("/")
-        if name != "single" and args.decode_metrics_url:
-            sources["server"] = args.decode_metrics_url.rstrip("/")
+        given = {"prefill": args.prefill_metrics_url, "server": args.decode_metrics_url}
+        sources |= {k: u.rstrip("/") for k, u in given.items() if u and name != "single"}
         targets[name] = (sp.Target(name, url, args.served_model_name or served, tokenizer), sources)
         try:  # vLLM answers /version; pd-proxy does not
             versions[name] = str(json.loads(client.http(f"{url}/version", key))["version"])
