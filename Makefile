@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The kit's one command line (scripts/pcp_pd_kit); every user-facing target below calls it.
 KIT := $(VENV)/bin/pcp-pd-kit
 
-.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-k8s k8s-check k8s-proxy-image k8s-sources preflight lint format bench bench-cache bench-xpyd compose-up compose-down clean
+.PHONY: help install engine images images-cold demo up eval test test-unit test-e2e test-compose test-slow test-k8s k8s-check k8s-proxy-image k8s-sources preflight lint format bench bench-cache bench-xpyd compose-up compose-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ test: install  ## the whole suite: lint, unit, real-vLLM connector, compose for 
 
 test-compose: images  ## only the live compose tests (docker compose --profile cpu up for real)
 	$(PY) -m pytest -ra -m compose
+
+test-slow: images  ## the live checks beyond make test's budget (marker slow: bench, xPyD, engine restart, ...)
+	$(PY) -m pytest -ra -m slow
 
 test-k8s: install  ## render and validate deploy/k8s (needs kubectl; no cluster)
 	$(PY) -m pytest -ra -m k8s tests/k8s

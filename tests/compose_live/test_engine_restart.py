@@ -23,7 +23,7 @@ from tests.support.paths import REPO
 from .stack import ComposeStack
 from .test_cpu_deployment import PROMPTS, greedy_body, http, text_of
 
-pytestmark = pytest.mark.compose
+pytestmark = [pytest.mark.compose, pytest.mark.slow]
 ENGINE_SCRIPT = REPO / "scripts" / "docker_engine.sh"
 PID_FILE = REPO / "run" / "docker-engine" / "dockerd.pid"
 SERVICES = ("holder", "prefill-cpu", "decode-cpu", "proxy-cpu", "prometheus")

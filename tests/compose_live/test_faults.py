@@ -276,6 +276,7 @@ def test_decode_paused_past_the_lease(compose_stack, expected) -> None:
     finish(compose_stack, load, expected, "decode paused past the lease", t0)
 
 
+@pytest.mark.slow
 def test_pd_network_cut_for_a_few_seconds(compose_stack, expected) -> None:
     """Decode's interface on the P/D network goes and comes back under another name. UCX keeps
     the interfaces it found at start, so the old decode process could never connect to a new
@@ -307,6 +308,7 @@ def test_proxy_restarted_under_load(compose_stack, expected) -> None:
     finish(compose_stack, load, expected, "proxy restarted", t0, proxy_down=True)
 
 
+@pytest.mark.slow
 def test_prefill_restarted_while_decode_holds_pulled_blocks(compose_stack, expected) -> None:
     before = compose_stack.container_state("decode-cpu")
     load = Load(compose_stack).start()

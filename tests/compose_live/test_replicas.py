@@ -28,7 +28,7 @@ import pytest
 from .stack import ComposeStack
 from .test_cpu_deployment import PROMPTS, greedy_body, http, prom_query, text_of
 
-pytestmark = pytest.mark.compose
+pytestmark = [pytest.mark.compose, pytest.mark.slow]
 CONCURRENT = 16
 REPLICA_JOINS_WITHIN_S = 90
 # Per prefill replica: requests it prefilled (finished with its one token), as Prometheus sees them.

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -166,6 +167,7 @@ class ReferenceRun:
     outputs: dict[str, Output]
     median_latency_s: float
     shapes: dict[str, Reply]  # the request-shape matrix (shape_matrix.py), by case name
+    model_path: Path  # the served model's folder, for transformers' own greedy decoding
 
 
 @pytest.fixture(scope="package")
@@ -183,7 +185,9 @@ def reference_run(e2e_settings: StackSettings) -> ReferenceRun:
             stack.startup_seconds()["reference"],
             latency * 1000,
         )
-    return ReferenceRun(outputs, latency, shapes)
+        assert stack.model is not None
+        model_path = Path(stack.model.path)
+    return ReferenceRun(outputs, latency, shapes, model_path)
 
 
 @pytest.fixture(scope="package")

@@ -38,8 +38,9 @@ from pcp_pd_kit.localstack.report import (
     total,
 )
 from pcp_pd_kit.localstack.stack import Stack, wait_until
+from tests.support.hf_greedy import hugging_face_greedy
 
-from .clients import CASES, Output, greedy
+from .clients import CASES, MAX_TOKENS, Output, greedy
 from .conftest import ReferenceRun
 
 pytestmark = pytest.mark.e2e
@@ -78,6 +79,17 @@ def test_prompts_straddle_block_and_pcp_chunk_boundaries(
     assert lengths["multi_block"] >= 3 * block
     assert math.ceil(lengths["multi_block"] / chunks) % block  # chunk edges inside blocks
     assert all(ref.text for ref in references.values())
+
+
+def test_the_reference_answers_are_hugging_faces_greedy(reference_run: ReferenceRun) -> None:
+    """The single instance P/D is held to is itself right: token for token (compared as text,
+    with the prompt's token count) what transformers' generate() gives greedily."""
+    cases = [case for case in CASES if case.endpoint == "/v1/completions"]
+    prompts = [c.body["prompt"] for c in cases]
+    want = hugging_face_greedy(reference_run.model_path, prompts, MAX_TOKENS)
+    outputs = [reference_run.outputs[c.name] for c in cases]
+    got = [(out.text, out.prompt_tokens) for out in outputs]
+    assert got == want
 
 
 @pytest.mark.parametrize("name", [case.name for case in CASES])

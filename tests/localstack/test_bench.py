@@ -711,6 +711,7 @@ def _leftovers(port_base: int, marker: str) -> list[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_bench_end_to_end_on_the_cpu_stack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -33,8 +33,9 @@ from pcp_pd_kit.settings import StackSettings, settings_from_env
 from pd_proxy.rewrite import prefill_kv_params
 from tests.e2e.clients import MAX_TOKENS, Case, Output, greedy
 from tests.support.env import example_env
+from tests.support.hf_greedy import hugging_face_greedy
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # Apart from make up (18000s), make bench (18400s), e2e (18500s), the bench smoke (18600s) and
 # the first-request A/B (18700s).
@@ -117,23 +118,6 @@ def _cases() -> list[Case]:
     ]
 
 
-def hugging_face_greedy(model_path: Path, prompts: list[str]) -> list[tuple[str, int]]:
-    """Transformers' own greedy decoding of the served model, in float32 as the stack serves it:
-    (generated text, prompt tokens) per prompt."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    answers = []
-    for prompt in prompts:
-        ids = tok(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
-        answers.append((tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True), ids.shape[1]))
-    return answers
-
-
 def _prompt(batch: int, i: int) -> str:
     # Distinct prompts: ExampleConnector would load a repeated one from disk instead of NIXL.
     return (
@@ -189,7 +173,7 @@ def test_single_instance_answers_are_hugging_faces_greedy(reference: Reference) 
     """The reference the P/D answers are held to is itself right: token for token (compared as
     text, with the prompt's token count) what transformers' generate() gives greedily."""
     cases = _cases()[:PER_BATCH]
-    want = hugging_face_greedy(reference.model_path, [c.body["prompt"] for c in cases])
+    want = hugging_face_greedy(reference.model_path, [c.body["prompt"] for c in cases], MAX_TOKENS)
     got = [(reference.outputs[c.name].text, reference.outputs[c.name].prompt_tokens) for c in cases]
     assert got == want
 

@@ -1,0 +1,41 @@
+"""The documentation stays readable in one sitting: docs/ (with its committed bench summaries),
+the README and every component README together at most 200 KB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support import doc_citations as dc
+from tests.support.paths import REPO
+
+LIMIT_BYTES = 200 * 1024
+
+
+def documentation(root: Path) -> list[Path]:
+    """Every file under docs/ and every README.md of the repository."""
+    docs = {p for p in (root / "docs").rglob("*") if p.is_file()}
+    readmes = {p for p in dc.repo_files(root) if p.name == "README.md"}
+    return sorted(docs | readmes)
+
+
+def total_bytes(files: list[Path]) -> int:
+    return sum(p.stat().st_size for p in files)
+
+
+def test_the_documentation_totals_at_most_200_kb() -> None:
+    files = documentation(REPO)
+    size = total_bytes(files)
+    largest = sorted(files, key=lambda p: -p.stat().st_size)[:5]
+    top = ", ".join(f"{p.relative_to(REPO)} {p.stat().st_size} B" for p in largest)
+    assert size <= LIMIT_BYTES, f"the docs total {size} bytes (limit {LIMIT_BYTES}); largest: {top}"
+
+
+def test_the_walk_counts_docs_results_and_component_readmes(tmp_path: Path) -> None:
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "run.json").write_text("x" * 300)
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "README.md").write_text("y" * 200)
+    (tmp_path / "proxy" / "notes.md").write_text("not documentation of the kit's own")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "README.md").write_text("z" * 5000)
+    assert total_bytes(documentation(tmp_path)) == 500
