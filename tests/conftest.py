@@ -16,7 +16,7 @@ pytest.register_assert_rewrite(
 )
 
 # Opt-in markers: left out unless ``-m`` names them. ``repeat``: a check run N times over;
-# ``slow``: a live check beyond `make test`'s time budget (`make test-slow` runs them).
+# ``slow``: a check beyond `make test`'s time budget (`make test-slow` runs them).
 OPT_IN = ("repeat", "slow")
 
 

@@ -22,7 +22,7 @@ from tests.support.paths import REPO
 
 from .test_prefix_cache import assert_same, complete, delta, no_cache, sources, token_ids
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SMALL_CACHE_PORT = 18540
 BLOCKS = 40  # 640 tokens

@@ -635,6 +635,7 @@ def test_remote_mode_sends_the_key_and_starts_nothing(
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_remote_mode_measures_the_first_token_proxy_and_the_handover(
     tmp_path: Path,
