@@ -259,6 +259,10 @@ def test_shared_prefix_goals_compare_routings_and_ideal() -> None:
     assert "| 1 | cache-aware (events) | 30.0 | 60.0 | 48/48 | 19456 | 0.95 | 24 / 24 |" in text
 
 
+def _short_goal(goals: list[cache_report.Goal]) -> cache_report.Goal:
+    return next(g for g in goals if g.mode == "tokenizer")
+
+
 def test_short_goal_needs_every_proxy_request_on_decode_alone() -> None:
     local = {'pd_proxy_requests_total{path="local"}': 2.0}
     run = {
@@ -267,10 +271,10 @@ def test_short_goal_needs_every_proxy_request_on_decode_alone() -> None:
         "proxies": {"tokenize": local, "tokenizer": local},
     }
     rows = cache_report.short_rows(run)
-    goal = cache_report.goals([], rows, [])[-1]
+    goal = _short_goal(cache_report.goals([], rows, []))
     assert goal.met is True and "32.0 / 30.0 ms = 1.07x" in goal.measured
     run["proxies"] = {"tokenize": local, "tokenizer": {}}
-    goal = cache_report.goals([], cache_report.short_rows(run), [])[-1]
+    goal = _short_goal(cache_report.goals([], cache_report.short_rows(run), []))
     assert goal.met is None and goal.measured.startswith("NOT MEASURED")
 
 
@@ -318,3 +322,71 @@ def test_the_shared_part_alone_starts_none_of_the_stacks_servers() -> None:
     assert cache.stack_parts({"multi-turn", "short"}) == ()
     assert cache.stack_parts({"short"}) == cache.STACK_PARTS
     assert cache.stack_parts(set()) == cache.STACK_PARTS
+
+
+# --- caches holding every prefix: the kit against a client pinning each prefix ------------------
+def test_held_requests_repeat_each_prefix_with_suffixes_of_their_own() -> None:
+    plan = cache_plan.CachePlan(prefixes=3, per_prefix=4, prefix_len=32, suffix_len=8)
+    first, second = cache_plan.held_requests(plan, 0), cache_plan.held_requests(plan, 1)
+    assert first == cache_plan.held_requests(plan, 0)  # seeded
+    assert sorted(i for i, _ in first) == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(ids[:32] == cache_plan.held_prefix(plan, i) for i, ids in first + second)
+    suffixes = [tuple(ids[32:]) for _, ids in first + second]
+    assert len(set(suffixes)) == len(suffixes) == 24 and all(len(s) == 8 for s in suffixes)
+    assert [i for i, _ in first] != sorted(i for i, _ in first)  # shuffled
+    assert cache_plan.held_ideal(plan, 16) == 3 * 4 * 32
+
+
+def _held(arm: str, ttfts: list[float], hits: float) -> dict[str, Any]:
+    grown = {"vllm:prefix_cache_hits_total": hits / 2, "vllm:request_success_total": 2}
+    return {"arm": arm, "round": 1, "ttft_s": ttfts,
+            "decodes": {"decode-a": grown, "decode-b": grown}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kit_ttft", "kit_hits", "met"),
+    [(0.034, 2048, True), (0.036, 2048, False), (0.032, 1024, False)],
+)
+def test_held_goal_wants_the_pinning_clients_ttft_within_5_ms_and_its_hits(
+    kit_ttft: float, kit_hits: float, met: bool
+) -> None:
+    runs = [_held("pinned", [0.030, 0.029, 0.031, 0.030], 2048),
+            _held("kit", [kit_ttft] * 4, kit_hits)]  # fmt: skip
+    rows = cache_report.held_rows(runs, 2048)
+    assert [r["arm"] for r in rows] == ["kit", "pinned"]
+    assert rows[1]["ttft_ms"] == pytest.approx(30.0) and rows[1]["hit_fraction"] == 1.0
+    goal = cache_report.held_goal(rows)
+    assert goal.met is met and goal.value == pytest.approx(kit_ttft * 1000 - 30.0)
+    assert "client pinning each prefix | 4 | 30.0" in cache_report.format_held(rows, PLAN)
+    assert cache_report.held_goal([]).met is None
+
+
+def test_run_held_warms_each_prefix_on_its_holder_and_pins_only_the_pinning_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = cache_plan.CachePlan(prefixes=4, per_prefix=2, prefix_len=32, suffix_len=8,
+                                shared_rounds=1)  # fmt: skip
+    urls = {"decode-a": "http://a", "decode-b": "http://b", "proxy-events": "http://proxy"}
+    sent: list[tuple[str, list[int]]] = []
+    lock = threading.Lock()
+
+    def fake_ttft(url: str, body: dict[str, Any]) -> float:
+        with lock:
+            sent.append((url, list(body["prompt"])))
+        return 0.01
+
+    monkeypatch.setattr(cache, "ttft_s", fake_ttft)
+    monkeypatch.setattr(cache, "reset_prefix_cache", lambda url: None)
+    monkeypatch.setattr(cache, "snapshot", lambda sources: {k: {} for k in sources})
+    monkeypatch.setattr(cache.time, "sleep", lambda s: None)
+    runs = cache.run_held(urls, "m", plan)
+    assert [r["arm"] for r in runs] == ["kit", "pinned"]
+    holder = {tuple(cache_plan.held_prefix(plan, i)): ("http://a", "http://b")[i % 2]
+              for i in range(4)}  # fmt: skip
+    per_arm = 4 + 8  # the warm-up, then the requests
+    for arm, batch in zip(("kit", "pinned"), (sent[:per_arm], sent[per_arm:]), strict=True):
+        assert all(url == holder[tuple(ids)] for url, ids in batch[:4])  # warm-up on holders
+        want = [
+            holder[tuple(ids[:32])] if arm == "pinned" else "http://proxy" for _, ids in batch[4:]
+        ]
+        assert [url for url, _ in batch[4:]] == want and len(want) == 8

@@ -33,7 +33,7 @@ from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
 from pcp_pd_kit.localstack.stack import Stack
 from pcp_pd_kit.settings import StackSettings
 
-HELP = "prefix caching: follow-up turns, short prompts, shared prefixes across two decodes"
+HELP = "prefix caching: follow-up turns, short prompts, shared and held prefixes on two decodes"
 log = logging.getLogger("pcp_pd_kit.bench")
 STACK_PARTS = ("prefill", "decode", "proxy", "reference")
 WARM_CONVERSATIONS = 2
@@ -72,12 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--per-prefix", int, c.per_prefix, f"requests per prefix {d}"),
         ("--shared-rounds", int, c.shared_rounds, f"runs per routing {d}"),
         ("--kv-blocks", int, c.kv_blocks, f"each decode's KV cache {d}"),
-        ("--skip", str, "", "comma-separated parts not to run: multi-turn,short,shared"),
+        ("--skip", str, "", "comma-separated parts not to run: multi-turn,short,shared,held"),
         ("--port-base", int, spec.DEFAULT_PORT_BASE, d),
     ])  # fmt: skip
 
 
-SKIPPABLE = ("multi-turn", "short", "shared")
+SKIPPABLE = ("multi-turn", "short", "shared", "held")
 
 
 def plan_from_args(args: argparse.Namespace) -> cp.CachePlan:
@@ -300,6 +300,35 @@ def run_shared(
     return runs
 
 
+def run_held(urls: dict[str, str], model: str, plan: cp.CachePlan) -> list[dict[str, Any]]:
+    """Caches holding every prefix (prefix i warmed on decode i % 2), then the same requests
+    through the cache-aware proxy and from a client sending each prefix to its holder itself."""
+    decodes = {"decode-a": urls["decode-a"], "decode-b": urls["decode-b"]}
+    holders = list(decodes.values())
+    runs = []
+    for rnd in range(plan.shared_rounds):
+        requests = cp.held_requests(plan, rnd)
+        for arm in cp.rotation(list(cp.HELD_ARMS), rnd):
+            for url in holders:
+                reset_prefix_cache(url)
+            for i in range(plan.prefixes):
+                ttft_s(holders[i % 2], request_body(model, cp.held_prefix(plan, i), None))
+            time.sleep(EVENTS_SETTLE_S)  # the proxy has heard the warm-up's KV events
+
+            def one(req: tuple[int, list[int]], arm: str = arm) -> float:
+                url = urls["proxy-events"] if arm == "kit" else holders[req[0] % 2]
+                return ttft_s(url, request_body(model, req[1], None))
+
+            before = snapshot(decodes)
+            with ThreadPoolExecutor(max_workers=plan.shared_concurrency) as pool:
+                ttfts = list(pool.map(one, requests))
+            time.sleep(1.0)
+            runs.append({"arm": arm, "round": rnd + 1, "ttft_s": ttfts,
+                         "decodes": counter_growth(before, snapshot(decodes))})  # fmt: skip
+            log.info("held-%d-%s: TTFT median %.1f ms", rnd + 1, arm, report.median_ms(ttfts))
+    return runs
+
+
 # --- the kind ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace, out: Path) -> Outcome:
     plan, skip, settings = plan_from_args(args), skipped(args), _settings(args.port_base)
@@ -332,7 +361,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             if "short" not in skip:
                 data["short"] = run_short(urls, model.served_name, plan)
             stop_all(extras)
-        if "shared" not in skip:
+        if not {"shared", "held"} <= skip:
             for part in set(stack.parts) - {"prefill"}:
                 stack.stop_part(part)
             urls.update(
@@ -351,7 +380,10 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                        for mode in cp.SHARED_MODES]  # fmt: skip
             start_all(extras, settings.startup_timeout_s)
             data["added_special_tokens"] = added_special_tokens(urls["decode-a"], model.served_name)
-            data["shared"] = run_shared(urls, model, plan, out)
+            if "shared" not in skip:
+                data["shared"] = run_shared(urls, model, plan, out)
+            if "held" not in skip:
+                data["held"] = run_held(urls, model.served_name, plan)
     except Exception as exc:
         log.error("bench cache failed: %s", exc)
         data["errors"].append(f"{type(exc).__name__}: {exc}")
@@ -367,7 +399,8 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
     added = int(data.get("added_special_tokens", 1))
     ideal = cp.ideal_hit_tokens(plan, block_size, added)
     shared = report.shared_rows(data.get("shared", []), ideal)
-    found = report.goals(multi, short, shared)
+    held = report.held_rows(data.get("held", []), cp.held_ideal(plan, block_size))
+    found = report.goals(multi, short, shared, held)
     text = ["## prefix caching: the kit against a single vLLM", ""]
     if multi:
         text += [report.format_multi_turn(multi, plan.context, plan.new), ""]
@@ -384,6 +417,8 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
         )
         prompts = plan.prefixes * plan.per_prefix
         text += [report.format_shared(shared, ideal, description, prompts), ""]
+    if held:
+        text += [report.format_held(held, plan), ""]
     text += [report.format_goals(found)]
     errors = list(data.get("errors", []))
     failed = [r for r in data.get("shared", []) if r.get("returncode") != 0]
@@ -392,5 +427,5 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
         text += ["", "errors:", *(f"- {e}" for e in errors)]
     goals = [{**dataclasses.asdict(g), "verdict": g.verdict} for g in found]
     result = {**data, "multi_turn_rows": multi, "short_rows": short, "shared_rows": shared,
-              "ideal_hit_tokens": ideal, "goals": goals}  # fmt: skip
+              "held_rows": held, "ideal_hit_tokens": ideal, "goals": goals}  # fmt: skip
     return Outcome(result, "\n".join(text), {"bench": plan.as_dict()}, rc=1 if errors else 0)

@@ -32,6 +32,7 @@ PORT_OFFSETS = {
 CACHE_ROUTING = "events"
 SHORT_TARGETS = ("single", "tokenize", "tokenizer")
 SHARED_MODES = ("events", "off")
+HELD_ARMS = ("kit", "pinned")  # the cache-aware proxy; a client sending each prefix to its holder
 
 
 @dataclass(frozen=True)
@@ -181,3 +182,24 @@ def prefix_bench_argv(
     return vllm_bench_argv(
         python, base_url, served_model_name, tokenizer, options, flags, result_dir, result_filename
     )
+
+
+def held_prefix(plan: CachePlan, index: int) -> list[int]:
+    return token_ids(plan.seed + 500 + index, plan.prefix_len)
+
+
+def held_requests(plan: CachePlan, rnd: int) -> list[tuple[int, list[int]]]:
+    """One round of the held-prefix part, in a seeded order: (prefix index, token ids), every
+    prefix ``per_prefix`` times, each with a suffix no other request has."""
+    base = plan.seed + 10_000 * (rnd + 1)
+    out = [(i, held_prefix(plan, i) + token_ids(base + plan.per_prefix * i + k, plan.suffix_len))
+           for i in range(plan.prefixes) for k in range(plan.per_prefix)]  # fmt: skip
+    random.Random(plan.seed + rnd).shuffle(out)
+    return out
+
+
+def held_ideal(plan: CachePlan, block_size: int) -> int:
+    """Hit tokens of one held-prefix run: every request finds its prefix's whole blocks (token
+    ids: nothing added)."""
+    per_request = prefix_blocks(plan.prefix_len, block_size, 0) * block_size
+    return plan.prefixes * plan.per_prefix * per_request
