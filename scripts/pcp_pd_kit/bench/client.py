@@ -26,6 +26,10 @@ BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PAR
              "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
 
 
+Histograms = dict[str, dict[str, m.Histogram | None]]  # per source, by name (or selector)
+Counters = dict[str, dict[str, float] | None]  # per source, by selector
+
+
 class BenchError(RuntimeError):
     """The bench cannot run (a target unreachable, a key refused, a bad option); one line."""
 
@@ -99,14 +103,10 @@ def snapshot(
 
 def grown(
     before: Mapping[str, Scrape | None], after: Mapping[str, Scrape | None]
-) -> tuple[
-    dict[str, dict[str, m.Histogram | None]],
-    dict[str, dict[str, float] | None],
-    dict[str, dict[str, float | None]],
-]:
+) -> tuple[Histograms, Counters, dict[str, dict[str, float | None]]]:
     """(histogram deltas, counter growth, gauges after) per source between two snapshots."""
-    hists: dict[str, dict[str, m.Histogram | None]] = {}
-    counters: dict[str, dict[str, float] | None] = {}
+    hists: Histograms = {}
+    counters: Counters = {}
     for source, later in after.items():
         earlier = before.get(source)
         if later is None or earlier is None:

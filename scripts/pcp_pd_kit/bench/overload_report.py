@@ -71,8 +71,7 @@ def summarize(
     }
     held, freed = kv.get("held"), kv.get("freed")
     return {
-        "requests": len(replies),
-        "served": len(served),
+        "requests": len(replies), "served": len(served),
         "refused": dict(Counter(r.outcome for r in refused)),
         "errors": sum(1 for r in replies if not r.served and r.status not in (429, 503)),
         "by_client": by_client,
@@ -80,15 +79,11 @@ def summarize(
                    "max": max(served, default=None)},  # fmt: skip
         "refusal_max_s": max((r.seconds for r in refused), default=None),
         "refusals_without_retry_after": sum(1 for r in refused if not r.retry_after),
-        "light_ttft_s": median(light),
-        "light_ttft_max_s": max(light, default=None),
-        "light_during": len(light),
-        "light_alone_s": median(light_alone_s),
+        "light_ttft_s": median(light), "light_ttft_max_s": max(light, default=None),
+        "light_during": len(light), "light_alone_s": median(light_alone_s),
         "light_ratio": ratio(median(light), median(light_alone_s)),
         "light_refused": sum(1 for r in refused if r.client == LIGHT),
-        "kv_held": held,
-        "kv_freed": freed,
-        "kv_usage_after": kv.get("usage"),
+        "kv_held": held, "kv_freed": freed, "kv_usage_after": kv.get("usage"),
         "kv_all_freed": held is not None and freed is not None and freed >= held
         and kv.get("usage") == 0,
     }  # fmt: skip
@@ -104,9 +99,10 @@ class Goal:
 def goals(s: Mapping[str, Any]) -> list[Goal]:
     """The issue's done-when, read from the admission mode's summary (reported, not a failure)."""
     ttft_max, refusal_max, light = s["ttft_s"]["max"], s["refusal_max_s"], s["light_ratio"]
-    errors = s["errors"]
     return [
-        Goal("every request served or refused (429/503)", errors == 0, f"{errors} others"),
+        Goal(
+            "every request served or refused (429/503)", s["errors"] == 0, f"{s['errors']} others"
+        ),
         Goal(
             f"refusals 429/503 with Retry-After within {REFUSAL_MAX_S:g} s",
             s["refusals_without_retry_after"] == 0

@@ -73,9 +73,8 @@ class Summary:
 def summarize(cached_s: Sequence[float], uncached_s: Sequence[float]) -> Summary:
     if not cached_s or len(cached_s) != len(uncached_s):
         raise ValueError("want the same number (> 0) of cached and uncached timings")
-    return Summary(
-        statistics.median(cached_s) * 1000, statistics.median(uncached_s) * 1000, len(cached_s)
-    )
+    cached_ms, uncached_ms = (statistics.median(s) * 1000 for s in (cached_s, uncached_s))
+    return Summary(cached_ms, uncached_ms, len(cached_s))
 
 
 def run_rounds(url: str, model: str, context: int, new: int, rounds: int, seed: int) -> Summary:

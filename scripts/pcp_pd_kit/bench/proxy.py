@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,11 @@ from pcp_pd_kit.bench.kinds import add_flags
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.host import free_port
+
+try:  # the event loop pd-proxy runs on when installed, else asyncio's
+    from uvloop import run as run_loop
+except ImportError:
+    from asyncio import run as run_loop  # type: ignore[assignment]
 
 # The floor's prefill leg as vLLM's P/D protocol wants it (pd-proxy's internals are not imported).
 PREFILL_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -55,6 +59,7 @@ DEFAULT_PROXY_CMD = (
 )
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 OTHER_CPUS = ("prefill", "decode", "generator")
+RATIOS = {"p50": "p50_ms", "p99": "p99_ms", "throughput": "req_s"}  # to the floor, of these
 
 
 @dataclass
@@ -130,27 +135,22 @@ async def run_round(
     prompt: Any = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
     body = {"model": "fake-model", "max_tokens": args.tokens, "stream": True, **prompt}
     latencies: list[float] = []
-    errors = 0
-    remaining = args.requests
+    errors, remaining = 0, args.requests
     hdr = {"Content-Type": "application/json"}
     proxy_payload = dumps(body)
     # the prefill leg: non-streaming, one token, the KV kept for a remote decode
-    prefill = {**body, "kv_transfer_params": PREFILL_KV, "stream": False, "max_tokens": 1}
-    prefill_payload = dumps(prefill)
+    prefill = dumps({**body, "kv_transfer_params": PREFILL_KV, "stream": False, "max_tokens": 1})
 
-    async def floor_one() -> bytes:
-        headers = {**hdr, "X-Request-Id": uuid.uuid4().hex}
-        async with session.post(urls["prefill"] + path, data=prefill_payload, headers=headers) as r:
-            kv = json.loads(await r.read())["kv_transfer_params"]
-        decode = dumps({**body, "kv_transfer_params": kv})
-        async with session.post(urls["decode"] + path, data=decode, headers=headers) as r:
+    async def one() -> bytes:
+        """One request through the proxy, or both legs from here (the floor)."""
+        url, data, headers = urls.get(side, ""), proxy_payload, hdr
+        if side == "floor":
+            headers = {**hdr, "X-Request-Id": uuid.uuid4().hex}
+            async with session.post(urls["prefill"] + path, data=prefill, headers=headers) as r:
+                kv = json.loads(await r.read())["kv_transfer_params"]
+            url, data = urls["decode"], dumps({**body, "kv_transfer_params": kv})
+        async with session.post(url + path, data=data, headers=headers) as r:
             return await r.read() if r.status == 200 else b""
-
-    async def proxy_one() -> bytes:
-        async with session.post(urls[side] + path, data=proxy_payload, headers=hdr) as r:
-            return await r.read() if r.status == 200 else b""
-
-    one = floor_one if side == "floor" else proxy_one
 
     async def worker() -> None:
         nonlocal remaining, errors
@@ -209,11 +209,8 @@ async def bench(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any
     ratios: dict[str, dict[str, float]] = {}
     for mode, s in summary.items():
         side, endpoint = mode.split(":")
-        floor = summary.get(f"floor:{endpoint}")
-        if side == "floor" or floor is None:
-            continue
-        ratios[mode] = {"p50": s["p50_ms"] / floor["p50_ms"], "p99": s["p99_ms"] / floor["p99_ms"],
-                        "throughput": s["req_s"] / floor["req_s"]}  # fmt: skip
+        if side != "floor" and (floor := summary.get(f"floor:{endpoint}")) is not None:
+            ratios[mode] = {k: s[key] / floor[key] for k, key in RATIOS.items()}
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {"summary": summary, "ratios": ratios, "load": list(load), "errors": errors}
 
@@ -233,7 +230,7 @@ def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
         cpu = s["cpu_us_per_req"]
         proxy_cpu = cpu.get(mode.split(":")[0], 0.0)  # the floor has no process of its own
         r = ratios.get(mode)
-        rcells = [f"{r[k]:.2f}" for k in ("p50", "p99", "throughput")] if r else ["", "", ""]
+        rcells = [f"{r[k]:.2f}" for k in RATIOS] if r else ["", "", ""]
         rows.append(
             [mode, f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['req_s']:.1f}", s["errors"],
              *rcells, f"{proxy_cpu:.0f}", *(f"{cpu.get(p, 0):.0f}" for p in OTHER_CPUS)]
@@ -291,31 +288,28 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     endpoints = ["completions", "chat"] if args.endpoint == "both" else [args.endpoint]
     args.modes = [f"{side}:{endpoint}" for endpoint in endpoints for side in sides]
 
-    procs: list[subprocess.Popen[Any]] = []
+    procs: dict[str, subprocess.Popen[Any]] = {}  # by name: the fakes', then the proxies'
     with (out / "proxy.log").open("wb") as log:
         try:
-            base, urls, args.pids = args.port_base, {}, {}
+            base, urls = args.port_base, {}
             for i, (role, delay) in enumerate((("prefill", 0.0), ("decode", args.token_delay))):
-                proc, urls[role] = start_fake(role, delay, base + i if base else 0)
-                procs.append(proc)
-                args.pids[role] = proc.pid
+                procs[role], urls[role] = start_fake(role, delay, base + i if base else 0)
             for i, (name, template) in enumerate(proxies.items()):
                 port = base + 2 + i if base else free_port()
                 cmd = template.format(port=port, prefill=urls["prefill"], decode=urls["decode"])
-                proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=None)
-                procs.append(proc)
-                args.pids[name] = proc.pid
+                procs[name] = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log, env=None)
                 urls[name] = f"http://127.0.0.1:{port}"
                 print(f"{name}: {cmd}", flush=True)
             print(f"proxy log: {log.name}", flush=True)
+            args.pids = {name: proc.pid for name, proc in procs.items()}
             for name in proxies:
                 wait_ready(urls[name])
-            data = _event_loop_runner()(bench(args, urls))
+            data = run_loop(bench(args, urls))
         finally:
-            for proc in reversed(procs):
+            for proc in reversed(procs.values()):
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
-            for proc in procs:
+            for proc in procs.values():
                 try:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
@@ -324,12 +318,3 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     used = knobs(args, "concurrency", "tokens", "requests", "rounds", "warmup", "token_delay")
     used.update(endpoint=args.endpoint, workers=args.workers, proxies=proxies)
     return Outcome(data, format_table(data, args), {"bench": used}, rc=1 if data["errors"] else 0)
-
-
-def _event_loop_runner() -> Callable[[Coroutine[Any, Any, dict[str, Any]]], dict[str, Any]]:
-    """uvloop's runner when installed (as pd-proxy uses it), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run
-    return uvloop.run

@@ -42,7 +42,7 @@ from pd_proxy.api.auth import KeyFileError, read_key_file
 HELP = "vllm bench serve: single vLLM vs P/D and its proxy variants"
 log = logging.getLogger("pcp_pd_kit.bench")
 SETTLE_S = 1.0  # after a run, before the "after" scrape: the last observations land
-WARMUP_REQUESTS = 2
+WARMUP_REQUESTS = 2  # outside every measurement: the first P/D one does the NIXL handshake
 # the local stack's pd-proxy of each P/D target
 PROXY_PARTS = {"pd": "proxy", "pd-local": LOCAL_PREFILL_PROXY, "pd-ft": FIRST_TOKEN_PROXY}
 REMOTE_URLS = {"pd": "base_url", "single": "single_url", "pd-ft": "first_token_url",
@@ -53,8 +53,7 @@ WANTED = client.Wanted(report.HISTOGRAMS, report.COUNTERS, report.GAUGES)
 def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None = None) -> None:
     d, b, s = "(%(default)s)", sp.BenchPlan(), sp.ShortPlan()
     add_flags(parser.add_argument_group("what to run"), [
-        ("--concurrency", str, ",".join(map(str, b.levels)),
-         f"--max-concurrency levels {d}"),
+        ("--concurrency", str, ",".join(map(str, b.levels)), f"--max-concurrency levels {d}"),
         ("--prompts", str, None,
          f"N, or one per level (default max({sp.MIN_PROMPTS}, {sp.PROMPTS_PER_SLOT} x c))"),
         ("--input-len", int, b.input_len, d),
@@ -158,20 +157,15 @@ def check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def warm_up(target: sp.Target, api_key: str | None) -> None:
-    """Short requests outside every measurement: the first P/D one does the NIXL handshake."""
-    body = {"model": target.served_model_name, "prompt": "warm up the server " * 8,
-            "max_tokens": 4, "temperature": 0}  # fmt: skip
-    for _ in range(WARMUP_REQUESTS):
-        client.http(f"{target.base_url}/v1/completions", api_key, body, timeout_s=300)
-
-
 def run_target(
     target: sp.Target, workload: str, plan: sp.BenchPlan, out: Path, sources: Mapping[str, str],
     api_key: str | None,
 ) -> list[report.Run]:  # fmt: skip
     """Warm up, then each level of one workload against one target, /metrics read around each."""
-    warm_up(target, api_key)
+    body = {"model": target.served_model_name, "prompt": "warm up the server " * 8,
+            "max_tokens": 4, "temperature": 0}  # fmt: skip
+    for _ in range(WARMUP_REQUESTS):
+        client.http(f"{target.base_url}/v1/completions", api_key, body, timeout_s=300)
     runs = []
     for level in plan.levels:
         run = report.Run(target.name, level, plan.prompts_for(level), workload)

@@ -214,11 +214,9 @@ def vllm_bench_argv(
     pairs = {"--backend": "vllm", "--base-url": base_url.rstrip("/"),
              "--endpoint": "/v1/completions", "--model": tokenizer,
              "--served-model-name": served, "--tokenizer": tokenizer, **options}  # fmt: skip
-    argv = [python, "-m", VLLM_SERVE_MODULE]
-    for option, value in pairs.items():
-        argv += [option, str(value)]
+    options_argv = [str(part) for pair in pairs.items() for part in pair]
     tail = ["--save-result", "--result-dir", result_dir, "--result-filename", result_filename]
-    return [*argv, *flags, *tail]
+    return [python, "-m", VLLM_SERVE_MODULE, *options_argv, *flags, *tail]
 
 
 def bench_serve_argv(

@@ -1,7 +1,6 @@
 """The serve bench's report from `vllm bench serve` results and /metrics deltas: per workload the
 targets side by side with their ratios to the reference, where the TTFT goes, the goals. No I/O.
-A P/D variant's figure counts only when its proxy's counter shows it did what its column is about.
-"""
+A P/D variant's figure counts only if its proxy's counter shows it did what its column is about."""
 
 from __future__ import annotations
 
@@ -19,14 +18,11 @@ from pcp_pd_kit.bench.tables import VERDICT, fmt_num, fmt_ratio, markdown_table,
 Result = Mapping[str, Any]
 # (row label, key in vllm bench serve's result JSON)
 METRICS: tuple[tuple[str, str], ...] = (
-    ("TTFT median (ms)", "median_ttft_ms"),
-    ("TTFT p99 (ms)", "p99_ttft_ms"),
-    ("TPOT median (ms)", "median_tpot_ms"),
-    ("ITL median (ms)", "median_itl_ms"),
-    ("E2E latency median (ms)", "median_e2el_ms"),
-    ("requests/s", "request_throughput"),
+    ("TTFT median (ms)", "median_ttft_ms"), ("TTFT p99 (ms)", "p99_ttft_ms"),
+    ("TPOT median (ms)", "median_tpot_ms"), ("ITL median (ms)", "median_itl_ms"),
+    ("E2E latency median (ms)", "median_e2el_ms"), ("requests/s", "request_throughput"),
     ("output tokens/s", "output_throughput"),
-)
+)  # fmt: skip
 # workload -> (reference target, the targets compared with it), in column order
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     MAIN: ("single", ("pd", "pd-ft")),
@@ -56,10 +52,7 @@ BREAKDOWN: tuple[tuple[str, str, str], ...] = (
     ("· prefill vLLM: request e2e", "prefill", "vllm:e2e_request_latency_seconds"),
     ("proxy: decode TTFB", "proxy", "pd_proxy_decode_ttfb_seconds"),
     ("vLLM TTFT (single, or decode)", "server", TTFT_SECONDS),
-    *(
-        (label, "server", selector(HANDOVER_SECONDS, {"phase": p}))
-        for p, label in PHASE_LABELS.items()
-    ),
+    *((lb, "server", selector(HANDOVER_SECONDS, {"phase": p})) for p, lb in PHASE_LABELS.items()),
     ("· NIXL transfer (per xfer)", "server", "vllm:nixl_xfer_time_seconds"),
     ("· decode step (inter-token latency)", "server", "vllm:inter_token_latency_seconds"),
     ("prefill: KV hold, done -> freed", "prefill", PREFILL_HOLD),
@@ -70,13 +63,10 @@ COUNTERS = {"proxy": ((FIRST_TOKEN_COUNTER, ("outcome", "reason")), (REQUESTS_CO
 GAUGES = {"prefill": (KV_LEASE_SECONDS,)}
 # (workload, target, concurrency, lowest, highest) of target / reference median TTFT
 GOALS: tuple[tuple[str, str, int, float | None, float], ...] = (
-    (MAIN, "pd", 1, None, 1.2),
-    (MAIN, "pd", 4, None, 1.5),
-    (MAIN, "pd-ft", 1, None, 1.2),
-    (MAIN, "pd-ft", 4, None, 1.5),
-    (SHORT, "pd-local", 1, None, 1.1),
+    (MAIN, "pd", 1, None, 1.2), (MAIN, "pd", 4, None, 1.5), (MAIN, "pd-ft", 1, None, 1.2),
+    (MAIN, "pd-ft", 4, None, 1.5), (SHORT, "pd-local", 1, None, 1.1),
     (LONG, "pd-local", 1, 0.85, 1.15),  # long prompts unchanged: the proxy only counts them
-)
+)  # fmt: skip
 
 
 @dataclass
@@ -197,10 +187,8 @@ def check(run: Run) -> Check | None:
 
 def counted(run: Run | None) -> Result | None:
     """The run's result when its figures count (it ran and its check, if any, held)."""
-    if run is None:
-        return None
-    found = check(run)
-    return run.result if found is None or found.measured else None
+    found = None if run is None else check(run)
+    return None if run is None or (found and not found.measured) else run.result
 
 
 # --- the tables ----------------------------------------------------------------------------------
@@ -295,17 +283,16 @@ def breakdown(run: Run) -> list[dict[str, Any]]:
         count = None if hist is None else hist.count
         rows.append({"label": label, "mean_ms": means[name], "p50_bucket_ms": p50, "count": count})
 
-    def diff(a: str, b: str) -> float | None:
-        x, y = means.get(a), means.get(b)
-        return None if x is None or y is None else x - y
-
     derived = {
         "derived: decode TTFB outside the handover": (
             "pd_proxy_decode_ttfb_seconds", HANDOVER_ALL),
         "derived: proxy client TTFB - vLLM TTFT": (
             "pd_proxy_time_to_first_byte_seconds", TTFT_SECONDS),
     }  # fmt: skip
-    return rows + [{"label": k, "mean_ms": diff(*pair)} for k, pair in derived.items()]
+    for label, (a, b) in derived.items():
+        x, y = means.get(a), means.get(b)
+        rows.append({"label": label, "mean_ms": None if x is None or y is None else x - y})
+    return rows
 
 
 def format_breakdown(runs: Sequence[Run]) -> str:
@@ -337,7 +324,7 @@ def goals(runs: Runs) -> list[dict[str, Any]]:
             "not run" if mine is None or base is None
             else found.text if found is not None and not found.measured else None
         )  # fmt: skip
-        a, b = (None, None) if why else (value(r.result, "median_ttft_ms") for r in (mine, base))  # type: ignore[union-attr]
+        a, b = (value(counted(r), "median_ttft_ms") for r in (mine, base))
         measured, met, r = tables.versus(a, b, high, low, why)
         out.append({"goal": text, "measured": measured, "ratio": r, "met": met})
     return out
@@ -369,10 +356,10 @@ def render(
         "main": [r for (w, _t, lv), r in sorted(by.items()) if w == MAIN and lv == focus],
         "short": [r for (w, _t, _lv), r in sorted(by.items()) if w == SHORT],
     }
+    where = {name: chosen for name, chosen in where.items() if chosen}
     for name, chosen in where.items():
-        if chosen:
-            title = f"== where TTFT goes, {name} workload, c={chosen[0].level} (means) =="
-            text += ["", title, format_breakdown(chosen)]
+        title = f"== where TTFT goes, {name} workload, c={chosen[0].level} (means) =="
+        text += ["", title, format_breakdown(chosen)]
     found = goals(by)
     rows = [[g["goal"], g["measured"], VERDICT[g["met"]]] for g in found]
     head = ["goal (reported, never a failure)", "measured", "result"]
@@ -380,9 +367,7 @@ def render(
     if errors:
         text += ["", "errors (their cells read n/a):", *(f"- {e}" for e in errors)]
     checks = [{"run": r.name, **asdict(c)} for r in runs if (c := check(r)) is not None]
-    shown = {
-        name: {r.target: breakdown(r) for r in chosen} for name, chosen in where.items() if chosen
-    }
+    shown = {name: {r.target: breakdown(r) for r in chosen} for name, chosen in where.items()}
     figures = {"plan": plan.as_dict(), "short_plan": short.as_dict(), "tables": tables,
                "checks": checks, "breakdown": shown, "goals": found,
                "errors": list(errors)}  # fmt: skip
