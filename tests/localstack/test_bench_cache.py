@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pcp_pd_kit.bench import cache, cache_plan, cache_report, kinds, serve_plan
+from pcp_pd_kit.bench.client import Scrape
 from pcp_pd_kit.bench.results import Outcome
 from pcp_pd_kit.cli import main
 from pcp_pd_kit.localstack.commands import ProcessSpec, proxy_spec
@@ -379,7 +380,10 @@ def test_run_held_warms_each_prefix_on_its_holder_and_pins_only_the_pinning_clie
     monkeypatch.setattr(cache, "reset_prefix_cache", lambda url: None)
     monkeypatch.setattr(cache, "snapshot", lambda sources: {k: {} for k in sources})
     monkeypatch.setattr(cache.time, "sleep", lambda s: None)
-    runs = cache.run_held(urls, "m", plan)
+    waits: list[tuple[str, int]] = []
+    monkeypatch.setattr(cache, "wait_for_events", lambda url, n: waits.append((url, n)))
+    runs = cache.run_held(urls, "m", plan, 16)
+    assert waits == [("http://proxy", 4 * 2)] * 2  # 4 prefixes of 2 blocks, before each run
     assert [r["arm"] for r in runs] == ["kit", "pinned"]
     holder = {tuple(cache_plan.held_prefix(plan, i)): ("http://a", "http://b")[i % 2]
               for i in range(4)}  # fmt: skip
@@ -390,3 +394,21 @@ def test_run_held_warms_each_prefix_on_its_holder_and_pins_only_the_pinning_clie
             holder[tuple(ids[:32])] if arm == "pinned" else "http://proxy" for _, ids in batch[4:]
         ]
         assert [url for url, _ in batch[4:]] == want and len(want) == 8
+
+
+def test_waiting_for_events_ends_when_the_index_holds_the_warm_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = iter([0.0, 4.0, 8.0])
+    pages: list[str] = []
+
+    def fake_scrape(url: str, source: str, wanted: Any) -> Any:
+        pages.append(url)
+        return Scrape({}, {cache.CACHE_BLOCKS: {cache.EVENTS_BLOCKS: next(held)}}, {})
+
+    monkeypatch.setattr(cache, "scrape", fake_scrape)
+    monkeypatch.setattr(cache.time, "sleep", lambda s: None)
+    cache.wait_for_events("http://proxy", 8)
+    assert pages == ["http://proxy"] * 3 and not caplog.records
+    cache.wait_for_events("http://proxy", 8, timeout_s=0.0)  # never enough: a warning, no hang
+    assert "fewer than 8 blocks from KV events" in caplog.text

@@ -23,7 +23,7 @@ from pcp_pd_kit.bench import cache_report as report
 from pcp_pd_kit.bench import serve_plan as spec
 from pcp_pd_kit.bench.client import Wanted, bench_env, http, read_result, run_process, scrape
 from pcp_pd_kit.bench.kinds import add_flags
-from pcp_pd_kit.bench.metrics import REQUESTS_COUNTER, counter_delta
+from pcp_pd_kit.bench.metrics import REQUESTS_COUNTER, counter_delta, selector
 from pcp_pd_kit.bench.prefix_ttft import request_body, ttft_s
 from pcp_pd_kit.bench.results import Outcome, knobs, startup_s
 from pcp_pd_kit.localstack import commands
@@ -41,6 +41,8 @@ WARM_SHORT = 3
 RESULT_FIELDS = ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
                  "median_e2el_ms")  # fmt: skip
 EVENTS_SETTLE_S = 2.0  # after the proxies are healthy: their event subscriptions connect
+CACHE_BLOCKS = "pd_proxy_cache_blocks"
+EVENTS_BLOCKS = selector(CACHE_BLOCKS, {"source": "events"})
 
 
 class EventsStack(Stack):
@@ -71,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--prefixes", int, c.prefixes, f"distinct prefixes {d}"),
         ("--per-prefix", int, c.per_prefix, f"requests per prefix {d}"),
         ("--shared-rounds", int, c.shared_rounds, f"runs per routing {d}"),
+        ("--shared-concurrency", int, c.shared_concurrency, f"shared and held parts {d}"),
         ("--kv-blocks", int, c.kv_blocks, f"each decode's KV cache {d}"),
         ("--skip", str, "", "comma-separated parts not to run: multi-turn,short,shared,held"),
         ("--port-base", int, spec.DEFAULT_PORT_BASE, d),
@@ -83,7 +86,8 @@ SKIPPABLE = ("multi-turn", "short", "shared", "held")
 def plan_from_args(args: argparse.Namespace) -> cp.CachePlan:
     levels = spec.parse_ints(args.concurrency, "--concurrency", "comma-separated integers")
     same = ("conversations", "context", "new", "think_ms", "short_requests", "prefix_len",
-            "suffix_len", "prefixes", "per_prefix", "shared_rounds", "kv_blocks")  # fmt: skip
+            "suffix_len", "prefixes", "per_prefix", "shared_rounds", "shared_concurrency",
+            "kv_blocks")  # fmt: skip
     return cp.CachePlan(levels=levels, local_max=args.local_max_tokens, **knobs(args, *same))
 
 
@@ -300,7 +304,21 @@ def run_shared(
     return runs
 
 
-def run_held(urls: dict[str, str], model: str, plan: cp.CachePlan) -> list[dict[str, Any]]:
+def wait_for_events(proxy: str, blocks: int, timeout_s: float = 20.0) -> None:
+    """Until the proxy's index holds ``blocks`` blocks learnt from KV events (the warm-up's)."""
+    wanted, key = Wanted(counters={"": ((CACHE_BLOCKS, ("source",)),)}), EVENTS_BLOCKS
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        page = scrape(proxy, "", wanted)
+        if page and (page.counters.get(CACHE_BLOCKS) or {}).get(key, 0.0) >= blocks:
+            return
+        time.sleep(0.2)
+    log.warning("%s: the index holds fewer than %d blocks from KV events", proxy, blocks)
+
+
+def run_held(
+    urls: dict[str, str], model: str, plan: cp.CachePlan, block_size: int
+) -> list[dict[str, Any]]:
     """Caches holding every prefix (prefix i warmed on decode i % 2), then the same requests
     through the cache-aware proxy and from a client sending each prefix to its holder itself."""
     decodes = {"decode-a": urls["decode-a"], "decode-b": urls["decode-b"]}
@@ -313,7 +331,8 @@ def run_held(urls: dict[str, str], model: str, plan: cp.CachePlan) -> list[dict[
                 reset_prefix_cache(url)
             for i in range(plan.prefixes):
                 ttft_s(holders[i % 2], request_body(model, cp.held_prefix(plan, i), None))
-            time.sleep(EVENTS_SETTLE_S)  # the proxy has heard the warm-up's KV events
+            blocks = plan.prefixes * cp.prefix_blocks(plan.prefix_len, block_size, 0)
+            wait_for_events(urls["proxy-events"], blocks)  # the proxy has heard the warm-up
 
             def one(req: tuple[int, list[int]], arm: str = arm) -> float:
                 url = urls["proxy-events"] if arm == "kit" else holders[req[0] % 2]
@@ -324,6 +343,7 @@ def run_held(urls: dict[str, str], model: str, plan: cp.CachePlan) -> list[dict[
                 ttfts = list(pool.map(one, requests))
             time.sleep(1.0)
             runs.append({"arm": arm, "round": rnd + 1, "ttft_s": ttfts,
+                         "concurrency": plan.shared_concurrency,
                          "decodes": counter_growth(before, snapshot(decodes))})  # fmt: skip
             log.info("held-%d-%s: TTFT median %.1f ms", rnd + 1, arm, report.median_ms(ttfts))
     return runs
@@ -383,7 +403,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             if "shared" not in skip:
                 data["shared"] = run_shared(urls, model, plan, out)
             if "held" not in skip:
-                data["held"] = run_held(urls, model.served_name, plan)
+                data["held"] = run_held(urls, model.served_name, plan, settings.block_size)
     except Exception as exc:
         log.error("bench cache failed: %s", exc)
         data["errors"].append(f"{type(exc).__name__}: {exc}")
