@@ -37,10 +37,9 @@ class BenchError(RuntimeError):
 def http(url: str, api_key: str | None = None, payload: Any = None, timeout_s: float = 30.0) -> str:
     """GET, or POST `payload` as JSON; the body as text. Errors are BenchError."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    data = None
     if payload is not None:
-        data = json.dumps(payload).encode()
         headers["Content-Type"] = "application/json"
+    data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data, headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:

@@ -1,9 +1,6 @@
-"""`pcp-pd-kit bench KIND`: every benchmark of the kit behind one command.
-
-A kind is one module (or a namespace in one: `module:NAME`) with HELP, add_arguments(parser),
-check(args) -> a problem or None (before anything starts or is written; it may also raise the
-stack's user errors, such as a busy port) and run(args, out_dir) -> results.Outcome (docs/bench.md).
-"""
+"""`pcp-pd-kit bench KIND`: a kind is a module (or a namespace in one, `module:NAME`) with HELP,
+add_arguments(parser), check(args) -> a problem or None (before anything starts or is written; it
+may raise the stack's user errors, a busy port) and run(args, out_dir) -> results.Outcome."""
 
 from __future__ import annotations
 
@@ -18,17 +15,12 @@ from typing import Any
 from pcp_pd_kit.bench import results
 
 KINDS: dict[str, str] = {
-    "serve": "pcp_pd_kit.bench.serve",
-    "local-prefill": "pcp_pd_kit.bench.serve:LOCAL_PREFILL",
-    "proxy": "pcp_pd_kit.bench.proxy",
-    "connector": "pcp_pd_kit.bench.connector",
-    "prefill": "pcp_pd_kit.bench.prefill_ep",
-    "tokenize": "pcp_pd_kit.bench.tokenize_cost",
-    "xpyd": "pcp_pd_kit.bench.xpyd",
-    "cache": "pcp_pd_kit.bench.cache",
-    "prefix-ttft": "pcp_pd_kit.bench.prefix_ttft",
-    "overload": "pcp_pd_kit.bench.overload",
-}
+    "serve": "pcp_pd_kit.bench.serve", "local-prefill": "pcp_pd_kit.bench.serve:LOCAL_PREFILL",
+    "proxy": "pcp_pd_kit.bench.proxy", "connector": "pcp_pd_kit.bench.connector",
+    "prefill": "pcp_pd_kit.bench.prefill_ep", "tokenize": "pcp_pd_kit.bench.tokenize_cost",
+    "xpyd": "pcp_pd_kit.bench.xpyd", "cache": "pcp_pd_kit.bench.cache",
+    "prefix-ttft": "pcp_pd_kit.bench.prefix_ttft", "overload": "pcp_pd_kit.bench.overload",
+}  # fmt: skip
 
 
 class BenchUsageError(ValueError):

@@ -99,28 +99,20 @@ class Goal:
 def goals(s: Mapping[str, Any]) -> list[Goal]:
     """The issue's done-when, read from the admission mode's summary (reported, not a failure)."""
     ttft_max, refusal_max, light = s["ttft_s"]["max"], s["refusal_max_s"], s["light_ratio"]
+    errors, unmarked = s["errors"], s["refusals_without_retry_after"]
     return [
-        Goal(
-            "every request served or refused (429/503)", s["errors"] == 0, f"{s['errors']} others"
-        ),
-        Goal(
-            f"refusals 429/503 with Retry-After within {REFUSAL_MAX_S:g} s",
-            s["refusals_without_retry_after"] == 0
-            and (refusal_max is None or refusal_max <= REFUSAL_MAX_S),
-            f"slowest {fmt_num(refusal_max)} s, {s['refusals_without_retry_after']} without",
-        ),
-        Goal(
-            f"some served, none waited over {TTFT_MAX_S:g} s",
-            s["served"] > 0 and ttft_max is not None and ttft_max <= TTFT_MAX_S,
-            f"{s['served']} served, max TTFT {fmt_num(ttft_max)} s",
-        ),
-        Goal(
-            f"light client never refused, median TTFT <= {LIGHT_RATIO_MAX:g}x alone",
-            s["light_refused"] == 0 and light is not None and light <= LIGHT_RATIO_MAX,
-            f"{s['light_refused']} refused, {fmt_ratio(light)}",
-        ),
+        Goal("every request served or refused (429/503)", errors == 0, f"{errors} others"),
+        Goal(f"refusals 429/503 with Retry-After within {REFUSAL_MAX_S:g} s",
+             unmarked == 0 and (refusal_max is None or refusal_max <= REFUSAL_MAX_S),
+             f"slowest {fmt_num(refusal_max)} s, {unmarked} without"),
+        Goal(f"some served, none waited over {TTFT_MAX_S:g} s",
+             s["served"] > 0 and ttft_max is not None and ttft_max <= TTFT_MAX_S,
+             f"{s['served']} served, max TTFT {fmt_num(ttft_max)} s"),
+        Goal(f"light client never refused, median TTFT <= {LIGHT_RATIO_MAX:g}x alone",
+             s["light_refused"] == 0 and light is not None and light <= LIGHT_RATIO_MAX,
+             f"{s['light_refused']} refused, {fmt_ratio(light)}"),
         Goal("the prefill's KV freed", bool(s["kv_all_freed"]), _kv(s)),
-    ]
+    ]  # fmt: skip
 
 
 def _kv(s: Mapping[str, Any]) -> str:
@@ -142,16 +134,14 @@ def format_table(summaries: Mapping[str, Mapping[str, Any]], plan: Mapping[str, 
         for mode, s in summaries.items()
     ]  # fmt: skip
     text = [
-        "## overload: a flood and a light client, pd-proxy with and without admission",
-        "",
+        "## overload: a flood and a light client, pd-proxy with and without admission", "",
         f"Flood: {plan['flood_prompts']} prompts of {plan['flood_input_len']} token ids at once "
         f"(key flow={FLOOD}); light: prompts of {plan['light_input_len']} one after another "
         f"(flow={LIGHT}) from 1 s after the flood until it is over (at least "
         f"{plan['light_requests']}; its TTFT counts those sent during the flood); "
-        f"{plan['output_len']} tokens out each. TTFT: the served requests, both clients.",
-        "",
+        f"{plan['output_len']} tokens out each. TTFT: the served requests, both clients.", "",
         markdown_table(headers, rows),
-    ]
+    ]  # fmt: skip
     if "admission" in summaries:
         text += ["", "Goals (admission on):"]
         text += [f"- [{'met' if g.ok else 'MISSED'}] {g.name}: {g.detail}"

@@ -53,9 +53,7 @@ class ConnectorStack(Stack):
 def export_connector(ref: str, into: Path) -> Path:
     """``connector/`` as it is at git revision ``ref``, unpacked under ``into``."""
     archive = into / "connector.tar"
-    with archive.open("wb") as out:
-        git = ["git", "-C", str(REPO), "archive", ref, "connector"]
-        subprocess.run(git, stdout=out, check=True)
+    subprocess.run(["git", "-C", str(REPO), "archive", "-o", archive, ref, "connector"], check=True)
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
     return into / "connector"

@@ -110,8 +110,9 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace, out: Path) -> Outcome:
-    url = args.url.rstrip("/")
-    summary = run_rounds(url, args.model, args.context, args.new, args.rounds, args.seed)
+    summary = run_rounds(
+        args.url.rstrip("/"), args.model, args.context, args.new, args.rounds, args.seed
+    )
     table = markdown_table(
         ["follow-up turn", "cached p50 (ms)", "uncached p50 (ms)", "uncached/cached", "rounds"],
         [[f"{args.context} cached + {args.new} new tokens, c=1", f"{summary.cached_ms:.1f}",

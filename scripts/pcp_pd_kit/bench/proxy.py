@@ -255,10 +255,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--port-base", int, 0, "listen on this port and the next ones (prefill, decode, "
          "proxies); 0: ephemeral"),
     ])  # fmt: skip
-    parser.add_argument(
-        "--first-token", action="store_true",
-        help="also run the default proxy with --first-token-from-prefill (named first-token)",
-    )  # fmt: skip
+    parser.add_argument("--first-token", action="store_true", help="also run the default proxy "
+                        "with --first-token-from-prefill (named first-token)")  # fmt: skip
     add_flags(parser, [("--only", str, None, "run one side only (for profiling; no ratios)",
                         {"choices": ("floor", "proxy")})])  # fmt: skip
 

@@ -193,10 +193,8 @@ def run_target(
 
 
 def run_all(
-    targets: Mapping[str, tuple[sp.Target, dict[str, str]]],
-    plan: sp.BenchPlan,
-    short: sp.ShortPlan,
-    wanted: Sequence[str], out: Path, api_key: str | None, errors: list[str],
+    targets: Mapping[str, tuple[sp.Target, dict[str, str]]], plan: sp.BenchPlan,
+    short: sp.ShortPlan, wanted: Sequence[str], out: Path, api_key: str | None, errors: list[str],
 ) -> list[report.Run]:  # fmt: skip
     """Every (target, workload) these servers serve in run order; a failure does not stop it."""
     runs: list[report.Run] = []

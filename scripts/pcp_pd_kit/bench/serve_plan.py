@@ -37,7 +37,6 @@ TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-f
 SHORT_LEVEL = 1
 # Workload tags in result names; long: the main prompt length at c=1 on pd and pd-local.
 MAIN, SHORT, LONG = "", "short", "long"
-SHORT_TARGETS = ("single", "pd", "pd-local")
 
 
 class BenchSpecError(BenchError):
@@ -160,17 +159,13 @@ class ShortPlan:
 
     def problems(self, base: BenchPlan) -> list[str]:
         """Why a path check will say NOT MEASURED, known before anything runs."""
-        out = []
+        out, n = [], f"--local-prefill-max-tokens {self.max_tokens}"
         if self.input_len >= self.max_tokens:
-            out.append(
-                f"--short-input-len {self.input_len} is not below --local-prefill-max-tokens "
-                f"{self.max_tokens}: the short prompts will not take the local path"
-            )
+            out.append(f"--short-input-len {self.input_len} is not below {n}: the short prompts "
+                       "will not take the local path")  # fmt: skip
         if base.input_len <= self.max_tokens:
-            out.append(
-                f"--input-len {base.input_len} is not above --local-prefill-max-tokens "
-                f"{self.max_tokens}: the long check's prompts will not take P/D"
-            )
+            out.append(f"--input-len {base.input_len} is not above {n}: the long check's prompts "
+                       "will not take P/D")  # fmt: skip
         return out
 
     def as_dict(self) -> dict[str, object]:
@@ -184,7 +179,9 @@ def run_order(
     then long prompts, each pair back to back (a busy moment falls on both sides); pd-ft last."""
     runs = [(t, MAIN, base) for t in targets if t in ("single", "pd")]
     if "pd-local" in wanted:
-        runs += [(t, SHORT, short.short(base)) for t in SHORT_TARGETS if t in targets]
+        runs += [
+            (t, SHORT, short.short(base)) for t in ("single", "pd", "pd-local") if t in targets
+        ]
         if "pd-local" in targets:
             runs += [(t, LONG, short.long(base)) for t in ("pd", "pd-local") if t in targets]
     runs += [(t, MAIN, base) for t in targets if t == "pd-ft"]

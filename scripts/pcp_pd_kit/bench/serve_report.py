@@ -232,27 +232,22 @@ def format_table(runs: Runs, workload: str) -> str:
             cells.append([level, "completed", *done, *[""] * len(compared)])
         star = key in BURST_AFFECTED
         marks = {t: "*" if star and r and bursty(r.result) else "" for t, r in here.items()}
-        line: list[object] = ["", row["metric"]]
+        out: list[object] = ["", row["metric"]]
         for t, r in here.items():
-            figure = row["values"][t]
-            gone = r is not None and figure is None and value(r.result, key) is not None
-            line.append(
-                "not run" if r is None else "not meas." if gone else fmt_num(figure) + marks[t]
-            )
-        line += [fmt_ratio(row["ratios"][t]) + (marks[t] or marks.get(ref, "")) for t in compared]
-        cells.append(line)
+            fig = row["values"][t]  # None: not counted, though its result may hold a figure
+            gone = r is not None and fig is None and value(r.result, key) is not None
+            out.append("not run" if r is None else "not meas." if gone else fmt_num(fig) + marks[t])
+        out += [fmt_ratio(row["ratios"][t]) + (marks[t] or marks.get(ref, "")) for t in compared]
+        cells.append(out)
     lines = [markdown_table(headers, cells)]
     lines += [f"- {r.name}: {c.text}" for r in mine if (c := check(r)) is not None]
-    bursts = [r for r in mine if bursty(r.result)]
+    bursts = [f"{r.name} {d.tokens_per_delivery:.2f} tokens per delivery"
+              for r in mine if bursty(r.result) and (d := delivery(r.result))]  # fmt: skip
     if bursts:
         lines.append(
             "- `*`: these streams reached the client in bursts (a process short of CPU), so their "
             "TTFT includes decode steps and TPOT/ITL understate; E2E and throughput are right: "
-            + "; ".join(
-                f"{r.name} {d.tokens_per_delivery:.2f} tokens per delivery"
-                for r in bursts
-                if (d := delivery(r.result)) is not None
-            )
+            + "; ".join(bursts)
         )
     normal = [
         r for (w, t, _lv), r in sorted(runs.items()) if t == "pd" and first_token_check(r).measured

@@ -85,8 +85,7 @@ def format_table(rows: Sequence[Row]) -> str:
     body = []
     for row in rows:
         counts = "/".join(str(c) for c in dict.fromkeys(row.counts.values()))
-        stats = [row.stats[key] for key, _title in WAYS]
-        timings = [f"{s.median_ms:.3f} ({s.p90_ms:.3f})" for s in stats]
+        timings = [f"{s.median_ms:.3f} ({s.p90_ms:.3f})" for s in (row.stats[k] for k, _t in WAYS)]
         body.append([f"{row.size}, {row.endpoint}", counts, *timings])
     head = ["prompt", "tokens", *(title for _key, title in WAYS)]
     note = "\nms per request: median (p90). tokens: the count (two values: the ways disagree)."
@@ -127,8 +126,7 @@ async def measure(url: str, model: str, tokenizer_dir: str, n: int, warmup: int)
         return len(tok(text)["input_ids"])
 
     rows = []
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         for size, words in PROMPT_SIZES:
             text = " ".join(WORDS[i % len(WORDS)] for i in range(words))
             for endpoint in ENDPOINTS:

