@@ -3,6 +3,7 @@ and one `vllm bench serve` as a process group with a time limit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -147,10 +148,8 @@ def run_process(
     try:
         beat = start
         while True:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 return proc.wait(timeout=1.0), time.monotonic() - start, False
-            except subprocess.TimeoutExpired:
-                pass
             now = time.monotonic()
             if now - start > timeout_s:
                 log.error("%s still running after %.0fs: killing it", what, timeout_s)

@@ -58,8 +58,7 @@ def add_kind_parsers(bench: argparse.ArgumentParser) -> None:
 def run_kind(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """check, make the run folder, run, write the layout, print the table: the exit status."""
     mod = module(args.kind)
-    problem = mod.check(args)
-    if problem:
+    if problem := mod.check(args):
         raise BenchUsageError(f"bench {args.kind}: {problem}")
     started = results.utc_stamp()
     out = results.run_dir(args.kind, args.results_dir, started)

@@ -1,6 +1,5 @@
-"""Prometheus histograms and counters from parsed /metrics samples: before/after deltas. No I/O.
-A metric is summed over its label sets (vLLM labels by model and engine), or over those a selector
-names (``vllm:nixl_handover_seconds{phase="admitted_to_first_token"}``)."""
+"""Prometheus histograms and counters from parsed /metrics samples, and their deltas. No I/O. A
+metric sums its label sets, or those a selector names (`name{phase="admitted_to_first_token"}`)."""
 
 from __future__ import annotations
 
@@ -115,8 +114,7 @@ def counter_values(
 
 def gauge_max(samples: Iterable[Sample], name: str) -> float | None:
     """The largest value of a gauge over its label sets (one per engine); None when absent."""
-    values = [s.value for s in samples if s.name == name]
-    return max(values) if values else None
+    return max((s.value for s in samples if s.name == name), default=None)
 
 
 def counter_delta(

@@ -112,8 +112,8 @@ def light_run(
     url: str, key: str, model: str, seed: int, args: argparse.Namespace,
     flood_over: threading.Event | None = None,
 ) -> list[report.Reply]:  # fmt: skip
-    """--light-requests one after another; beside a flood, on until it is over (stuck behind
-    it, one request waits rather than five following it once it ended)."""
+    """--light-requests one after another; beside a flood, until it is over (one request stuck
+    behind it waits, rather than five following once it ended)."""
     replies: list[report.Reply] = []
     while len(replies) < args.light_requests or (flood_over and not flood_over.is_set()):
         during = flood_over is None or not flood_over.is_set()

@@ -1,5 +1,4 @@
-"""`bench overload`'s pure part: the key file, what each mode's replies add up to, the goals and
-the table. No I/O, so the arithmetic is tested on fixed replies."""
+"""`bench overload`'s pure part: key file, sums per mode, goals, table; tested on fixed replies."""
 
 from __future__ import annotations
 

@@ -112,10 +112,9 @@ def cpu_model() -> str | None:
 
 
 def host_info() -> dict[str, Any]:
-    try:
-        usable: int | None = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = None
+    usable: int | None = None
+    with contextlib.suppress(AttributeError, OSError):
+        usable = len(os.sched_getaffinity(0))
     return {"cpu_model": cpu_model() or platform.processor() or None,
             "logical_cpus": os.cpu_count(), "usable_cpus": usable, "machine": platform.machine(),
             "kernel": platform.release(), "python": sys.version.split()[0]}  # fmt: skip

@@ -127,8 +127,7 @@ def phases(wanted: Sequence[str]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     if "single" in wanted:
         out["single"] = REFERENCE_PARTS
-    proxies = tuple(part for t, part in PROXY_PARTS.items() if t in wanted)
-    if proxies:
+    if proxies := tuple(part for t, part in PROXY_PARTS.items() if t in wanted):
         out["pd"] = ("prefill", "decode", *proxies)
     return out
 
@@ -215,17 +214,12 @@ def run_local(
     """Each phase starts its servers, runs its targets and stops them; a failure is recorded."""
     settings = local_settings(args.port_base)
     runs: list[report.Run] = []
-    extra: dict[str, Any] = {
-        "settings": dataclasses.asdict(settings),
-        "startup_s": {},
-        "targets": {},
-    }
+    extra: dict[str, Any] = {"startup_s": {}, "targets": {}}
+    extra["settings"] = dataclasses.asdict(settings)
     for phase, parts in phases(wanted).items():
         log.info("phase %s: starting %s", phase, ", ".join(parts))
-        work = out / "servers" / phase
-        stack = Stack(
-            settings, parts=parts, work_dir=work, local_prefill_max_tokens=short.max_tokens
-        )
+        stack = Stack(settings, parts=parts, work_dir=out / "servers" / phase,
+                      local_prefill_max_tokens=short.max_tokens)  # fmt: skip
         try:
             stack.start()
             extra["startup_s"][phase] = startup_s(stack)
@@ -300,8 +294,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     remote = any(getattr(args, o) for o in REMOTE_URLS.values())
     runs, extra = (run_remote if remote else run_local)(args, plan, short, wanted, out, errors)
     text, result, figures = report.render(plan, short, runs, errors)
-    incomplete = [r.name for r in runs if not r.complete]
-    if incomplete:
+    if incomplete := [r.name for r in runs if not r.complete]:
         print(f"incomplete: {'; '.join(incomplete)} (logs in {out / 'logs'})", file=sys.stderr)
     mode = "remote" if remote else "local"
     manifest = {"mode": mode, "bench": plan.as_dict(), "short": short.as_dict(), **extra}

@@ -136,7 +136,6 @@ def bursty(result: Result | None) -> bool:
     return d is not None and d.tokens_per_delivery > BURSTY_ABOVE
 
 
-# --- what the proxies say they did ---------------------------------------------------------------
 @dataclass(frozen=True)
 class Check:
     """Whether a run measured what its column is about, from its proxy's counter deltas."""
@@ -191,7 +190,6 @@ def counted(run: Run | None) -> Result | None:
     return None if run is None or (found and not found.measured) else run.result
 
 
-# --- the tables ----------------------------------------------------------------------------------
 Runs = Mapping[tuple[str, str, int], Run]  # (workload, target, level) -> run
 
 
@@ -260,7 +258,6 @@ def format_table(runs: Runs, workload: str) -> str:
     return "\n".join(lines)
 
 
-# --- where the time to first token goes -------------------------------------------------------
 def breakdown(run: Run) -> list[dict[str, Any]]:
     """Rows of mean ms (exact: sum/count), the p50 bucket and n; derived rows subtract means."""
     lease = (run.gauges.get("prefill") or {}).get(KV_LEASE_SECONDS)
@@ -304,7 +301,6 @@ def format_breakdown(runs: Sequence[Run]) -> str:
     return markdown_table(headers, cells)
 
 
-# --- goals --------------------------------------------------------------------------------------
 def goals(runs: Runs) -> list[dict[str, Any]]:
     """Each goal of GOALS met, not met, or why not measured. Reported only: never a failure."""
     out: list[dict[str, Any]] = []
@@ -325,7 +321,6 @@ def goals(runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
-# --- the whole report ----------------------------------------------------------------------------
 def render(
     plan: BenchPlan, short: ShortPlan, runs: Sequence[Run], errors: Sequence[str] = ()
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
