@@ -118,9 +118,7 @@ def grown(
         for name, values in later.counters.items():
             merged.update(m.counter_delta(values, earlier.counters.get(name)) or {})
         counters[source] = merged or None
-    gauges = {
-        s: dict(later.gauges) for s, later in after.items() if later is not None and later.gauges
-    }
+    gauges = {s: dict(page.gauges) for s, page in after.items() if page is not None and page.gauges}
     return hists, counters, gauges
 
 

@@ -65,21 +65,6 @@ def _facades(kind: str, cls: Any, cfg: Any) -> list[Any]:
     return out
 
 
-def _config() -> Any:
-    from vllm.config import KVTransferConfig, VllmConfig
-
-    cfg = VllmConfig(
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="PcpCanonicalNixlConnector",
-            kv_connector_module_path="pcp_nixl_connector",
-            kv_role="kv_producer",
-        )
-    )
-    cfg.parallel_config.prefill_context_parallel_size = 2
-    cfg.parallel_config.world_size = 2
-    return cfg
-
-
 def _prom(cls: Any, cfg: Any) -> Any:
     import prometheus_client
     from prometheus_client import Counter, Gauge, Histogram
@@ -119,11 +104,18 @@ def format_table(rows: dict[str, dict[str, float]], steps: int, repeats: int) ->
 
 
 def run(args: argparse.Namespace, out: Path) -> Outcome:
+    from vllm.config import KVTransferConfig, VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
 
     from pcp_nixl_connector import PcpCanonicalNixlConnector
 
-    cfg = _config()
+    kv = KVTransferConfig(
+        kv_connector="PcpCanonicalNixlConnector",
+        kv_connector_module_path="pcp_nixl_connector",
+        kv_role="kv_producer",
+    )
+    cfg = VllmConfig(kv_transfer_config=kv)  # a PCP2 producer's
+    cfg.parallel_config.prefill_context_parallel_size = cfg.parallel_config.world_size = 2
     classes = {"stock": NixlPullConnector, "ours": PcpCanonicalNixlConnector}
     rows: dict[str, dict[str, float]] = {}
     for kind, cls in classes.items():

@@ -79,23 +79,15 @@ class Round:
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
 
 
-def _own_cpu(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds(pid: int) -> float:
     """User+system CPU of a process and its live descendants (-pid: alone) from /proc."""
-    if pid < 0:
-        return _own_cpu(-pid)
-    total, todo = 0.0, [pid]
+    total, todo = 0.0, [abs(pid)]
     while todo:
         p = todo.pop()
-        total += _own_cpu(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):  # none once the process is gone
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{p}/task").glob("*/children") if pid > 0 else ():  # none once gone
             with contextlib.suppress(OSError):
                 todo += map(int, task.read_text().split())
     return total
@@ -228,10 +220,9 @@ def format_table(data: dict[str, Any], args: argparse.Namespace) -> str:
         proxy_cpu = cpu.get(mode.split(":")[0], 0.0)  # the floor has no process of its own
         r = ratios.get(mode)
         rcells = [f"{r[k]:.2f}" for k in RATIOS] if r else ["", "", ""]
-        rows.append(
-            [mode, f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['req_s']:.1f}", s["errors"],
-             *rcells, f"{proxy_cpu:.0f}", *(f"{cpu.get(p, 0):.0f}" for p in OTHER_CPUS)]
-        )  # fmt: skip
+        rows.append([mode, f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['req_s']:.1f}",
+                     s["errors"], *rcells, f"{proxy_cpu:.0f}",
+                     *(f"{cpu.get(p, 0):.0f}" for p in OTHER_CPUS)])  # fmt: skip
     return f"{title}\n\n{markdown_table(head, rows)}" + (f"\n\n{GOALS}" if ratios else "")
 
 
@@ -282,7 +273,6 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
     sides = {"floor": ["floor"], "proxy": list(proxies)}.get(args.only, ["floor", *proxies])
     endpoints = ["completions", "chat"] if args.endpoint == "both" else [args.endpoint]
     args.modes = [f"{side}:{endpoint}" for endpoint in endpoints for side in sides]
-
     procs: dict[str, subprocess.Popen[Any]] = {}  # by name: the fakes', then the proxies'
     with (out / "proxy.log").open("wb") as log:
         try:

@@ -1,6 +1,5 @@
-"""One results layout for every bench kind (docs/bench.md): ``results/<kind>-<UTC time>/`` with
-``result.json``, ``table.md``, ``manifest.json``, ``summary.{json,md}`` (also as ``DIR/<kind>-<UTC
-time>.{json,md}`` with ``--summary-dir DIR``). Kinds may add files, never other names for these."""
+"""One results layout for every kind (docs/bench.md): `results/<kind>-<UTC time>/` with result.json,
+table.md, manifest.json, summary.{json,md} (also in --summary-dir); kinds add files, rename none."""
 
 from __future__ import annotations
 

@@ -56,8 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser, default_targets: str | None =
         ("--concurrency", str, ",".join(map(str, b.levels)), f"--max-concurrency levels {d}"),
         ("--prompts", str, None,
          f"N, or one per level (default max({sp.MIN_PROMPTS}, {sp.PROMPTS_PER_SLOT} x c))"),
-        ("--input-len", int, b.input_len, d),
-        ("--output-len", int, b.output_len, d),
+        ("--input-len", int, b.input_len, d), ("--output-len", int, b.output_len, d),
         ("--seed", int, b.seed, f"dataset seed {d}"),
         ("--targets", str, default_targets or ",".join(sp.TARGETS),
          f"of single,pd,pd-local,pd-ft {d}"),
@@ -135,9 +134,8 @@ def phases(wanted: Sequence[str]) -> dict[str, tuple[str, ...]]:
 def check(args: argparse.Namespace) -> str | None:
     """Options, then ports and model (local) or URLs and key (remote): before any file."""
     plan, short, wanted = plans(args)
-    if "pd-local" in wanted:
-        for problem in short.problems(plan):
-            log.warning("%s", problem)
+    for problem in short.problems(plan) if "pd-local" in wanted else ():
+        log.warning("%s", problem)
     urls = remote_urls(args, wanted)
     if any(getattr(args, o) for o in REMOTE_URLS.values()):
         if not urls:
@@ -184,8 +182,7 @@ def run_target(
         if not run.complete:
             how = "timed out" if run.timed_out else f"exited {run.returncode}"
             log.error("%s: vllm bench serve %s; see %s", run.name, how, log_path)
-        found = report.check(run)
-        if found is not None:
+        if (found := report.check(run)) is not None:
             (log.info if found.measured else log.warning)("%s: %s", run.name, found.text)
         runs.append(run)
     return runs
@@ -247,10 +244,8 @@ def run_local(
 
 def tokenizer_for(root: str, explicit: str | None) -> str:
     """--tokenizer, else the served model's root when it is here, else the kit's model."""
-    if explicit:
-        return explicit
-    if Path(root).expanduser().is_dir() or hf_cached(root):
-        return root
+    if explicit or Path(root).expanduser().is_dir() or hf_cached(root):
+        return explicit or root
     settings = settings_from_env(kit_env(os.environ))
     local = resolve_model(settings.model, settings.served_model_name, repo_root()).path
     log.warning(

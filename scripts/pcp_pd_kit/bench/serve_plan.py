@@ -16,8 +16,7 @@ from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 VLLM_SERVE_MODULE = "pcp_pd_kit.bench.vllm_serve"
 # Prompts per level: at least MIN_PROMPTS (a median of fewer moves with every hiccup of a busy
 # machine), PROMPTS_PER_SLOT per slot (a high level runs mostly at full concurrency, not ramping).
-MIN_PROMPTS = 64
-PROMPTS_PER_SLOT = 8
+MIN_PROMPTS, PROMPTS_PER_SLOT = 64, 8
 # The bench's own ports (base + offset), apart from `make up` (18000-18300) and the e2e suite
 # (18500-18590), so it runs beside either.
 DEFAULT_PORT_BASE = 18400
@@ -220,8 +219,7 @@ def bench_serve_argv(
     target: Target, plan: BenchPlan, level: int, result_dir: str,
     python: str = sys.executable, workload: str = MAIN,
 ) -> list[str]:  # fmt: skip
-    """One target at one concurrency: fixed lengths (`--random-range-ratio 0`, `--ignore-eos`) and
-    greedy, so single and P/D do the same work."""
+    """One target at one level: fixed lengths and greedy, so single and P/D do the same work."""
     options = {
         "--dataset-name": "random", "--random-input-len": plan.input_len,
         "--random-output-len": plan.output_len, "--random-range-ratio": 0, "--seed": plan.seed,

@@ -247,14 +247,11 @@ def format_table(runs: Runs, workload: str) -> str:
             "TTFT includes decode steps and TPOT/ITL understate; E2E and throughput are right: "
             + "; ".join(bursts)
         )
-    normal = [
-        r for (w, t, _lv), r in sorted(runs.items()) if t == "pd" and first_token_check(r).measured
-    ]
+    normal = [r.name for (_w, t, _lv), r in sorted(runs.items())
+              if t == "pd" and first_token_check(r).measured]  # fmt: skip
     if normal:
-        lines.append(
-            "- WARNING: the P/D proxy continued requests from prefill's token 1 "
-            f"({', '.join(r.name for r in normal)}): its P/D column is not the normal mode"
-        )
+        lines.append("- WARNING: the P/D proxy continued requests from prefill's token 1 "
+                     f"({', '.join(normal)}): its P/D column is not the normal mode")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -274,7 +271,6 @@ def breakdown(run: Run) -> list[dict[str, Any]]:
         p50 = None if bucket is None else [b * 1000.0 for b in bucket]
         count = None if hist is None else hist.count
         rows.append({"label": label, "mean_ms": means[name], "p50_bucket_ms": p50, "count": count})
-
     derived = {
         "derived: decode TTFB outside the handover": (
             "pd_proxy_decode_ttfb_seconds", HANDOVER_ALL),

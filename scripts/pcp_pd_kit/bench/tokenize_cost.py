@@ -96,13 +96,11 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-async def _timed(
-    call: Callable[[], Awaitable[int]], warmup: int, n: int
-) -> tuple[int, list[float]]:
+async def _timed(fn: Callable[[], Awaitable[int]], warmup: int, n: int) -> tuple[int, list[float]]:
     count, seconds = 0, []
     for i in range(warmup + n):
         start = time.perf_counter()
-        count = await call()
+        count = await fn()
         if i >= warmup:  # the first ones untimed
             seconds.append(time.perf_counter() - start)
     return count, seconds
