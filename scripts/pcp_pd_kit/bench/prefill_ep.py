@@ -32,7 +32,6 @@ from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 
 HELP = "prefill latency of the CPU PCP2 + EP2 prefill server, connector/ before vs after"
 REPO = repo_root()
-
 # A line only the current EP fix logs (cpu_compat/plugin.py), to tell the two servers apart.
 CURRENT_FIX_LINE = "expert parallelism refused for quantized CPU MoE"
 WARMUP = 2

@@ -52,7 +52,6 @@ def dumps(obj: Any) -> bytes:
 
 HELP = "pd-proxy against its floor (a client doing both legs) on fake vLLMs: latency, CPU"
 GOALS = "goals: p50 <= 1.15x, throughput >= 0.9x the floor of the same endpoint"
-
 DEFAULT_PROXY_CMD = (
     f"{shlex.quote(sys.executable)} -m pd_proxy --host 127.0.0.1 --port {{port}} "
     "--prefill {prefill} --decode {decode} --workers {workers}"

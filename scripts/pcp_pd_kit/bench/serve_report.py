@@ -1,6 +1,5 @@
-"""The serve bench's report from `vllm bench serve` results and /metrics deltas: per workload the
-targets side by side with their ratios to the reference, where the TTFT goes, the goals. No I/O.
-A P/D variant's figure counts only if its proxy's counter shows it did what its column is about."""
+"""The serve bench's report (no I/O): per workload the targets, their ratios to the reference, where
+TTFT goes, the goals; a P/D variant's figure counts only if its proxy's counters show its mode."""
 
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ from pcp_pd_kit.bench.tables import markdown_table
 from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
 
 HELP = "what counting a prompt costs: decode's /tokenize over HTTP vs a local tokenizer"
-
 # Words for the prompts: any text will do, the model's tokenizer decides the count.
 WORDS = (
     "the farmer sold seven eggs and each student bought two more books than the week before "

@@ -29,7 +29,6 @@ from pcp_pd_kit.localstack.live import prometheus_query
 
 HELP = "compose cpu profile: 1P1D vs 2P1D at a prefill-bound load (needs Docker, make images)"
 REPO = repo_root()
-
 PROJECT = "pcp-pd-kit-bench-xpyd"
 SUBNET = "172.29.252.0/24"
 UP_TIMEOUT_S = 900
