@@ -292,6 +292,10 @@ def test_render_writes_markdown_tables_and_fails_on_a_failed_run() -> None:
     assert "| c | kit TTFT p50 (ms) | single TTFT p50 (ms) | kit/single |" in outcome.table
     assert "shared run 1 (events): exit 1" in outcome.table
     json.dumps(outcome.result)  # result.json must be writable
+    # The committable summary: the rows, goals and errors, not the raw per-request data.
+    assert set(outcome.summary) >= {"multi_turn_rows", "shared_rows", "held_rows", "goals"}
+    assert "multi_turn" not in outcome.summary and "shared" not in outcome.summary
+    assert outcome.summary["errors"] == ["shared run 1 (events): exit 1"]
     data["shared"][0]["returncode"] = 0
     assert cache.render(data, PLAN, 16).rc == 0
 

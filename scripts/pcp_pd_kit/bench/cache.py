@@ -43,6 +43,7 @@ RESULT_FIELDS = ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "mean_t
 EVENTS_SETTLE_S = 2.0  # after the proxies are healthy: their event subscriptions connect
 CACHE_BLOCKS = "pd_proxy_cache_blocks"
 EVENTS_BLOCKS = selector(CACHE_BLOCKS, {"source": "events"})
+SUMMARY_KEYS = ("plan", "ideal_hit_tokens", "goals")
 
 
 class EventsStack(Stack):
@@ -448,4 +449,7 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
     goals = [{**dataclasses.asdict(g), "verdict": g.verdict} for g in found]
     result = {**data, "multi_turn_rows": multi, "short_rows": short, "shared_rows": shared,
               "held_rows": held, "ideal_hit_tokens": ideal, "goals": goals}  # fmt: skip
-    return Outcome(result, "\n".join(text), {"bench": plan.as_dict()}, rc=1 if errors else 0)
+    # The summary keeps the figures, not every request's TTFT.
+    figures = {k: v for k, v in result.items() if k.endswith("_rows") or k in SUMMARY_KEYS}
+    figures["errors"] = errors
+    return Outcome(result, "\n".join(text), {"bench": plan.as_dict()}, int(bool(errors)), figures)
