@@ -106,21 +106,19 @@ def test_proxy_bench_runs_for_real_and_writes_the_layout(
 
 
 def test_the_summary_is_written_where_a_document_can_cite_it(tmp_path: Path) -> None:
-    """--summary-dir: DIR/<kind>-<UTC time>.{json,md}, naming the command and the figures."""
+    """--summary-dir: DIR/<kind>-<UTC time>.md, naming the command and the figures (its JSON
+    twin stays in the run folder)."""
     argv = ["bench", "proxy", "--concurrency", "1", "--tokens", "2", "--requests", "4"]
     argv += ["--rounds", "1", "--warmup", "1", "--endpoint", "chat"]
     argv += ["--results-dir", str(tmp_path / "r"), "--summary-dir", str(tmp_path / "docs")]
     assert main(argv) == 0
     [run] = list((tmp_path / "r").iterdir())
-    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == [
-        f"{run.name}.json",
-        f"{run.name}.md",
-    ]
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == [f"{run.name}.md"]
     text = (tmp_path / "docs" / f"{run.name}.md").read_text()
     assert text.startswith(f"# bench proxy, {run.name.removeprefix('proxy-')}")
     assert "- command: `pcp-pd-kit bench proxy --concurrency 1" in text
     assert "| proxy:chat |" in text
-    data = json.loads((tmp_path / "docs" / f"{run.name}.json").read_text())
+    data = json.loads((run / "summary.json").read_text())
     assert data["figures"]["summary"]["proxy:chat"]["errors"] == 0
 
 

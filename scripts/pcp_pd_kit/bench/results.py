@@ -166,16 +166,15 @@ def write_json(path: Path, data: Any) -> None:
 def write_run(
     out: Path, outcome: Outcome, manifest: Mapping[str, Any], summary_dir: str | Path | None = None
 ) -> None:
-    """The layout's five files, and the two summaries again under summary_dir when given."""
+    """The layout's five files, and summary.md again under summary_dir when given (what a
+    document cites; its JSON twin stays in the run folder)."""
     write_json(out / "result.json", outcome.result)
     (out / "table.md").write_text(outcome.table.rstrip("\n") + "\n")
     write_json(out / "manifest.json", dict(manifest))
     data = summary(manifest, outcome.result if outcome.summary is None else outcome.summary)
     text = summary_markdown(data, outcome.table)
-    targets = [out / "summary"]
+    write_json(out / "summary.json", data)
+    (out / "summary.md").write_text(text)
     if summary_dir:
         Path(summary_dir).mkdir(parents=True, exist_ok=True)
-        targets.append(Path(summary_dir) / out.name)
-    for stem in targets:
-        write_json(stem.with_suffix(".json"), data)
-        stem.with_suffix(".md").write_text(text)
+        (Path(summary_dir) / f"{out.name}.md").write_text(text)
