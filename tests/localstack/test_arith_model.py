@@ -40,6 +40,30 @@ def test_build_is_seeded_and_cached(built: Path, tmp_path: Path) -> None:
     assert not is_built(built, dataclasses.replace(QUICK, train=TrainSpec(steps=4)))
 
 
+def _weights(folder: Path) -> bytes:
+    return hashlib.sha256((folder / "model.safetensors").read_bytes()).digest()
+
+
+def test_the_weights_do_not_depend_on_the_cpus_kernels(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a host's CPU offers (here: ATen's AVX2 build instead of the best one, and MKL's
+    AVX2 path) changes no byte: the training runs under REPRODUCIBLE_ENV whatever the caller's."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    assert _weights(build.build(tmp_path / "arith", QUICK)) == _weights(built)
+
+
+def test_the_training_interpreter_refuses_another_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    with pytest.raises(SystemExit) as exit_info:
+        build.main(["--make-into", "/nonexistent"])
+    assert exit_info.value.code == 2
+    assert "ATEN_CPU_CAPABILITY" in capsys.readouterr().err
+
+
 def test_served_shape_is_the_random_models(built: Path) -> None:
     config = json.loads((built / "config.json").read_text())
     shape = TinyModelSpec()
