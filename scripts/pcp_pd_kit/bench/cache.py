@@ -324,6 +324,7 @@ def run_held(
     through the cache-aware proxy and from a client sending each prefix to its holder itself."""
     decodes = {"decode-a": urls["decode-a"], "decode-b": urls["decode-b"]}
     holders = list(decodes.values())
+    blocks = plan.prefixes * cp.prefix_blocks(plan.prefix_len, block_size, 0)  # the warm-up's
     runs = []
     for rnd in range(plan.shared_rounds):
         requests = cp.held_requests(plan, rnd)
@@ -332,7 +333,6 @@ def run_held(
                 reset_prefix_cache(url)
             for i in range(plan.prefixes):
                 ttft_s(holders[i % 2], request_body(model, cp.held_prefix(plan, i), None))
-            blocks = plan.prefixes * cp.prefix_blocks(plan.prefix_len, block_size, 0)
             wait_for_events(urls["proxy-events"], blocks)  # the proxy has heard the warm-up
 
             def one(req: tuple[int, list[int]], arm: str = arm) -> float:

@@ -16,6 +16,7 @@ from pcp_pd_kit.bench.tables import (
     fmt_ratio,
     markdown_table,
     median,
+    percentile,
     ratio,
     versus,
 )
@@ -203,11 +204,12 @@ def held_rows(runs: Sequence[Mapping[str, Any]], ideal: int) -> list[dict[str, A
     rows = []
     for arm in sorted({r["arm"] for r in runs}):
         mine = [r for r in runs if r["arm"] == arm]
-        ttfts = sorted(t for r in mine for t in r["ttft_s"])
+        ttfts = [t for r in mine for t in r["ttft_s"]]
+        p90 = percentile(ttfts, 90)
         hits = sum(counter(g, HITS) for r in mine for g in r["decodes"].values())
         per = {k: sum(counter(r["decodes"][k], SUCCESS) for r in mine) for k in mine[0]["decodes"]}
         rows.append({"arm": arm, "requests": len(ttfts), "ttft_ms": median_ms(ttfts),
-                     "p90_ttft_ms": 1000 * ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
+                     "p90_ttft_ms": None if p90 is None else p90 * 1000,
                      "hit_fraction": hits / (ideal * len(mine)) if ideal else None,
                      "requests_per_decode": per,
                      "concurrency": mine[0].get("concurrency", 4)})  # fmt: skip

@@ -1,5 +1,6 @@
 """One results layout for every kind (docs/bench.md): `results/<kind>-<UTC time>/` with result.json,
-table.md, manifest.json, summary.{json,md} (also in --summary-dir); kinds add files, rename none."""
+table.md, manifest.json, summary.{json,md} (summary.md also in --summary-dir); kinds add files,
+rename none."""
 
 from __future__ import annotations
 
