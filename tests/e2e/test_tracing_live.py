@@ -205,7 +205,9 @@ def test_refused_requests_are_traced(pd_stack: Stack, otlp: Receiver, refusing_p
     held = {
         "model": model,
         "prompt": "Hold decode's only place: count the apples in the basket",
-        "max_tokens": 200,
+        # Long enough to outlast the next request on any host: 200 tokens took 150 ms on a fast
+        # one, and the stream had ended before the short request arrived (200, not 429).
+        "max_tokens": 2000,
         "ignore_eos": True,
         "stream": True,
     }
