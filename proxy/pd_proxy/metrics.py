@@ -61,7 +61,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "pd_proxy_fanout_legs_total",
 )
 BACKEND_STATES = ("healthy", "unhealthy", "draining")
-# Why a leg went again (pd_proxy.legs.Legs.exchange).
+# Why a leg went again (pd_proxy.http.exchange).
 RETRY_REASONS = ("unreachable", "unhealthy", "broken", "stale_connection")
 # How a completions request was served: through a prefill, or by decode alone
 # (pd_proxy.routing.shapes,

@@ -5,7 +5,7 @@
 - authenticate: the client key (pd_proxy.api.auth), before the body is read, so a caller without
   a key costs no parsing;
 - parse: the body read within ``--max-body-bytes``, checked as vLLM reads it (pd_proxy.rewrite,
-  pd_proxy.fields), and the request id;
+  pd_proxy.request), and the request id;
 - shape: the body's shape picks the way (pd_proxy.routing.shapes): refused with a 400, decode
   alone, one P/D request per choice (fan-out), or planned;
 - plan: a P/D-eligible request's ``Route`` (pd_proxy.routing.planner): the path, the replicas,
@@ -31,19 +31,25 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.admission.gate import Flow
+from pd_proxy.admission.fair_queue import Flow
 from pd_proxy.admission.setup import build_gate
 from pd_proxy.api.auth import ANONYMOUS, BackendKey, Client, ClientKeys, unauthorized
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import Passthrough, ProxyError, error_response
-from pd_proxy.fields import estimated_tokens, read_fields, request_priority
 from pd_proxy.http.upstream import Upstream
-from pd_proxy.legs import CLIENT_GONE, Call, Legs
+from pd_proxy.legs import CLIENT_GONE, Legs
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes.decode_alone import DecodeAloneMode
 from pd_proxy.modes.fanout import FanoutMode
 from pd_proxy.modes.first_token import FirstTokenMode
 from pd_proxy.modes.normal import NormalMode
+from pd_proxy.request import (
+    Call,
+    backend_fields,
+    estimated_tokens,
+    read_fields,
+    request_priority,
+)
 from pd_proxy.rewrite import BadRequest, parse_request
 from pd_proxy.route import LOCAL, PD, Route
 from pd_proxy.routing.planner import Planner, build_planner
@@ -147,7 +153,9 @@ class Pipeline:
         rid = trace.rid
         if "\r" in rid or "\n" in rid:  # aiohttp's parser lets none through
             raise ProxyError(400, "X-Request-Id must not contain line breaks")
-        return Call(request, endpoint, body, client_body, self.legs.backend_headers(rid))
+        return Call(
+            request, endpoint, body, client_body, backend_fields(rid, self.legs.backend_key)
+        )
 
     def _flow(self, request: web.Request, client: Client, call: Call) -> Flow:
         """Who is asking, for the fair queue: the key's flow, or a trusted gateway's header."""

@@ -29,7 +29,7 @@ from pd_proxy.route import PD
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from pd_proxy.admission.gate import Lease
+    from pd_proxy.admission.lease import Lease
     from pd_proxy.metrics import ProxyMetrics
     from pd_proxy.route import Route
 
@@ -68,7 +68,7 @@ class Trace:
         self.prefill_s = -1.0
         self.ttfb_s = -1.0
         self.status = 500
-        # The admission lease (pd_proxy.admission.gate): told when the prefill answered and when
+        # The admission lease (pd_proxy.admission.lease): told when the prefill answered and when
         # decode's first byte came, so each part of the request's room goes back then.
         self.lease: Lease | None = None
         self.otel: RequestSpans | None = None  # the request's spans when tracing is on

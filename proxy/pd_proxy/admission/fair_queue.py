@@ -19,6 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True)
+class Flow:
+    """Who is asking: the flow's name, its weight among the flows of its band, and the band
+    (lower is served first)."""
+
+    name: str
+    weight: float = 1.0
+    band: int = 0
+
+
 @dataclass(eq=False)
 class Ticket:
     """One queued request: its flow, band (lower first), weight, cost in tokens and what it

@@ -9,9 +9,8 @@ Refusals come before any backend hears of the request:
   queued ahead under the fair order, at the rate admitted work has been finishing) is past
   ``--queue-timeout``, or a queued request waited that long after all.
 
-An admitted request holds a ``Lease``: its prefill room until its prefill leg has answered, its
-decode room until it ends, and a pending pull on its decode between the two. The legs report
-those moments (pd_proxy.legs), and the lease gives each part back once, whatever happens.
+An admitted request holds a ``Lease`` on its room (pd_proxy.admission.lease), given back as its
+legs go; room given back admits what waits, from the event loop.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from pd_proxy.admission.fair_queue import FairQueue, Ticket
+from pd_proxy.admission.fair_queue import FairQueue, Flow, Ticket
+from pd_proxy.admission.lease import Lease, Wakeup
 from pd_proxy.admission.metrics import (
     ADMITTED,
     CLIENT_GONE,
@@ -56,87 +56,11 @@ class Refused(ProxyError):
 
 
 @dataclass(frozen=True)
-class Flow:
-    """Who is asking: the flow's name, its weight among the flows of its band, and the band
-    (lower is served first)."""
-
-    name: str
-    weight: float = 1.0
-    band: int = 0
-
-
-@dataclass(frozen=True)
 class Settings:
     limits: Limits
     queue_size: int
     queue_timeout: float
     retry_503_s: float  # Retry-After of a 503: about when a health check may bring a replica
-
-
-class Lease:
-    """The room one admitted request holds; each part is given back once."""
-
-    __slots__ = ("_gate", "_prefill", "_decode", "_tokens", "_pull", "_timed", "_done")
-
-    def __init__(self, gate: Gate, prefill: str | None, decode: str, tokens: int, pd: bool) -> None:
-        self._gate = gate
-        self._prefill = prefill
-        self._decode = decode
-        self._tokens = tokens
-        # A P/D request's KV will wait on its prefill for this decode's pull: counted from
-        # admission, so a decode that cannot keep up stops new prefill legs for it.
-        self._pull = pd
-        # Its prompt's computation is timed for the rate: until the prefill leg answers (P/D),
-        # or the decode's first byte (decode alone).
-        self._timed = True
-        gate.rate.begin(gate.clock())
-        self._done = False
-
-    def prefill_done(self) -> None:
-        """The prefill leg answered: its room goes back; the KV now waits for the decode."""
-        if self._prefill is None or self._done:
-            return
-        url, self._prefill = self._prefill, None
-        self._gate.give_prefill(url, self._tokens)
-        self._stop_timing(self._tokens)
-        self._gate.changed()
-
-    def decode_started(self) -> None:
-        """The decode answered its first byte: the KV was pulled (or the prompt computed there,
-        which is the work a decode-alone request's rate counts)."""
-        if self._done:
-            return
-        gate = self._gate
-        if self._pull:
-            self._pull = False
-            gate.room.of(self._decode).pulls -= 1
-        elif self._timed:
-            self._stop_timing(self._tokens)
-        else:
-            return
-        gate.changed()
-
-    def release(self) -> None:
-        """The request ended, however: everything it still holds goes back."""
-        if self._done:
-            return
-        if self._prefill is not None:
-            self._gate.give_prefill(self._prefill, self._tokens)
-            self._prefill = None
-        self._stop_timing(None)
-        self._done = True
-        gate = self._gate
-        use = gate.room.of(self._decode)
-        use.requests -= 1
-        if self._pull:
-            use.pulls -= 1
-            self._pull = False
-        gate.changed()
-
-    def _stop_timing(self, tokens: int | None) -> None:
-        if self._timed:
-            self._timed = False
-            self._gate.rate.end(self._gate.clock(), tokens)
 
 
 class Gate:
@@ -155,6 +79,7 @@ class Gate:
         self.room = Room(settings.limits)
         self.queue = FairQueue()
         self.rate = Rate()
+        self.wake = Wakeup(self.queue, self._dispatch)
         self._waiting: dict[Ticket, asyncio.Future[tuple[Route, Lease]]] = {}
         limits = settings.limits
         for role, kind, value in (
@@ -252,7 +177,9 @@ class Gate:
         if pd:
             use.pulls += 1
         placed = route.placed(decode, prefill if pd else route.prefill)
-        return placed, Lease(self, None if prefill is None else prefill.url, decode.url, tokens, pd)
+        held = None if prefill is None else prefill.url
+        lease = Lease(room, self.rate, self.clock, self.wake, held, decode.url, tokens, pd)
+        return placed, lease
 
     def _choose(
         self, chosen: Backend | None, role: str, fits: Callable[[Backend], bool]
@@ -269,16 +196,6 @@ class Gate:
         if len(room) == healthy:  # room everywhere: the pool's own choice, as without
             return self.pools[role].pick()
         return self.pools[role].pick(among=room) if room else None
-
-    def give_prefill(self, url: str, tokens: int) -> None:
-        use = self.room.of(url)
-        use.requests -= 1
-        use.tokens -= tokens
-
-    def changed(self) -> None:
-        """Room was given back: admit what now fits."""
-        if len(self.queue):
-            self._dispatch()
 
     def _dispatch(self) -> None:
         while True:

@@ -60,6 +60,12 @@ class Room:
             return False
         return not (pd and lim.pending_pulls and u.pulls >= lim.pending_pulls)
 
+    def give_prefill(self, url: str, tokens: int) -> None:
+        """A prefill leg on ``url`` answered or ended: its request and tokens go back."""
+        use = self.of(url)
+        use.requests -= 1
+        use.tokens -= tokens
+
     def forget(self, keep: set[str]) -> None:
         """Drop replicas that left the pools and hold nothing."""
         for url in [u for u, use in self.usage.items() if u not in keep and not use.requests]:

@@ -37,8 +37,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pd_proxy.errors import Passthrough, ProxyError
+from pd_proxy.http.exchange import read_whole
 from pd_proxy.http.upstream import Fields
-from pd_proxy.legs import Legs, read_whole
+from pd_proxy.legs import Legs
+from pd_proxy.request import backend_fields
 from pd_proxy.rewrite import (
     COMPLETIONS,
     decode_payload,
@@ -204,7 +206,7 @@ class Canary:
         return compare(pd, alone)
 
     def _headers(self, rid: str) -> Fields:
-        return self.legs.backend_headers(rid)
+        return backend_fields(rid, self.legs.backend_key)
 
     async def _prefill_alone(self, rid: str) -> Leg:
         legs = self.legs

@@ -17,7 +17,8 @@ from aiohttp import web
 from pd_proxy.api.auth import BackendKey
 from pd_proxy.config import ProxyConfig
 from pd_proxy.errors import ProxyError, error_response
-from pd_proxy.legs import backend_refused_key, mark_down, pick
+from pd_proxy.http.exchange import mark_down, pick
+from pd_proxy.legs import backend_refused_key
 from pd_proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, JSON_TYPE
 from pd_proxy.routing.pool import Backend, BackendPool

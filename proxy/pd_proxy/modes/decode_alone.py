@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pd_proxy.legs import Call, Legs
+from pd_proxy.legs import Legs
+from pd_proxy.request import Call
 from pd_proxy.route import LOCAL, Route
 from pd_proxy.tracing import Trace
 

@@ -27,9 +27,10 @@ from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
 from pd_proxy.http.connection import Reply
 from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse
 from pd_proxy.http.sse import SSE_TYPE
-from pd_proxy.legs import CLIENT_GONE, Call, Legs, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Legs, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes import fanout_rewrite as rewrite_fanout
+from pd_proxy.request import Call, backend_fields
 from pd_proxy.rewrite import (
     JSON_TYPE,
     decode_body,
@@ -79,7 +80,7 @@ class FanoutMode:
         its prefill's answer and its decode's first byte, the prefill's KV is released."""
         legs = self.legs
         rid = f"{trace.rid}-{k}"
-        fields = legs.backend_headers(rid)
+        fields = backend_fields(rid, legs.backend_key)
         backend, data = await legs.prefill_leg(endpoint, dumps(prefill_body(body)), fields, trace)
         try:
             kv = kv_params_from_prefill(data)

@@ -30,9 +30,10 @@ from pd_proxy.http.connection import Reply
 from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse, relay_events
 from pd_proxy.http.sse import SSE_TYPE
 from pd_proxy.http.upstream import Fields
-from pd_proxy.legs import CLIENT_GONE, Call, Legs, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Legs, is_event_stream
 from pd_proxy.modes import first_token_rewrite as ft
 from pd_proxy.modes.normal import NormalMode
+from pd_proxy.request import Call
 from pd_proxy.rewrite import JSON_TYPE, decode_payload, dumps, loads
 from pd_proxy.route import Route
 from pd_proxy.routing.block_size import BlockSizes

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pd_proxy.legs import Call, Legs
+from pd_proxy.legs import Legs
+from pd_proxy.request import Call
 from pd_proxy.rewrite import decode_payload, dumps, kv_params_from_prefill, prefill_body
 from pd_proxy.route import Route
 from pd_proxy.tracing import Trace

@@ -24,7 +24,8 @@ from pd_proxy.routing.cache.extra import request_keys  # pure: no library of the
 from pd_proxy.routing.token_count import TokenCounter
 
 if TYPE_CHECKING:
-    from pd_proxy.legs import Call, Legs
+    from pd_proxy.legs import Legs
+    from pd_proxy.request import Call
     from pd_proxy.routing.cache.follow import CacheFollower
     from pd_proxy.routing.cache.metrics import CacheMetrics
     from pd_proxy.routing.cache.router import CacheRouter

@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pd_proxy.errors import ProxyError
-from pd_proxy.legs import read_whole
+from pd_proxy.http.exchange import read_whole
 from pd_proxy.rewrite import COMPLETIONS, dumps, loads
 
 if TYPE_CHECKING:
-    from pd_proxy.legs import Call, Legs
+    from pd_proxy.legs import Legs
+    from pd_proxy.request import Call
     from pd_proxy.routing.cache.metrics import CacheMetrics
     from pd_proxy.tracing import Trace
 

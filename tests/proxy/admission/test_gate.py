@@ -8,7 +8,9 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pd_proxy.admission.gate import Flow, Gate, Lease, Refused, Settings
+from pd_proxy.admission.fair_queue import Flow
+from pd_proxy.admission.gate import Gate, Refused, Settings
+from pd_proxy.admission.lease import Lease
 from pd_proxy.admission.metrics import AdmissionMetrics
 from pd_proxy.admission.room import Limits
 from pd_proxy.route import LOCAL, PD, Route
@@ -196,8 +198,27 @@ async def test_the_route_s_chosen_replica_is_waited_for() -> None:
         each.release()
 
 
-def test_a_lease_is_a_lease() -> None:
-    assert Lease.__slots__  # no per-request dict on the hot path
+async def test_room_given_back_admits_the_waiter_from_the_loop_once() -> None:
+    """The releasing request's own stack runs none of the gate: the waiter is placed on the
+    loop's next turn, and two releases in one turn wake the queue once."""
+    g = gate(limits=Limits(prefill_requests=1, decode_requests=1))
+    _, holder = await g.admit(PD_ROUTE, Flow("a"), 10)
+    assert not hasattr(holder, "__dict__")  # slots: no per-request dict on the hot path
+    waiting = asyncio.create_task(g.admit(PD_ROUTE, Flow("b"), 10))
+    await asyncio.sleep(0)
+    runs = []
+    dispatch = g.wake._dispatch
+    g.wake._dispatch = lambda: (runs.append(len(g.queue)), dispatch())[1]
+    holder.prefill_done()
+    holder.release()
+    assert runs == [] and len(g.queue) == 1  # nothing placed on the releasing stack
+    await asyncio.sleep(0)
+    assert runs == [1] and len(g.queue) == 0  # one dispatch for both, and the waiter placed
+    _, lease = await asyncio.wait_for(waiting, 1)
+    lease.release()
+    await settle()
+    assert runs == [1]  # nobody waits: no wake-up scheduled
+    assert isinstance(lease, Lease)
 
 
 async def test_the_rate_is_timed_by_the_leases_and_idle_time_is_left_out() -> None:
