@@ -107,6 +107,7 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
 import os
 print(json.dumps({
     "general": sorted(e.name for e in entry_points(group="vllm.general_plugins")),
@@ -115,6 +116,7 @@ print(json.dumps({
     "interpret": os.environ.get("TRITON_INTERPRET"),
     "rope_fixed": hasattr(RotaryEmbedding.forward_cpu, "_pcp_nixl_cpu_rope_fix"),
     "gatherv": CpuCommunicator.all_gatherv.__module__,
+    "fused_mla": hasattr(CPUSDPAMLAPrefillBackend._ragged_sdpa, "_pcp_nixl_cpu_fused_mla_prefill"),
 }))
 """
 
@@ -126,6 +128,7 @@ def test_plugins_are_found_through_connector_dist_info_and_off_by_default() -> N
     assert seen["interpret"] is None
     assert not seen["rope_fixed"]
     assert seen["gatherv"].startswith("vllm.")
+    assert seen["fused_mla"] is False
 
 
 def test_knobs_turn_on_triton_before_vllm_reads_it_and_install_every_fix() -> None:
@@ -135,6 +138,7 @@ def test_knobs_turn_on_triton_before_vllm_reads_it_and_install_every_fix() -> No
     assert seen["interpret"] == "1"
     assert seen["rope_fixed"]
     assert seen["gatherv"] == "pcp_nixl_connector.cpu_compat.expert_parallel"
+    assert seen["fused_mla"] is True
 
 
 def test_a_bad_knob_value_stops_the_process_with_its_name() -> None:

@@ -37,6 +37,13 @@ def vllm_classes(monkeypatch: pytest.MonkeyPatch) -> None:
     # The classmethod object itself, so it is restored as a classmethod.
     platform_check = CpuPlatform.__dict__["check_and_update_config"]
     monkeypatch.setattr(CpuPlatform, "check_and_update_config", platform_check)
+    from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
+
+    ragged = CPUSDPAMLAPrefillBackend._ragged_sdpa
+    monkeypatch.setattr(CPUSDPAMLAPrefillBackend, "_ragged_sdpa", ragged)
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    monkeypatch.setattr(SpinCondition, "__init__", SpinCondition.__init__)
     assert plugin.missing_fixes(), "another test left vLLM's classes patched"
 
 
@@ -46,6 +53,7 @@ def test_knob_on_without_the_fixes_names_what_is_missing_and_why(vllm_classes: N
     message = str(caught.value)
     for needle in ("RotaryEmbedding.forward_cpu", "CPUUnquantizedExperts.apply",
                    "CpuCommunicator.all_gatherv", "CpuPlatform.check_and_update_config",
+                   "CPUSDPAMLAPrefillBackend._ragged_sdpa", "SpinCondition.__init__",
                    "VLLM_PLUGINS", "PYTHONPATH", "pcp_nixl_cpu_fixes"):  # fmt: skip
         assert needle in message
     plugin.verify_installed({})  # knob off: nothing is required
@@ -58,7 +66,8 @@ def test_the_fixes_installed_pass_and_one_missing_is_named(vllm_classes: None) -
     installed = plugin.apply_fixes()
     # The two fixes, then (once per process) the quantized experts' refusal under EP.
     assert [name.split(" ")[0] for name in installed[:2]] == ["rotary", "expert-parallel"]
-    assert installed[-1].startswith("prefix caching for MLA")
+    assert installed[-3].startswith("prefix caching for MLA")
+    assert installed[-2:] == [plugin.FUSED_MLA_PREFILL, plugin.BLOCKING_WAIT]
     assert plugin.missing_fixes() == []
     plugin.verify_installed({FIXES_ENV: "1"})
     RotaryEmbedding.forward_cpu = stock_rope  # restored by the fixture

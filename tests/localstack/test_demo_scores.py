@@ -4,7 +4,12 @@ from what lm-eval saved."""
 import json
 from pathlib import Path
 
-from pcp_pd_kit.localstack.scores import Score, read_score, score_checks
+from pcp_pd_kit.localstack.scores import (
+    Score,
+    answer_differences,
+    read_score,
+    score_checks,
+)
 
 
 def _score(value: float, answers: list[str]) -> Score:
@@ -35,6 +40,21 @@ def test_pd_differing_from_single_instance_fails() -> None:
     checks = score_checks(_score(0.9, ["1", "2"]), _score(0.85, ["1", "3"]), 0.8)
     assert _by_name(checks)["P/D equals single instance"] is False
     assert "1/2 answers identical" in checks[-1].detail
+
+
+def test_equal_scores_with_different_answers_fail_and_name_the_questions() -> None:
+    # Two answers that moved in opposite directions leave the score and sample count equal.
+    pd, single = _score(0.5, ["1", "x", "3", "4"]), _score(0.5, ["1", "2", "y", "4"])
+    checks = score_checks(pd, single, 0.4)
+    assert _by_name(checks)["P/D equals single instance"] is False
+    assert "2/4 answers identical; differ on doc ids 1, 2" in checks[-1].detail
+
+
+def test_a_question_answered_by_one_run_only_is_a_difference() -> None:
+    single = _score(1.0, ["1", "2"])
+    pd = Score(1.0, 2, {0: "1", 1: "2", 2: "3"})
+    assert answer_differences(pd, single) == [2]
+    assert answer_differences(single, single) == []
 
 
 def test_a_missing_run_fails_and_too_few_samples_fail() -> None:

@@ -19,6 +19,9 @@ from . import FIXES_ENV, TRITON_INTERPRETER_ENV
 from .knobs import knob_on, wants_fixes
 
 logger = logging.getLogger(f"vllm.{__name__}")
+#: The log line of the fused attention fix (``bench prefill`` tells a server that ran it apart).
+FUSED_MLA_PREFILL = "fused MLA prefill attention (PyTorch's CPU flash attention with its LSE)"
+BLOCKING_WAIT = "workers block on the next step instead of spinning on it (SpinCondition)"
 
 
 class CpuCompatError(RuntimeError):
@@ -62,7 +65,7 @@ def apply_fixes() -> list[str]:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    from . import expert_parallel, rope
+    from . import expert_parallel, idle_wait, mla_prefill, rope
 
     installed = []
     if rope.install(RotaryEmbedding):
@@ -76,6 +79,10 @@ def apply_fixes() -> list[str]:
         installed.append(
             "prefix caching for MLA on the reference CPU backend (chunked prefill stays off)"
         )
+    if mla_prefill.install(_mla_prefill_backend()):
+        installed.append(FUSED_MLA_PREFILL)
+    if idle_wait.install(_spin_condition()):
+        installed.append(BLOCKING_WAIT)
     return installed
 
 
@@ -85,7 +92,7 @@ def missing_fixes() -> list[str]:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    from . import expert_parallel, prefix_caching, rope
+    from . import expert_parallel, idle_wait, mla_prefill, prefix_caching, rope
 
     missing = []
     if not getattr(RotaryEmbedding.forward_cpu, rope.MARKER, False):
@@ -102,6 +109,10 @@ def missing_fixes() -> list[str]:
     )
     if _prefix_caching_checked() and not prefix_caching.installed(_cpu_platform()):
         missing.append("CpuPlatform.check_and_update_config (prefix caching for MLA)")
+    if not mla_prefill.installed(_mla_prefill_backend()):
+        missing.append("CPUSDPAMLAPrefillBackend._ragged_sdpa (fused MLA prefill attention)")
+    if not idle_wait.installed(_spin_condition()):
+        missing.append("SpinCondition.__init__ (workers block instead of spinning)")
     return missing
 
 
@@ -128,6 +139,18 @@ def verify_installed(environ: Mapping[str, str]) -> None:
             "folder is on PYTHONPATH (its pcp_nixl_connector-*.dist-info declares the plugin), "
             "and vLLM's log for a plugin that failed to load"
         )
+
+
+def _mla_prefill_backend() -> type:
+    from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
+
+    return CPUSDPAMLAPrefillBackend
+
+
+def _spin_condition() -> type:
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    return SpinCondition
 
 
 def _cpu_platform() -> type:

@@ -21,6 +21,8 @@ ROPE = "rope"
 EXPERT_MAP = "expert_map"
 COLLECTIVES = "collectives"
 PREFIX_CACHING = "prefix_caching"
+MLA_PREFILL = "mla_prefill"
+IDLE_WAIT = "idle_wait"
 
 #: What each fix works around, for the messages.
 DEFECTS: dict[str, str] = {
@@ -28,6 +30,8 @@ DEFECTS: dict[str, str] = {
     EXPERT_MAP: "CPUUnquantizedExperts.apply ignoring expert_map",
     COLLECTIVES: "CpuCommunicator without all_gatherv/reduce_scatterv",
     PREFIX_CACHING: "CpuPlatform forcing prefix caching off for MLA models",
+    MLA_PREFILL: "CPUSDPAMLAPrefillBackend._ragged_sdpa's dense per-request attention",
+    IDLE_WAIT: "shm_broadcast.SpinCondition's 1 s busy loop in every waiting worker",
 }
 #: The vLLM releases each fix's canaries ran on (and showed the defect present).
 READ_AGAINST: dict[str, tuple[str, ...]] = {
@@ -36,6 +40,10 @@ READ_AGAINST: dict[str, tuple[str, ...]] = {
     COLLECTIVES: CPU_CHECKED,
     # The platform rule and the CPU branch of MLA's context path the fix relies on.
     PREFIX_CACHING: CPU_CHECKED,
+    # The _ragged_sdpa contract (arguments, layouts, top-left causal mask, LSE shape) it replaces.
+    MLA_PREFILL: CPU_CHECKED,
+    # SpinCondition's signature and the writer's notification after every enqueue.
+    IDLE_WAIT: CPU_CHECKED,
 }
 CANARIES = "tests/connector/test_upstream_canaries.py"
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pcp_nixl_connector.cpu_compat.plugin import FUSED_MLA_PREFILL
 from pcp_pd_kit import repo_root
 from pcp_pd_kit.bench.client import http
 from pcp_pd_kit.bench.prefix_ttft import token_ids
@@ -32,8 +33,8 @@ from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
 
 HELP = "prefill latency of the CPU PCP2 + EP2 prefill server, connector/ before vs after"
 REPO = repo_root()
-# A line only the current EP fix logs (cpu_compat/plugin.py), to tell the two servers apart.
-CURRENT_FIX_LINE = "expert parallelism refused for quantized CPU MoE"
+# A line only the newest CPU fix logs (cpu_compat/plugin.py), to tell the two servers apart.
+CURRENT_FIX_LINE = FUSED_MLA_PREFILL
 WARMUP = 2
 
 

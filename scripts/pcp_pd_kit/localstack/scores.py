@@ -55,12 +55,30 @@ def score_checks(
     if pd is None or single is None:
         checks.append(Check("P/D equals single instance", False, "a run left no score"))
         return checks
-    same = sum(pd.answers.get(doc) == answer for doc, answer in single.answers.items())
+    differing = answer_differences(pd, single)
     checks.append(
         Check(
             "P/D equals single instance",
-            pd.value == single.value and pd.samples == single.samples,
-            f"{pd.value:.4f} vs {single.value:.4f}; {same}/{len(single.answers)} answers identical",
+            pd.value == single.value and pd.samples == single.samples and not differing,
+            f"{pd.value:.4f} vs {single.value:.4f}; "
+            f"{len(single.answers) - len(differing)}/{len(single.answers)} answers identical"
+            + (f"; differ on doc ids {_ids(differing)}" if differing else ""),
         )
     )
     return checks
+
+
+def answer_differences(pd: Score, single: Score) -> list[int]:
+    """The questions (doc ids) whose strict-match answer through P/D is not the single instance's,
+    a question one run answered and the other did not included: greedy P/D must change no answer,
+    and equal scores can hide two answers that moved in opposite directions."""
+    return sorted(
+        doc
+        for doc in single.answers.keys() | pd.answers.keys()
+        if pd.answers.get(doc) != single.answers.get(doc)
+    )
+
+
+def _ids(docs: list[int], shown: int = 10) -> str:
+    head = ", ".join(map(str, docs[:shown]))
+    return head + (f" and {len(docs) - shown} more" if len(docs) > shown else "")
