@@ -71,6 +71,21 @@ def test_bench_serve_argv_fixes_dataset_lengths_seed_and_result() -> None:
     assert short[short.index("--result-filename") + 1] == "pd-short-c1.json"
 
 
+def test_each_level_and_workload_gets_its_own_prompts_and_every_target_the_same() -> None:
+    """With prefix caching on, a prompt sent at an earlier level is a cache hit at the next."""
+
+    def seed(target: str, level: int, workload: str = spec.MAIN) -> str:
+        plan = spec.BenchPlan(seed=7)
+        argv = spec.bench_serve_argv(spec.Target(target, "http://h:1", "m", "/t"), plan, level,
+                                     "/out", workload=workload)  # fmt: skip
+        return argv[argv.index("--seed") + 1]
+
+    runs = [(lv, w) for lv in (1, 4, 16) for w in (spec.MAIN, spec.SHORT, spec.LONG)]
+    assert len({seed("pd", lv, w) for lv, w in runs}) == len(runs)
+    assert all(seed("single", lv, w) == seed("pd", lv, w) for lv, w in runs)
+    assert seed("pd", 1) == "8"
+
+
 @pytest.mark.vllm
 def test_bench_serve_argv_parses_with_vllms_own_parser() -> None:
     pytest.importorskip("vllm.benchmarks.serve")
@@ -185,6 +200,21 @@ def test_tables_put_targets_side_by_side_and_refuse_unmeasured_ratios() -> None:
     assert "not meas." in text and "NOT MEASURED" in text
     long = report.table_rows(runs, spec.LONG)
     assert long[0]["ratios"] == {"pd-local": pytest.approx(1.1)}
+
+
+def test_each_run_reports_its_servers_prefix_cache_hit_rate() -> None:
+    runs = _runs()
+    cache = {report.PREFIX_QUERIES: 1000.0, report.PREFIX_HITS: 496.0}
+    runs[(spec.MAIN, "single", 4)].counters["server"] = cache
+    runs[(spec.MAIN, "pd", 4)].counters |= {"prefill": {report.PREFIX_QUERIES: 800.0},
+                                           "server": {report.PREFIX_QUERIES: 0.0}}  # fmt: skip
+    assert runs[(spec.MAIN, "single", 4)].hit_rates() == {"server": pytest.approx(0.496)}
+    assert runs[(spec.MAIN, "pd", 4)].hit_rates() == {"prefill": 0.0, "decode": None}
+    text = report.format_table(runs, spec.MAIN)
+    assert "|  | prefix-cache hit rate | 49.6% | prefill 0.0% / decode n/a |" in text
+    _text, _result, figures = report.render(spec.BenchPlan(levels=(1, 4), prompts=(4, 4)),
+                                            spec.ShortPlan(), list(runs.values()))  # fmt: skip
+    assert figures["prefix_cache_hit_rate"]["single c=4"] == {"server": pytest.approx(0.496)}
 
 
 def test_goals_are_measured_met_or_say_why_not() -> None:

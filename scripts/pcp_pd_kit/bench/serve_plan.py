@@ -36,6 +36,10 @@ TARGET_TITLES = {"single": "single", "pd": "P/D", "pd-local": "P/D+local", "pd-f
 SHORT_LEVEL = 1
 # Workload tags in result names; long: the main prompt length at c=1 on pd and pd-local.
 MAIN, SHORT, LONG = "", "short", "long"
+# The dataset seed of each (workload, level) is --seed + this + the level: every run of a target
+# gets prompts no earlier run of it sent (with prefix caching on, a repeated prompt is a cache
+# hit, not speed), and single and P/D get the same prompts at the same level.
+WORKLOAD_SEED_OFFSETS = {MAIN: 0, SHORT: 100_000, LONG: 200_000}
 
 
 class BenchSpecError(BenchError):
@@ -119,6 +123,10 @@ class BenchPlan:
 
     def prompts_for(self, level: int) -> int:
         return self.prompts[self.levels.index(level)]
+
+    def seed_for(self, level: int, workload: str = MAIN) -> int:
+        """The dataset seed of one run: its own prompts, the same on every target."""
+        return self.seed + WORKLOAD_SEED_OFFSETS[workload] + level
 
     def focus_level(self) -> int:
         """The level the breakdown is printed for: breakdown_level, else the nearest one run."""
@@ -222,7 +230,8 @@ def bench_serve_argv(
     """One target at one level: fixed lengths and greedy, so single and P/D do the same work."""
     options = {
         "--dataset-name": "random", "--random-input-len": plan.input_len,
-        "--random-output-len": plan.output_len, "--random-range-ratio": 0, "--seed": plan.seed,
+        "--random-output-len": plan.output_len, "--random-range-ratio": 0,
+        "--seed": plan.seed_for(level, workload),
         "--num-prompts": plan.prompts_for(level), "--max-concurrency": level,
         "--temperature": plan.temperature, "--percentile-metrics": "ttft,tpot,itl,e2el",
         "--metric-percentiles": "50,99", "--label": target.name,

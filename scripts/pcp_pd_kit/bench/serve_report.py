@@ -58,7 +58,14 @@ BREAKDOWN: tuple[tuple[str, str, str], ...] = (
 )
 # source -> the histograms (names or selectors) the breakdown reads from it
 HISTOGRAMS = {s: tuple(n for _l, src, n in BREAKDOWN if src == s) for _l, s, _n in BREAKDOWN}
-COUNTERS = {"proxy": ((FIRST_TOKEN_COUNTER, ("outcome", "reason")), (REQUESTS_COUNTER, ("path",)))}
+# vLLM's prefix-cache counters (tokens looked up, tokens found) on each vLLM of a run
+PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+CACHE_COUNTERS = ((PREFIX_QUERIES, ()), (PREFIX_HITS, ()))
+COUNTERS = {
+    "proxy": ((FIRST_TOKEN_COUNTER, ("outcome", "reason")), (REQUESTS_COUNTER, ("path",))),
+    "prefill": CACHE_COUNTERS, "server": CACHE_COUNTERS,
+}  # fmt: skip
+CACHE_SOURCES = {"prefill": "prefill", "server": "decode"}  # what a P/D run calls each source
 GAUGES = {"prefill": (KV_LEASE_SECONDS,)}
 # (workload, target, concurrency, lowest, highest) of target / reference median TTFT
 GOALS: tuple[tuple[str, str, int, float | None, float], ...] = (
@@ -95,6 +102,12 @@ class Run:
         done = value(self.result, "completed")
         return self.returncode == 0 and done is not None and int(done) == self.prompts
 
+    def hit_rates(self) -> dict[str, float | None]:
+        """Each vLLM's prefix-cache hit rate during the run (hit tokens / looked-up tokens): a
+        figure helped by prompts an earlier run left in the cache shows here, not as speed."""
+        names = {"server": "server"} if self.target == "single" else CACHE_SOURCES
+        return {name: hit_rate(self.counters.get(src)) for src, name in names.items()}
+
     def summary(self) -> dict[str, Any]:
         d = delivery(self.result)
         return {"target": self.target, "workload": WORKLOAD_NAMES[self.workload],
@@ -102,7 +115,21 @@ class Run:
                 "returncode": self.returncode, "seconds": round(self.seconds, 1),
                 "timed_out": self.timed_out, "complete": self.complete,
                 "delivery": None if d is None else asdict(d), "counters": self.counters,
-                "gauges": self.gauges, "log": self.log}  # fmt: skip
+                "gauges": self.gauges, "prefix_cache_hit_rate": self.hit_rates(),
+                "log": self.log}  # fmt: skip
+
+
+def hit_rate(counters: Mapping[str, float] | None) -> float | None:
+    """hits / queries of vLLM's prefix-cache counters grown over a run; None: not read or none
+    looked up."""
+    queries = (counters or {}).get(PREFIX_QUERIES)
+    return None if not queries else (counters or {}).get(PREFIX_HITS, 0.0) / queries
+
+
+def _hit_rates(run: Run) -> str:
+    rates = run.hit_rates()
+    text = ["n/a" if r is None else f"{r:.1%}" for r in rates.values()]
+    return text[0] if len(text) == 1 else " / ".join(f"{n} {t}" for n, t in zip(rates, text))
 
 
 @dataclass(frozen=True)
@@ -227,6 +254,8 @@ def format_table(runs: Runs, workload: str) -> str:
         if key == METRICS[0][1]:  # each level opens with its completed requests
             done = [_completed(r) if r else "not run" for r in here.values()]
             cells.append([level, "completed", *done, *[""] * len(compared)])
+            hits = [_hit_rates(r) if r else "not run" for r in here.values()]
+            cells.append(["", "prefix-cache hit rate", *hits, *[""] * len(compared)])
         star = key in BURST_AFFECTED
         marks = {t: "*" if star and r and bursty(r.result) else "" for t, r in here.items()}
         out: list[object] = ["", row["metric"]]
@@ -328,7 +357,8 @@ def render(
         LONG: f"long prompts, {plan.input_len} in / {short.output_len} out, c=1",
     }
     text = [
-        f"vllm bench serve, random dataset, seed {plan.seed}, temperature {plan.temperature:g}; "
+        f"vllm bench serve, random dataset, seed {plan.seed} + the level (new prompts at each "
+        f"level), temperature {plan.temperature:g}; "
         "single = one vLLM, P/D = prefill + decode through pd-proxy, 1st-tok = through a pd-proxy "
         "with --first-token-from-prefill, +local = through one with --local-prefill-max-tokens N"
     ]
@@ -353,9 +383,10 @@ def render(
         text += ["", "errors (their cells read n/a):", *(f"- {e}" for e in errors)]
     checks = [{"run": r.name, **asdict(c)} for r in runs if (c := check(r)) is not None]
     shown = {name: {r.target: breakdown(r) for r in chosen} for name, chosen in where.items()}
+    hits = {r.name: r.hit_rates() for r in runs}
     figures = {"plan": plan.as_dict(), "short_plan": short.as_dict(), "tables": tables,
-               "checks": checks, "breakdown": shown, "goals": found,
-               "errors": list(errors)}  # fmt: skip
+               "prefix_cache_hit_rate": hits, "checks": checks, "breakdown": shown,
+               "goals": found, "errors": list(errors)}  # fmt: skip
     every = [{"workload": WORKLOAD_NAMES[r.workload], "target": r.target, "concurrency": r.level,
               "rows": breakdown(r)} for r in runs]  # fmt: skip
     result = {**figures, "breakdown_every_level": every, "runs": [r.summary() for r in runs]}
