@@ -43,7 +43,7 @@ def vllm_classes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CPUSDPAMLAPrefillBackend, "_ragged_sdpa", ragged)
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
-    monkeypatch.setattr(SpinCondition, "__init__", SpinCondition.__init__)
+    monkeypatch.setattr(SpinCondition, "wait", SpinCondition.wait)
     assert plugin.missing_fixes(), "another test left vLLM's classes patched"
 
 
@@ -53,7 +53,7 @@ def test_knob_on_without_the_fixes_names_what_is_missing_and_why(vllm_classes: N
     message = str(caught.value)
     for needle in ("RotaryEmbedding.forward_cpu", "CPUUnquantizedExperts.apply",
                    "CpuCommunicator.all_gatherv", "CpuPlatform.check_and_update_config",
-                   "CPUSDPAMLAPrefillBackend._ragged_sdpa", "SpinCondition.__init__",
+                   "CPUSDPAMLAPrefillBackend._ragged_sdpa", "SpinCondition.wait",
                    "VLLM_PLUGINS", "PYTHONPATH", "pcp_nixl_cpu_fixes"):  # fmt: skip
         assert needle in message
     plugin.verify_installed({})  # knob off: nothing is required
@@ -67,7 +67,7 @@ def test_the_fixes_installed_pass_and_one_missing_is_named(vllm_classes: None) -
     # The two fixes, then (once per process) the quantized experts' refusal under EP.
     assert [name.split(" ")[0] for name in installed[:2]] == ["rotary", "expert-parallel"]
     assert installed[-3].startswith("prefix caching for MLA")
-    assert installed[-2:] == [plugin.FUSED_MLA_PREFILL, plugin.BLOCKING_WAIT]
+    assert installed[-2:] == [plugin.FUSED_MLA_PREFILL, plugin.SLEEPING_WAIT]
     assert plugin.missing_fixes() == []
     plugin.verify_installed({FIXES_ENV: "1"})
     RotaryEmbedding.forward_cpu = stock_rope  # restored by the fixture

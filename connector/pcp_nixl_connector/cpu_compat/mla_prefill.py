@@ -29,7 +29,7 @@ tokens]``. It installs only on the vLLM releases ``upstream_gate`` lists for it;
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -37,14 +37,14 @@ from . import upstream_gate
 
 MARKER = "_pcp_nixl_cpu_fused_mla_prefill"
 
-Result = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+Result: TypeAlias = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def _request_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request: q ``[Sq, H, Dqk]``, k ``[Sk, H, Dqk]``, v ``[Sk, H, Dv]`` -> (out ``[Sq, H, Dv]``
-    in fp32, lse ``[H, Sq]``)."""
+    """One request: q ``[Sq, H, Dqk]``, k ``[Sk, H, Dqk]``, v ``[Sk, H, Dv]`` -> (out
+    ``[Sq, H, Dv]`` in fp32, lse ``[H, Sq]``)."""
     sq, heads, _ = q.shape
     sk, dv = k.shape[0], v.shape[-1]
     if sq == 0 or sk == 0:  # the kernel divides by these; the dense code's answer instead
@@ -78,9 +78,7 @@ def ragged_attention(
     q_bounds = q_cu_seq_lens.tolist()
     kv_bounds = kv_cu_seq_lens.tolist()
     if len(q_bounds) != len(kv_bounds):
-        raise ValueError(
-            f"{len(q_bounds) - 1} query ranges but {len(kv_bounds) - 1} key ranges"
-        )
+        raise ValueError(f"{len(q_bounds) - 1} query ranges but {len(kv_bounds) - 1} key ranges")
     outs: list[torch.Tensor] = []
     lses: list[torch.Tensor] = []
     for r in range(len(q_bounds) - 1):

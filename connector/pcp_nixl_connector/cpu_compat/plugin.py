@@ -21,7 +21,11 @@ from .knobs import knob_on, wants_fixes
 logger = logging.getLogger(f"vllm.{__name__}")
 #: The log line of the fused attention fix (``bench prefill`` tells a server that ran it apart).
 FUSED_MLA_PREFILL = "fused MLA prefill attention (PyTorch's CPU flash attention with its LSE)"
-BLOCKING_WAIT = "workers block on the next step instead of spinning on it (SpinCondition)"
+NATIVE_KERNELS = (
+    "Model Runner V2's hottest Triton kernels in torch (staged writes, slot mappings, "
+    "block-table gather, greedy sampling)"
+)
+SLEEPING_WAIT = "workers sleep between looks for the next step instead of spinning a core"
 
 
 class CpuCompatError(RuntimeError):
@@ -82,8 +86,22 @@ def apply_fixes() -> list[str]:
     if mla_prefill.install(_mla_prefill_backend()):
         installed.append(FUSED_MLA_PREFILL)
     if idle_wait.install(_spin_condition()):
-        installed.append(BLOCKING_WAIT)
+        installed.append(SLEEPING_WAIT)
     return installed
+
+
+def apply_native_kernels() -> list[str]:
+    """With Model Runner V2 in Triton's interpreter: its hottest kernels in torch. Returns the
+    log lines (what was installed, and the kernels that stay interpreted)."""
+    from . import native_kernels
+
+    if not native_kernels.install():
+        return []
+    return [
+        NATIVE_KERNELS,
+        "Triton kernels left to the interpreter: "
+        + (", ".join(native_kernels.interpreted_kernels()) or "none"),
+    ]
 
 
 def missing_fixes() -> list[str]:
@@ -112,7 +130,7 @@ def missing_fixes() -> list[str]:
     if not mla_prefill.installed(_mla_prefill_backend()):
         missing.append("CPUSDPAMLAPrefillBackend._ragged_sdpa (fused MLA prefill attention)")
     if not idle_wait.installed(_spin_condition()):
-        missing.append("SpinCondition.__init__ (workers block instead of spinning)")
+        missing.append("SpinCondition.wait (workers sleep instead of spinning)")
     return missing
 
 
@@ -126,11 +144,14 @@ def verify_installed(environ: Mapping[str, str]) -> None:
     """
     if not _is_cpu_build():
         return
-    if knob_on(environ, TRITON_INTERPRETER_ENV):
+    triton = knob_on(environ, TRITON_INTERPRETER_ENV)
+    if triton:
         check_triton_interpreter()
     if not knob_on(environ, FIXES_ENV):
         return
     missing = missing_fixes()
+    if triton and not _native_kernels_installed():
+        missing.append("Model Runner V2's kernels in torch (native_kernels)")
     if missing:
         raise CpuCompatError(
             f"{FIXES_ENV}=1 but this vLLM process lacks the kit's CPU fixes "
@@ -151,6 +172,12 @@ def _spin_condition() -> type:
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
     return SpinCondition
+
+
+def _native_kernels_installed() -> bool:
+    from . import native_kernels
+
+    return native_kernels.installed()
 
 
 def _cpu_platform() -> type:
@@ -205,6 +232,8 @@ def register() -> None:
         return
     try:
         installed = apply_fixes()
+        if knob_on(os.environ, TRITON_INTERPRETER_ENV):
+            installed += apply_native_kernels()
     except (ImportError, AttributeError) as exc:
         raise CpuCompatError(
             f"{FIXES_ENV}=1: a vLLM class the CPU fixes patch has moved ({exc}); these fixes "

@@ -23,6 +23,7 @@ COLLECTIVES = "collectives"
 PREFIX_CACHING = "prefix_caching"
 MLA_PREFILL = "mla_prefill"
 IDLE_WAIT = "idle_wait"
+NATIVE_KERNELS = "native_kernels"
 
 #: What each fix works around, for the messages.
 DEFECTS: dict[str, str] = {
@@ -31,7 +32,8 @@ DEFECTS: dict[str, str] = {
     COLLECTIVES: "CpuCommunicator without all_gatherv/reduce_scatterv",
     PREFIX_CACHING: "CpuPlatform forcing prefix caching off for MLA models",
     MLA_PREFILL: "CPUSDPAMLAPrefillBackend._ragged_sdpa's dense per-request attention",
-    IDLE_WAIT: "shm_broadcast.SpinCondition's 1 s busy loop in every waiting worker",
+    IDLE_WAIT: "shm_broadcast.SpinCondition.wait's sched_yield spin in every waiting worker",
+    NATIVE_KERNELS: "Model Runner V2's Triton kernels running in Triton's interpreter",
 }
 #: The vLLM releases each fix's canaries ran on (and showed the defect present).
 READ_AGAINST: dict[str, tuple[str, ...]] = {
@@ -42,8 +44,10 @@ READ_AGAINST: dict[str, tuple[str, ...]] = {
     PREFIX_CACHING: CPU_CHECKED,
     # The _ragged_sdpa contract (arguments, layouts, top-left causal mask, LSE shape) it replaces.
     MLA_PREFILL: CPU_CHECKED,
-    # SpinCondition's signature and the writer's notification after every enqueue.
+    # SpinCondition.wait's signature and its last_read/busy_loop_s fields.
     IDLE_WAIT: CPU_CHECKED,
+    # The four kernels' arguments and effects (tests/connector/test_native_kernels.py).
+    NATIVE_KERNELS: CPU_CHECKED,
 }
 CANARIES = "tests/connector/test_upstream_canaries.py"
 

@@ -127,9 +127,8 @@ def hit_rate(counters: Mapping[str, float] | None) -> float | None:
 
 
 def _hit_rates(run: Run) -> str:
-    rates = run.hit_rates()
-    text = ["n/a" if r is None else f"{r:.1%}" for r in rates.values()]
-    return text[0] if len(text) == 1 else " / ".join(f"{n} {t}" for n, t in zip(rates, text))
+    text = {n: "n/a" if r is None else f"{r:.1%}" for n, r in run.hit_rates().items()}
+    return " / ".join(text.values() if len(text) == 1 else (f"{n} {t}" for n, t in text.items()))
 
 
 @dataclass(frozen=True)
