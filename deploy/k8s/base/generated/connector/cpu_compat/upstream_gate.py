@@ -21,6 +21,9 @@ ROPE = "rope"
 EXPERT_MAP = "expert_map"
 COLLECTIVES = "collectives"
 PREFIX_CACHING = "prefix_caching"
+MLA_PREFILL = "mla_prefill"
+IDLE_WAIT = "idle_wait"
+NATIVE_KERNELS = "native_kernels"
 
 #: What each fix works around, for the messages.
 DEFECTS: dict[str, str] = {
@@ -28,6 +31,9 @@ DEFECTS: dict[str, str] = {
     EXPERT_MAP: "CPUUnquantizedExperts.apply ignoring expert_map",
     COLLECTIVES: "CpuCommunicator without all_gatherv/reduce_scatterv",
     PREFIX_CACHING: "CpuPlatform forcing prefix caching off for MLA models",
+    MLA_PREFILL: "CPUSDPAMLAPrefillBackend._ragged_sdpa's dense per-request attention",
+    IDLE_WAIT: "shm_broadcast.SpinCondition.wait's sched_yield spin in every waiting worker",
+    NATIVE_KERNELS: "Model Runner V2's Triton kernels running in Triton's interpreter",
 }
 #: The vLLM releases each fix's canaries ran on (and showed the defect present).
 READ_AGAINST: dict[str, tuple[str, ...]] = {
@@ -36,6 +42,12 @@ READ_AGAINST: dict[str, tuple[str, ...]] = {
     COLLECTIVES: CPU_CHECKED,
     # The platform rule and the CPU branch of MLA's context path the fix relies on.
     PREFIX_CACHING: CPU_CHECKED,
+    # The _ragged_sdpa contract (arguments, layouts, top-left causal mask, LSE shape) it replaces.
+    MLA_PREFILL: CPU_CHECKED,
+    # SpinCondition.wait's signature and its last_read/busy_loop_s fields.
+    IDLE_WAIT: CPU_CHECKED,
+    # The four kernels' arguments and effects (tests/connector/test_native_kernels.py).
+    NATIVE_KERNELS: CPU_CHECKED,
 }
 CANARIES = "tests/connector/test_upstream_canaries.py"
 
