@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcp_nixl_connector.cpu_compat import FIXES_ENV, TRITON_INTERPRETER_ENV
+from pcp_nixl_connector.cpu_compat import FIXES_ENV, SLEEPING_WAIT_ENV, TRITON_INTERPRETER_ENV
 from pcp_nixl_connector.cpu_compat.binding import omp_threads_bind, parse_cpu_list
 from pcp_nixl_connector.cpu_compat.expert_parallel import gather_varlen, scatter_varlen_sum
 from pcp_nixl_connector.cpu_compat.knobs import (
@@ -122,10 +122,11 @@ def test_launch_of_a_pcp2_ep2_prefill_and_a_pcp1_server() -> None:
     assert env == {
         FIXES_ENV: "1",
         TRITON_INTERPRETER_ENV: "1",
+        SLEEPING_WAIT_ENV: "1",
         "VLLM_CPU_OMP_THREADS_BIND": "0|1",
     }
     assert cpu_server_launch(2, False, [0, 1])[0] == ["--prefill-context-parallel-size", "2"]
-    flags, env = cpu_server_launch(1, True, [3])
+    flags, env = cpu_server_launch(1, True, [3], sleeping_wait=False)
     assert flags == [] and env == {FIXES_ENV: "1", "VLLM_CPU_OMP_THREADS_BIND": "3"}
     assert cpu_server_launch(2, True, [0])[1]["VLLM_CPU_OMP_THREADS_BIND"] == "0|0"
     with pytest.raises(ValueError, match="cannot be split evenly over 2"):

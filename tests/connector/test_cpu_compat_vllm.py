@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from pcp_nixl_connector.cpu_compat import FIXES_ENV, TRITON_INTERPRETER_ENV
+from pcp_nixl_connector.cpu_compat import FIXES_ENV, SLEEPING_WAIT_ENV, TRITON_INTERPRETER_ENV
 from tests.support.paths import CONNECTOR_DIR
 
 pytestmark = pytest.mark.vllm
@@ -89,7 +89,8 @@ def test_fixed_forward_cpu_is_correct_in_place_and_leaves_2d_calls_alone(rope_cl
 
 def _run(code: str, **env: str) -> dict:
     """A fresh interpreter with connector/ on PYTHONPATH, as the kit's launchers start vLLM."""
-    full = {k: v for k, v in os.environ.items() if k not in (FIXES_ENV, TRITON_INTERPRETER_ENV)}
+    knobs = (FIXES_ENV, TRITON_INTERPRETER_ENV, SLEEPING_WAIT_ENV)
+    full = {k: v for k, v in os.environ.items() if k not in knobs}
     full.update(PYTHONPATH=str(CONNECTOR_DIR), **env)
     done = subprocess.run(
         [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300
@@ -135,18 +136,18 @@ def test_plugins_are_found_through_connector_dist_info_and_off_by_default() -> N
 
 
 def test_knobs_turn_on_triton_before_vllm_reads_it_and_install_every_fix() -> None:
-    seen = _run(PROBE, **{FIXES_ENV: "1", TRITON_INTERPRETER_ENV: "1"})
+    seen = _run(PROBE, **{FIXES_ENV: "1", TRITON_INTERPRETER_ENV: "1", SLEEPING_WAIT_ENV: "1"})
     # vllm/config/vllm.py copies HAS_TRITON at import: only a hook that runs first can flip it.
     assert seen["has_triton"] is True and seen["config_has_triton"] is True
     assert seen["interpret"] == "1"
     assert seen["rope_fixed"]
     assert seen["gatherv"] == "pcp_nixl_connector.cpu_compat.expert_parallel"
     assert seen["fused_mla"] is True
-    assert seen["sleeping_wait"] is True  # a PCP prefill's workers sleep instead of spinning
+    assert seen["sleeping_wait"] is True  # a P/D server's workers sleep instead of spinning
 
 
-def test_a_server_with_one_worker_keeps_vllms_spin_and_gets_the_other_fixes() -> None:
-    """The fixes knob alone (single, decode): sleeping cost a one-worker vLLM per-token latency."""
+def test_a_server_alone_on_the_host_keeps_vllms_spin_and_gets_the_other_fixes() -> None:
+    """The fixes knob alone (the single reference): sleeping cost it per-token latency."""
     seen = _run(PROBE, **{FIXES_ENV: "1"})
     assert seen["rope_fixed"] and seen["fused_mla"] is True
     assert seen["sleeping_wait"] is False

@@ -91,6 +91,13 @@ def test_reference_server_is_not_disaggregated() -> None:
         spec.env["PCP_NIXL_CPU_FIXES"] == "1" and "PCP_NIXL_CPU_TRITON_INTERPRETER" not in spec.env
     )
     assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"  # prefill rank 0's cores
+    # Alone on the host it keeps vLLM's spinning wait; the P/D pair's servers sleep instead.
+    assert "PCP_NIXL_CPU_SLEEPING_WAIT" not in spec.env
+    for role in ("prefill", "decode"):
+        assert (
+            vllm_server_spec(SETTINGS, role, "/m", "t", REPO).env["PCP_NIXL_CPU_SLEEPING_WAIT"]
+            == "1"
+        )
     wide = vllm_server_spec(example_settings(prefill_cpus="0-3"), "reference", "/m", "t", REPO)
     assert wide.env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"

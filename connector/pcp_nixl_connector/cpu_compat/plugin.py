@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 from ..releases import CPU_CHECKED, and_list
-from . import FIXES_ENV, TRITON_INTERPRETER_ENV
+from . import FIXES_ENV, SLEEPING_WAIT_ENV, TRITON_INTERPRETER_ENV
 from .knobs import knob_on, wants_fixes
 
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -88,22 +88,22 @@ def apply_fixes() -> list[str]:
     return installed
 
 
-def apply_pcp_fixes() -> list[str]:
-    """For a PCP prefill (Model Runner V2 in Triton's interpreter, one core per rank): its hottest
-    kernels in torch, and workers that sleep instead of spinning while they wait. A server with
-    one worker keeps vLLM's spin: its worker and scheduler have the machine's other core to spin
-    on, and sleeping cost a single vLLM 1.6-2.4 ms per output token (docs/measurements.md).
-    Returns the log lines (what was installed, and the kernels that stay interpreted)."""
+def apply_knob_fixes(environ: Mapping[str, str]) -> list[str]:
+    """The fixes two more knobs ask for: with the Triton knob (a PCP prefill) Model Runner V2's
+    hottest kernels in torch; with ``PCP_NIXL_CPU_SLEEPING_WAIT`` (the servers of a P/D pair, which
+    share the host's cores) workers that sleep instead of spinning while they wait. A server
+    alone on the host keeps vLLM's spin: sleeping cost a single vLLM 1.6-2.4 ms per output token
+    (docs/measurements.md). Returns the log lines (with the kernels that stay interpreted)."""
     from . import idle_wait, native_kernels
 
     lines = []
-    if native_kernels.install():
+    if knob_on(environ, TRITON_INTERPRETER_ENV) and native_kernels.install():
         lines += [
             NATIVE_KERNELS,
             "Triton kernels left to the interpreter: "
             + (", ".join(native_kernels.interpreted_kernels()) or "none"),
         ]
-    if idle_wait.install(_spin_condition()):
+    if knob_on(environ, SLEEPING_WAIT_ENV) and idle_wait.install(_spin_condition()):
         lines.append(SLEEPING_WAIT)
     return lines
 
@@ -146,14 +146,11 @@ def verify_installed(environ: Mapping[str, str]) -> None:
     """
     if not _is_cpu_build():
         return
-    triton = knob_on(environ, TRITON_INTERPRETER_ENV)
-    if triton:
+    if knob_on(environ, TRITON_INTERPRETER_ENV):
         check_triton_interpreter()
     if not knob_on(environ, FIXES_ENV):
         return
-    missing = missing_fixes()
-    if triton:
-        missing += missing_pcp_fixes()
+    missing = missing_fixes() + missing_knob_fixes(environ)
     if missing:
         raise CpuCompatError(
             f"{FIXES_ENV}=1 but this vLLM process lacks the kit's CPU fixes "
@@ -176,14 +173,14 @@ def _spin_condition() -> type:
     return SpinCondition
 
 
-def missing_pcp_fixes() -> list[str]:
-    """What ``apply_pcp_fixes`` puts in place that this process lacks."""
+def missing_knob_fixes(environ: Mapping[str, str]) -> list[str]:
+    """What ``apply_knob_fixes`` puts in place for these knobs that this process lacks."""
     from . import idle_wait, native_kernels
 
     missing = []
-    if not native_kernels.installed():
+    if knob_on(environ, TRITON_INTERPRETER_ENV) and not native_kernels.installed():
         missing.append("Model Runner V2's kernels in torch (native_kernels)")
-    if not idle_wait.installed(_spin_condition()):
+    if knob_on(environ, SLEEPING_WAIT_ENV) and not idle_wait.installed(_spin_condition()):
         missing.append("SpinCondition.wait (workers sleep instead of spinning)")
     return missing
 
@@ -239,9 +236,7 @@ def register() -> None:
     if not wants_fixes(os.environ, cpu_build):
         return
     try:
-        installed = apply_fixes()
-        if knob_on(os.environ, TRITON_INTERPRETER_ENV):
-            installed += apply_pcp_fixes()
+        installed = apply_fixes() + apply_knob_fixes(os.environ)
     except (ImportError, AttributeError) as exc:
         raise CpuCompatError(
             f"{FIXES_ENV}=1: a vLLM class the CPU fixes patch has moved ({exc}); these fixes "

@@ -18,6 +18,7 @@ KINDS: dict[str, str] = {
     "serve": "pcp_pd_kit.bench.serve", "local-prefill": "pcp_pd_kit.bench.serve:LOCAL_PREFILL",
     "proxy": "pcp_pd_kit.bench.proxy", "connector": "pcp_pd_kit.bench.connector",
     "prefill": "pcp_pd_kit.bench.prefill_ep", "tokenize": "pcp_pd_kit.bench.tokenize_cost",
+    "prefill-profile": "pcp_pd_kit.bench.prefill_profile",
     "xpyd": "pcp_pd_kit.bench.xpyd", "cache": "pcp_pd_kit.bench.cache",
     "prefix-ttft": "pcp_pd_kit.bench.prefix_ttft", "overload": "pcp_pd_kit.bench.overload",
 }  # fmt: skip

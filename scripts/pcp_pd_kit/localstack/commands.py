@@ -165,6 +165,7 @@ def vllm_server_spec(
         settings.prefill_pcp_size if prefill else 1,
         prefill and settings.prefill_expert_parallel,
         cores,
+        sleeping_wait=role != "reference",  # a P/D pair shares the host; the reference does not
     )
     argv += flags
     env = {

@@ -11,9 +11,10 @@ Two vLLM plugin entry points, both no-ops unless their knob is set *and* vLLM is
 * ``PCP_NIXL_CPU_FIXES=1`` (``vllm.general_plugins`` -> ``register``): three defects of vLLM
   0.32's CPU path that change answers (``rope``, ``expert_parallel``), the CPU platform's rule
   that turns prefix caching off for MLA models (``prefix_caching``), and the dense MLA prefill
-  attention (``mla_prefill``). With both knobs (a PCP prefill) also Model Runner V2's hottest
-  Triton kernels in torch (``native_kernels``) and workers that sleep instead of spinning
-  (``idle_wait``).
+  attention (``mla_prefill``). With the Triton knob too (a PCP prefill) also Model Runner V2's
+  hottest Triton kernels in torch (``native_kernels``); with ``PCP_NIXL_CPU_SLEEPING_WAIT=1``
+  (the P/D servers, whose processes share the host's cores) workers that sleep instead of
+  spinning while they wait (``idle_wait``).
 
 The connector imports only ``plugin.verify_installed`` (its worker checks that the fixes the knobs
 ask for are in place); vLLM imports the rest through the entry points that
@@ -25,3 +26,4 @@ from __future__ import annotations
 
 TRITON_INTERPRETER_ENV = "PCP_NIXL_CPU_TRITON_INTERPRETER"
 FIXES_ENV = "PCP_NIXL_CPU_FIXES"
+SLEEPING_WAIT_ENV = "PCP_NIXL_CPU_SLEEPING_WAIT"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import FIXES_ENV, TRITON_INTERPRETER_ENV
+from . import FIXES_ENV, SLEEPING_WAIT_ENV, TRITON_INTERPRETER_ENV
 from .binding import omp_threads_bind
 
 #: vLLM's two spellings of the prefix-caching switch; a launcher passes exactly one.
@@ -29,18 +29,23 @@ def gives_prefix_caching_flag(argv: Sequence[str]) -> bool:
 
 
 def cpu_server_launch(
-    pcp_size: int, expert_parallel: bool, cores: Sequence[int]
+    pcp_size: int, expert_parallel: bool, cores: Sequence[int], *, sleeping_wait: bool = True
 ) -> tuple[list[str], dict[str, str]]:
     """(extra vLLM flags, extra environment) for a CPU server with ``pcp_size`` ranks on ``cores``.
 
-    Every CPU server gets the kit's CPU fixes (correct MLA rope, expert-parallel MoE); a PCP
-    prefill also gets Model Runner V2's Triton kernels in Triton's interpreter,
-    and expert parallelism over its PCP ranks when asked. ValueError when the cores cannot be
+    Every CPU server gets the kit's CPU fixes (correct MLA rope, expert-parallel MoE, the fused
+    MLA prefill attention); a PCP prefill also gets Model Runner V2's Triton kernels in Triton's
+    interpreter (its hottest in torch), and expert parallelism over its PCP ranks when asked.
+    ``sleeping_wait``: its workers sleep instead of spinning while they wait for a step, for the
+    servers of a P/D pair, whose processes share the host's cores (a server alone on the host
+    keeps vLLM's spin: sleeping cost it per-token latency). ValueError when the cores cannot be
     split evenly over the ranks.
     """
     if pcp_size < 1:
         raise ValueError(f"PCP size must be >= 1, got {pcp_size}")
     env = {FIXES_ENV: "1", "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind(cores, pcp_size)}
+    if sleeping_wait:
+        env[SLEEPING_WAIT_ENV] = "1"
     flags: list[str] = []
     if pcp_size > 1:
         flags += ["--prefill-context-parallel-size", str(pcp_size)]
