@@ -31,7 +31,8 @@ WORKER = "VLLM::Worker_PCP0"  # the rank-0 worker's process title
 # (group, substrings of a stack that put it there), first match wins: what a stack is *doing*
 # at its innermost recognisable frame comes first (a wait inside a collective is a wait).
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("waiting for the next step (spinning, or sleeping with the fix)", ("SpinCondition.wait",)),
+    ("waiting for the next step (vLLM's spin, or the kit's sleep)",
+     ("SpinCondition.wait", "cpu_compat/idle_wait.py")),
     ("MLA prefill attention", ("_ragged_sdpa", "ragged_attention")),
     ("Triton interpreter", ("triton/runtime/interpreter",)),
     ("collectives (all-gather, reduce-scatter, all-reduce)",
