@@ -6,13 +6,12 @@ other services stay as they are. pd-proxy finds the new
 replica by DNS (the `prefill` alias now has two A records), Prometheus scrapes it by DNS service
 discovery, and 16 concurrent requests through the proxy all answer 200 with each replica having
 prefilled some of them (counted per replica by Prometheus). A replica stopped by hand leaves the
-proxy's pool (requests keep answering 200); that it rejoins once started again is a repeat check
-(marker ``repeat``: the scale-up already shows a replica joining). The stack goes back to one
-replica at the end only when a later test needs it (conftest.py).
+proxy's pool (requests keep answering 200) and rejoins it once started again. The stack goes back
+to one replica at the end only when a later test needs it (conftest.py).
 
 Both prefill replicas run on the prefill's cpuset (PREFILL_CPUS, core 0 by default), the decode
-keeps its own core: a decode sharing a core with spinning PCP ranks stalls (docs/cpu.md). About
-3 minutes on 2 cores, most of it the second prefill starting.
+keeps its own core: a decode sharing a core with spinning PCP ranks stalls (docs/cpu.md). Most of
+the module's time is the second prefill starting, twice (the scale-up and the rejoin).
 """
 
 from __future__ import annotations
@@ -125,10 +124,9 @@ def test_a_stopped_replica_leaves_the_pool(two_prefills) -> None:
     _stop_second_and_serve(stack)
 
 
-@pytest.mark.repeat
 def test_a_stopped_replica_comes_back(two_prefills) -> None:
-    """Started again, the replica rejoins the pool. A repeat check (a full prefill start): the
-    fixture's scale-up already shows a new replica joining the pool by DNS."""
+    """Started again, the replica rejoins the pool and serves (a full prefill start, so `slow`
+    with the module, not `repeat`: the docs cite it as the proof that a replica rejoins)."""
     stack = two_prefills
     second = replica_containers(stack, stopped_too=True)[-1]
     if second in replica_containers(stack):  # running: run alone, not after the stop check

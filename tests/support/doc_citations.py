@@ -1,14 +1,13 @@
 """What a Markdown file cites in this repository: relative links, their #anchors, and repo paths
-and pytest node ids written in backticks. Pure functions over text, so a test can feed them a
-broken document and see each kind of breakage found."""
+and pytest node ids, in code spans, fenced blocks and plain prose. Pure functions over text, so a
+test can feed them a broken document and see each kind of breakage found."""
 
 from __future__ import annotations
 
 import ast
 import os
 import re
-from collections.abc import Iterator
-from functools import cache
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 # Folders that hold no document of the kit's own: environments, caches, run output, vendored or
@@ -104,34 +103,61 @@ def code_words(text: str) -> Iterator[str]:
     """Each word of each inline code span, trailing punctuation dropped; kubectl's resource names
     (`rollout status deploy/pcp-pd-decode`) are not paths."""
     for m in CODE_SPAN.finditer(prose(text)):
-        words = m.group(2).split()
-        kubectl = bool({"kubectl", "rollout"} & set(words))
-        for word in words:
-            word = word.rstrip(".,;:)")
-            if not word or not PATH_WORD.fullmatch(word) or SCHEME.match(word.split("::")[0]):
-                continue
-            if kubectl and KUBE_RESOURCE.fullmatch(word):
-                continue
-            yield word
+        yield from _path_words(m.group(2).split())
 
 
-def cited_paths(path: Path, repo: Path) -> list[tuple[str, Path]]:
-    """(as written, where it resolves) for each code-span word that names a place in the repo:
-    its first segment is a top-level entry of the repo, or of the document's own folder."""
-    roots = {repo: _entries(repo), path.parent: _entries(path.parent)}
-    cited = []
-    for word in code_words(path.read_text()):
-        file_part = word.split("::", 1)[0]
-        first = file_part.split("/", 1)[0]
-        if "/" not in file_part and first not in TOP_FILES:
+def fence_words(text: str) -> Iterator[str]:
+    """Each word of each line of the fenced code blocks: a command's arguments (`-f x`, `--a=x`,
+    quoted or in parentheses) and its comments."""
+    for m in FENCE.finditer(text):
+        for line in m.group(0).splitlines()[1:-1]:
+            yield from _path_words(FENCE_SPLIT.split(line))
+
+
+def plain_words(text: str) -> Iterator[str]:
+    """Each word of the prose outside code spans and fences (link targets are checked apart);
+    emphasis stars around a word dropped."""
+    bare = LINK.sub("] ", CODE_SPAN.sub(" ", prose(text)))
+    yield from _path_words(w.strip("*") for w in FENCE_SPLIT.split(bare))
+
+
+def all_words(text: str) -> Iterator[str]:
+    yield from code_words(text)
+    yield from fence_words(text)
+    yield from plain_words(text)
+
+
+# Between the words of a fenced line or of prose: spaces, quotes, brackets, `=`, commas.
+FENCE_SPLIT = re.compile(r"[\s\"'(),;=`<>]+")
+
+
+def _path_words(words: Iterable[str]) -> Iterator[str]:
+    words = list(words)
+    kubectl = bool({"kubectl", "rollout"} & set(words))
+    for word in words:
+        word = word.rstrip(".,;:)")
+        if not word or not PATH_WORD.fullmatch(word) or SCHEME.match(word.split("::")[0]):
             continue
-        if file_part.startswith(RUNTIME_PREFIXES) or file_part.startswith(("/", "~")):
+        if kubectl and KUBE_RESOURCE.fullmatch(word):
             continue
-        for base, entries in roots.items():
-            if first in entries:
-                cited.append((word, base / file_part))
-                break
-    return cited
+        yield word
+
+
+def cited_paths(path: Path, repo: Path) -> list[tuple[str, list[Path]]]:
+    """(as written, where it may resolve) for each word that names a place in the repo: its first
+    segment is a top-level entry of the repo, or of the document's own folder (`proxy/x.md` in
+    docs/ may be either)."""
+    return [c for w in all_words(path.read_text()) if (c := cited_path(w, path.parent, repo))[1]]
+
+
+def cited_path(word: str, folder: Path, repo: Path) -> tuple[str, list[Path]]:
+    file_part = word.split("::", 1)[0]
+    first = file_part.split("/", 1)[0]
+    if "/" not in file_part and first not in TOP_FILES:
+        return word, []
+    if file_part.startswith(RUNTIME_PREFIXES) or file_part.startswith(("/", "~")):
+        return word, []
+    return word, [base / file_part for base in (repo, folder) if first in _entries(base)]
 
 
 # Top-level files cited by name alone (`compose.yaml`), checked without a slash.
@@ -154,30 +180,33 @@ def exists(target: Path) -> bool:
 def missing_paths(path: Path, repo: Path) -> list[str]:
     """Cited repo paths that do not exist, and node ids whose test is not in the file."""
     missing = []
-    for word, target in cited_paths(path, repo):
-        if not exists(target):
-            missing.append(word)
-        elif "::" in word and not has_node(target, word.split("::")[1:]):
+    for word, targets in cited_paths(path, repo):
+        found = [t for t in targets if exists(t)]
+        if not found or ("::" in word and not has_node(found[0], word.split("::")[1:])):
             missing.append(word)
     return missing
 
 
 def has_node(test_file: Path, names: list[str]) -> bool:
-    """`test.py::Class::test_x[param]`: the class and function are defined in the file."""
-    defined = _definitions(test_file)
-    return all(name.split("[", 1)[0] in defined for name in names)
+    """`test.py::Class::test_x[param]`: the class is defined at the top of the file and the test
+    in it (a bare `test.py::test_x`: at the top)."""
+    if test_file.suffix != ".py":
+        return False
+    scope: list[ast.stmt] = ast.parse(test_file.read_text()).body
+    for name in names:
+        found = [n for n in scope if isinstance(n, DEFINITIONS) and n.name == name.split("[")[0]]
+        if not found:
+            return False
+        scope = found[0].body
+    return True
 
 
-@cache
-def _definitions(test_file: Path) -> frozenset[str]:
-    tree = ast.parse(test_file.read_text())
-    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    return frozenset(n.name for n in ast.walk(tree) if isinstance(n, kinds))
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def cited_test_names(path: Path) -> list[str]:
-    """Bare test file names in code spans (`test_faults.py`), cited without their folder."""
-    return [w for w in code_words(path.read_text()) if re.fullmatch(r"test_[\w*]+\.py", w)]
+    """Bare test file names (`test_faults.py`), cited without their folder."""
+    return [w for w in all_words(path.read_text()) if re.fullmatch(r"test_[\w*]+\.py", w)]
 
 
 def missing_test_names(path: Path, tests_dir: Path) -> list[str]:
