@@ -1,5 +1,6 @@
-"""No issue numbers in the product: users never see the tracker, so code, docs, dashboards and
-test names say the capability ("the handover goal"), never the ticket that asked for it."""
+"""No issue numbers or tracker talk in the product: users never see the tracker, so code, docs,
+dashboards and test names say the capability ("the handover goal"), never the ticket that asked
+for it (its case, its goals by that name) or the project the kit grew from."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from tests.support.paths import REPO
 
 # "issue N", "Issue #N's", "issues N and M", "test_issue_N" (N a number): no letter right before.
 ISSUE_NUMBER = re.compile(r"(?<![A-Za-z])issues?[\s_#-]*\d+", re.IGNORECASE)
+# Tracker talk: the ticket itself, its goals by the tracker's name, the project the kit grew from
+# (a random seed is fine). Bracketed letters keep this file from matching itself.
+TRACKER_TALK = re.compile(
+    r"\bthe (iss[u]e|se[e]d)'s\b|\bthe iss[u]e\b|\bdo[n]e[- ]when\b"
+    r"|\bse[e]d (kit|topology|settings)\b",
+    re.IGNORECASE,
+)
 TEXT_SUFFIXES = frozenset({".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".json", ".cfg", ".txt"})
 TEXT_NAMES = frozenset({"Makefile", ".env.example", "Dockerfile"})
 
@@ -27,7 +35,7 @@ def issue_mentions(root: Path) -> list[str]:
     for path in product_files(root):
         text = path.read_text(errors="replace")
         for number, line in enumerate(text.splitlines(), 1):
-            if ISSUE_NUMBER.search(line):
+            if ISSUE_NUMBER.search(line) or TRACKER_TALK.search(line):
                 hits.append(f"{path.relative_to(root)}:{number}: {line.strip()[:120]}")
     return hits
 
@@ -42,7 +50,9 @@ def test_an_issue_number_is_found_wherever_it_hides(tmp_path: Path) -> None:
     (tmp_path / "b.py").write_text(f"def test_issue_{number}():\n    pass\n")
     (tmp_path / "c.json").write_text(f'{{"d": "issues {number} and 27"}}\n')
     (tmp_path / ".env.example").write_text(f"# issue-{number}\n")
-    (tmp_path / "d.md").write_text("tissue 3, nixl#1628, PR #661, 19 issues\n")  # not ours
+    (tmp_path / "d.md").write_text("tissue 3, nixl#1628, PR #661, 19 issues, seed + k\n")  # fine
+    (tmp_path / "f.py").write_text("# The " + "issue's case\n")
+    (tmp_path / "g.md").write_text("Done" + "-when: x; the " + "se" + "ed kit's run\n")
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv" / "e.py").write_text(f"# issue {number}\n")
     assert [hit.split(":")[0] for hit in issue_mentions(tmp_path)] == [
@@ -50,4 +60,6 @@ def test_an_issue_number_is_found_wherever_it_hides(tmp_path: Path) -> None:
         "a.md",
         "b.py",
         "c.json",
+        "f.py",
+        "g.md",
     ]

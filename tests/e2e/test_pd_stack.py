@@ -280,10 +280,11 @@ def test_proxy_clear_error_when_decode_stopped_then_recovers(
 def test_stock_nixl_connector_leaks_the_same_request_the_kit_frees(
     references: dict[str, Output], pd_stack: Stack
 ) -> None:
-    """The seed's bug, live: the same PCP2 + EP2 prefill with stock `NixlConnector` answers
-    correctly but keeps the request's KV blocks past the lease, with nothing counted as expired
-    (rank 1's report is dropped, rank 0's alone never completes the request). Runs last (marker
-    replaces_prefill, ordered by tests/e2e/conftest.py): it replaces the kit's prefill."""
+    """The leak the kit's connector fixes, live: the same PCP2 + EP2 prefill with stock
+    `NixlConnector` answers correctly but keeps the request's KV blocks past the lease, with
+    nothing counted as expired (rank 1's report is dropped, rank 0's alone never completes the
+    request). Runs last (marker replaces_prefill, ordered by tests/e2e/conftest.py): it replaces
+    the kit's prefill."""
     stock = dataclasses.replace(
         pd_stack.settings,
         kv_connector="NixlConnector",

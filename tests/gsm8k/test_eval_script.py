@@ -108,7 +108,7 @@ def test_pass_branch_with_builtin_expectation(stack, tmp_path) -> None:
     assert manifest["verdict"]["score"] == pytest.approx(0.65)
     assert manifest["verdict"]["expected"] == 0.65
     assert manifest["verdict"]["expected_source"] == "built-in table"
-    assert manifest["settings"]["name"] == "custom"  # .env.example's defaults, not the seed's
+    assert manifest["settings"]["name"] == "custom"  # .env.example's defaults, not the reference
     assert manifest["settings"]["knobs"]["MOE_BACKEND"] == "auto"
     assert manifest["result"]["samples"] == LIMIT
     assert manifest["run"]["task"] == "gsm8k_offline"

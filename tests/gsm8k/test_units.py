@@ -83,17 +83,21 @@ def test_tolerance_is_strict_at_both_edges(expected_score, tolerance, measured, 
 
 def test_manifest_records_the_setting_set() -> None:
     """The eval's layered env names the set the GPU servers ran with: .env.example's defaults are
-    not the seed's; the documented seed set is, however its numbers are spelled."""
+    not the reference run's; the documented reference set is, however its numbers are spelled."""
     env_example = example_env()
     defaults = manifest.setting_set(env_example)
     assert defaults["name"] == "custom"
-    assert set(defaults["differs_from_seed"]) == set(manifest.SEED_SETTINGS)
+    assert set(defaults["differs_from_reference"]) == set(manifest.REFERENCE_SETTINGS)
     assert defaults["knobs"]["MOE_BACKEND"] == env_example["MOE_BACKEND"]
-    seed = {**env_example, **manifest.SEED_SETTINGS, "PREFILL_GPU_MEMORY_UTILIZATION": "0.30"}
-    assert manifest.setting_set(seed)["name"] == "seed"
-    assert manifest.setting_set(seed)["differs_from_seed"] == []
-    eager_only = {**seed, "MOE_BACKEND": "auto"}
-    assert manifest.setting_set(eager_only)["differs_from_seed"] == ["MOE_BACKEND"]
+    reference = {
+        **env_example,
+        **manifest.REFERENCE_SETTINGS,
+        "PREFILL_GPU_MEMORY_UTILIZATION": "0.30",
+    }
+    assert manifest.setting_set(reference)["name"] == "reference"
+    assert manifest.setting_set(reference)["differs_from_reference"] == []
+    eager_only = {**reference, "MOE_BACKEND": "auto"}
+    assert manifest.setting_set(eager_only)["differs_from_reference"] == ["MOE_BACKEND"]
     doc = manifest.build(
         run={},
         score=0.65,
@@ -101,16 +105,16 @@ def test_manifest_records_the_setting_set() -> None:
         samples=1,
         expectation=expected.Expectation(0.65, 0.05, "test"),
         topology={},
-        env=seed,
+        env=reference,
         results_file="r.json",
     )
-    assert doc["settings"]["name"] == "seed"
+    assert doc["settings"]["name"] == "reference"
     assert doc["env"]["ENFORCE_EAGER"] == "1" and doc["env"]["MOE_BACKEND"] == "flashinfer_cutlass"
     assert doc["verdict"]["accepted_range_bounds"] == "exclusive"
 
 
-def test_seed_settings_are_knobs_of_env_example() -> None:
-    assert set(manifest.SEED_SETTINGS) <= set(example_env())
+def test_reference_settings_are_knobs_of_env_example() -> None:
+    assert set(manifest.REFERENCE_SETTINGS) <= set(example_env())
 
 
 def test_env_overrides_and_errors() -> None:

@@ -57,7 +57,7 @@ def test_count_all_resolves_on_a_cdi_only_host(host: FakeHost) -> None:
 
 @pytest.mark.parametrize(("fallback", "status"), [(False, "FAIL"), (True, "WARN")])
 def test_comma_list_device_ids_on_a_cdi_engine(host: FakeHost, fallback: bool, status) -> None:
-    """The issue's case: device_ids ["0,1", "2"] is the CDI device nvidia.com/gpu=0,1."""
+    """A comma inside one entry: device_ids ["0,1", "2"] is the CDI device nvidia.com/gpu=0,1."""
     hooks = (check_cdi.CDI_HOOK, check_cdi.RUNTIME_HOOK) if fallback else ()
     _cdi_engine(host, CDI_DIR_DEVICES, *hooks)
     _requests(host, LISTS)

@@ -11,8 +11,8 @@ from pcp_pd_kit.bench.tables import fmt_num, fmt_ratio, markdown_table, median, 
 
 FLOOD, LIGHT = "flood", "light"
 MODES = ("admission", "no-admission")
-# The issue's bounds for a crowd: a refusal comes within 2 s, no served request waits over 90 s
-# for its first token, the light client stays within 5x its TTFT alone.
+# The admission control's goals under a crowd: a refusal comes within 2 s, no served request
+# waits over 90 s for its first token, the light client stays within 5x its TTFT alone.
 REFUSAL_MAX_S, TTFT_MAX_S, LIGHT_RATIO_MAX = 2.0, 90.0, 5.0
 
 
@@ -96,7 +96,7 @@ class Goal:
 
 
 def goals(s: Mapping[str, Any]) -> list[Goal]:
-    """The issue's done-when, read from the admission mode's summary (reported, not a failure)."""
+    """The admission control's goals, from the admission mode's summary (reported, not failed)."""
     ttft_max, refusal_max, light = s["ttft_s"]["max"], s["refusal_max_s"], s["light_ratio"]
     errors, unmarked = s["errors"], s["refusals_without_retry_after"]
     return [

@@ -12,11 +12,11 @@ from typing import Any
 
 from pcp_pd_kit.gsm8k.expected import Expectation
 
-# The GPU servers' settings the reference score (0.6535) was measured with: FlashInfer's CUTLASS
+# The GPU servers' settings of the reference run (upstream's published 0.6535): FlashInfer's CUTLASS
 # MoE kernels (Hopper/Blackwell only), eager mode (no torch.compile / CUDA graphs, as vLLM's P/D
 # accuracy launcher runs its servers) and 0.3 of each GPU (fits an H200; the TP1 decode needs
 # about 0.5 of an 80 GB card). docs/gpu.md, "Settings of the reference run".
-SEED_SETTINGS = {
+REFERENCE_SETTINGS = {
     "MOE_BACKEND": "flashinfer_cutlass",
     "ENFORCE_EAGER": "1",
     "PREFILL_GPU_MEMORY_UTILIZATION": "0.3",
@@ -32,7 +32,7 @@ ENV_KEYS = (
     "PREFILLER_PCP_SIZE",
     "PREFILLER_TP_SIZE",
     "DECODER_TP_SIZE",
-    *SEED_SETTINGS,
+    *REFERENCE_SETTINGS,
     "MAX_MODEL_LEN",
     "BLOCK_SIZE",
     "VLLM_EXTRA_ARGS",
@@ -73,14 +73,14 @@ def _same(value: str, want: str) -> bool:
 
 
 def setting_set(env: Mapping[str, str]) -> dict[str, Any]:
-    """Which documented setting set the GPU servers ran with: `seed` (SEED_SETTINGS) or `custom`,
-    with the knobs' values and those that differ from the seed's."""
-    knobs = {key: env.get(key, "").strip() for key in SEED_SETTINGS}
-    differs = [key for key, want in SEED_SETTINGS.items() if not _same(knobs[key], want)]
+    """Which documented setting set the GPU servers ran with: `reference` (REFERENCE_SETTINGS) or
+    `custom`, with the knobs' values and those that differ from the reference run's."""
+    knobs = {key: env.get(key, "").strip() for key in REFERENCE_SETTINGS}
+    differs = [key for key, want in REFERENCE_SETTINGS.items() if not _same(knobs[key], want)]
     return {
-        "name": "custom" if differs else "seed",
+        "name": "custom" if differs else "reference",
         "knobs": knobs,
-        "differs_from_seed": differs,
+        "differs_from_reference": differs,
         "source": SETTINGS_SOURCE,
     }
 
