@@ -87,6 +87,7 @@ def test_stale_statements_are_gone() -> None:
     assert "deploy/pcp-pd-prefill" not in lws
 
 
+@needs_kubectl
 def test_documented_timings_are_the_manifests() -> None:
     timings = op.timings(rendered("base"))
     text = " ".join(doc().split())  # line breaks do not matter
