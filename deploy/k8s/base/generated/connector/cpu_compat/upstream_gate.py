@@ -46,7 +46,7 @@ READ_AGAINST: dict[str, tuple[str, ...]] = {
     MLA_PREFILL: CPU_CHECKED,
     # SpinCondition.wait's signature and its last_read/busy_loop_s fields.
     IDLE_WAIT: CPU_CHECKED,
-    # The four kernels' arguments and effects (tests/connector/test_native_kernels.py).
+    # The kernels' arguments and effects (tests/connector/test_native_kernels.py).
     NATIVE_KERNELS: CPU_CHECKED,
 }
 CANARIES = "tests/connector/test_upstream_canaries.py"
