@@ -65,10 +65,11 @@ test-unit: install  ## everything except the live stacks (no Docker needed)
 test-e2e: install  ## only the end-to-end tests on the real CPU stack
 	$(PY) -m pytest -ra -m e2e
 
-lint: install  ## ruff, ruff format --check, mypy, shellcheck (also run by make test and pre-commit)
+lint: install  ## ruff, ruff format --check, mypy, the import layers, shellcheck (also run by make test)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/shellcheck scripts/*.sh .ci/run
 
 format: install

@@ -23,7 +23,8 @@ bash scripts/images.sh >run/images.log 2>&1 &
 images=$!
 trap 'kill "$images" 2>/dev/null || true; bash scripts/docker_engine.sh stop || true' EXIT
 
-"$PY" -m ruff check . && "$PY" -m ruff format --check . && "$PY" -m mypy || status=1
+"$PY" -m ruff check . && "$PY" -m ruff format --check . && "$PY" -m mypy \
+  && "$(dirname "$PY")/lint-imports" || status=1
 log "lint done ($(elapsed "$t0")); the tests that start no live stack"
 "$PY" -m pytest -ra --durations=15 -m "not e2e and not compose" \
   --junitxml=run/junit-unit.xml "$@" || status=1

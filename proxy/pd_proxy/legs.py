@@ -18,19 +18,21 @@ from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from pd_proxy.api.auth import BackendKey
+from pd_proxy.backends.pool import Backend, BackendPool
+from pd_proxy.backends.route import Route
+from pd_proxy.call import Call
 from pd_proxy.config import ProxyConfig
-from pd_proxy.errors import Passthrough, ProxyError
+from pd_proxy.config.key_files import BackendKey
 from pd_proxy.http.connection import Reply
 from pd_proxy.http.exchange import Exchange, read_whole
 from pd_proxy.http.relay import relay_stream
-from pd_proxy.http.sse import MEDIA_TYPE
 from pd_proxy.http.upstream import Fields, Upstream
 from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.request import Call
-from pd_proxy.rewrite import JSON_TYPE, dumps, release_body
-from pd_proxy.route import Route
-from pd_proxy.routing.pool import Backend, BackendPool
+from pd_proxy.protocol.codec import dumps
+from pd_proxy.protocol.endpoints import JSON_TYPE
+from pd_proxy.protocol.errors import Passthrough, ProxyError
+from pd_proxy.protocol.pd_bodies import release_body
+from pd_proxy.protocol.sse import MEDIA_TYPE
 from pd_proxy.tracing import Trace
 
 log = logging.getLogger("pd_proxy.request")
@@ -39,11 +41,42 @@ CLIENT_GONE = 499  # nginx's "client closed request": counted, never sent
 T = TypeVar("T")
 
 
-class Mode(Protocol):
-    """How a request's legs run (pd_proxy.modes) along its route: the answer to the client, or
-    an error raised."""
+class Lease(Protocol):
+    """What an admitted request holds (pd_proxy.admission.lease), told by the legs as they go:
+    the prefill answered, decode's first byte came. The pipeline releases it at the end."""
 
-    async def __call__(self, call: Call, route: Route, trace: Trace) -> web.StreamResponse: ...
+    def prefill_done(self) -> None: ...
+
+    def decode_started(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class NoLease:
+    """The lease of a request that holds none (admission off, side requests)."""
+
+    __slots__ = ()
+
+    def prefill_done(self) -> None:
+        pass
+
+    def decode_started(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+NO_LEASE: Lease = NoLease()
+
+
+class Mode(Protocol):
+    """How a request's legs run (pd_proxy.modes) along its route, holding ``lease``: the answer
+    to the client, or an error raised. Every mode, fan-out included, takes the same four."""
+
+    async def __call__(
+        self, call: Call, route: Route, trace: Trace, lease: Lease
+    ) -> web.StreamResponse: ...
 
 
 def is_event_stream(resp: Reply) -> bool:
@@ -105,6 +138,8 @@ class Legs:
         trace: Trace,
         want: Backend | None = None,
         tokens: int = 0,
+        *,
+        lease: Lease,
     ) -> tuple[Backend, bytes]:
         """POST ``payload`` to a prefill backend; its 200 answer's body, or the error it is."""
         start = time.perf_counter()
@@ -123,8 +158,7 @@ class Legs:
         )
         trace.prefill = backend.url
         trace.prefill_s = elapsed = time.perf_counter() - start
-        if trace.lease is not None:
-            trace.lease.prefill_done()
+        lease.prefill_done()
         self.metrics.prefill_duration.observe(elapsed)
         if status == 401:
             raise backend_refused_key(self.metrics, self.backend_key, "prefill", backend)
@@ -169,6 +203,8 @@ class Legs:
         trace: Trace,
         want: Backend | None = None,
         tokens: int = 0,
+        *,
+        lease: Lease,
     ) -> web.StreamResponse:
         """The normal decode leg: ``payload`` to a decode backend, its answer relayed
         (``tokens``: the prompt tokens it computes itself, on the decode-alone path)."""
@@ -180,7 +216,7 @@ class Legs:
             if not is_event_stream(resp):
                 # Read failures (timeout, broken connection) are mapped by exchange.
                 data = await resp.read()
-                now = self.first_byte(start, trace)
+                now = self.first_byte(start, trace, lease)
                 self.decode_error(backend, resp.status, data, content_type)
                 self.sent(trace, now)
                 return web.Response(
@@ -195,6 +231,7 @@ class Legs:
                 self.metrics,
                 self.config.decode_timeout,
                 partial(trace.first_byte, start, self.metrics, True),
+                started=lease.decode_started,
             )
             if client_left:
                 trace.status = CLIENT_GONE
@@ -249,9 +286,12 @@ class Legs:
         self.metrics.backend_error("decode", backend.url)
         raise ProxyError(502, f"decode backend {backend.url} returned {status}: {snippet(data)}")
 
-    def first_byte(self, start: float, trace: Trace, sent: bool = False) -> float:
-        """The decode leg's first byte arrived (``start``: the leg was sent); returns now."""
-        return trace.first_byte(start, self.metrics, sent)
+    def first_byte(self, start: float, trace: Trace, lease: Lease, sent: bool = False) -> float:
+        """The decode leg's first byte arrived (``start``: the leg was sent); returns now. The
+        lease gives back the decode's pending pull; the trace records the time."""
+        now = trace.first_byte(start, self.metrics, sent)
+        lease.decode_started()
+        return now
 
     def sent(self, trace: Trace, now: float) -> None:
         """The client gets the first byte of a 200 answer at ``now``."""

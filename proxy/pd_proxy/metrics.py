@@ -37,7 +37,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from pd_proxy.route import LOCAL, PD
+from pd_proxy.backends.route import LOCAL, PD
 
 # Names other tools read (the kit's demo report and eval manifest) import these, not a copy.
 REQUESTS_TOTAL = "pd_proxy_requests_total"
@@ -123,7 +123,7 @@ class _WithoutCreated:
 
 
 class CountedPool(Protocol):
-    """What the backends gauge reads from a pool (pd_proxy.routing.pool.BackendPool)."""
+    """What the backends gauge reads from a pool (pd_proxy.backends.pool.BackendPool)."""
 
     role: str
 

@@ -2,17 +2,18 @@
 
     authenticate -> parse -> shape -> plan -> admit -> legs -> relay
 
-- authenticate: the client key (pd_proxy.api.auth), before the body is read, so a caller without
-  a key costs no parsing;
-- parse: the body read within ``--max-body-bytes``, checked as vLLM reads it (pd_proxy.rewrite,
-  pd_proxy.request), and the request id;
+- authenticate: the client key, checked by the app (pd_proxy.api.app, pd_proxy.api.auth) before
+  the pipeline is entered, so a caller without a key costs no parsing;
+- parse: the body read within ``--max-body-bytes``, checked as vLLM reads it
+  (pd_proxy.protocol.parse, pd_proxy.protocol.client_fields), and the request id;
 - shape: the body's shape picks the way (pd_proxy.routing.shapes): refused with a 400, decode
   alone, one P/D request per choice (fan-out), or planned;
 - plan: a P/D-eligible request's ``Route`` (pd_proxy.routing.planner): the path, the replicas,
   the token ids and the predicted cache hits, decided once;
 - admit: the request starts when its route has room, else waits in a bounded queue, fair across
   flows (client keys), else is refused at once with 429/503 and ``Retry-After``
-  (pd_proxy.admission); no backend hears of a request before it is admitted;
+  (pd_proxy.admission); no completion leg goes out before it is admitted (the planner's
+  ``/tokenize`` may, docs/proxy/code.md says exactly what a backend hears before admission);
 - legs and relay: the mode for the route (pd_proxy.modes) runs the legs and relays the answer.
 
 What the stages raise becomes the client's error here; the request is counted and logged once,
@@ -25,35 +26,30 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
 from pd_proxy.admission.fair_queue import Flow
 from pd_proxy.admission.setup import build_gate
-from pd_proxy.api.auth import ANONYMOUS, BackendKey, Client, ClientKeys, unauthorized
+from pd_proxy.backends.pool import BackendPool
+from pd_proxy.backends.route import LOCAL, PD, Route
+from pd_proxy.call import Call, backend_fields
 from pd_proxy.config import ProxyConfig
-from pd_proxy.errors import Passthrough, ProxyError, error_response
+from pd_proxy.config.key_files import BackendKey
 from pd_proxy.http.upstream import Upstream
-from pd_proxy.legs import CLIENT_GONE, Legs
+from pd_proxy.legs import CLIENT_GONE, NO_LEASE, Legs, Mode
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes.decode_alone import DecodeAloneMode
 from pd_proxy.modes.fanout import FanoutMode
 from pd_proxy.modes.first_token import FirstTokenMode
 from pd_proxy.modes.normal import NormalMode
-from pd_proxy.request import (
-    Call,
-    backend_fields,
-    estimated_tokens,
-    read_fields,
-    request_priority,
-)
-from pd_proxy.rewrite import BadRequest, parse_request
-from pd_proxy.route import LOCAL, PD, Route
+from pd_proxy.protocol.client_fields import estimated_tokens, read_fields, request_priority
+from pd_proxy.protocol.errors import Passthrough, ProxyError, error_response
+from pd_proxy.protocol.parse import BadRequest, parse_request
 from pd_proxy.routing.planner import Planner, build_planner
-from pd_proxy.routing.pool import BackendPool
 from pd_proxy.routing.shapes import FANOUT, REFUSE, classify, fanout_size
 from pd_proxy.tracing import Trace, Tracing
 
@@ -67,6 +63,19 @@ def _ms(seconds: float) -> str:
     return "-" if seconds < 0 else f"{seconds * 1e3:.1f}"
 
 
+class Caller(Protocol):
+    """Who sent a request, as the app's key check found it (pd_proxy.api.auth's ``Client``)."""
+
+    @property
+    def flow(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...
+
+    @property
+    def priority(self) -> int: ...
+
+
 class Pipeline:
     """The completions endpoints of one app, built when the app starts (pd_proxy.api.app)."""
 
@@ -78,16 +87,21 @@ class Pipeline:
         decode: BackendPool,
         upstream: Upstream,
         backend_key: BackendKey | None = None,
-        client_keys: ClientKeys | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         self.tracing = tracing
         self.metrics = metrics
-        self.client_keys = client_keys
         self.flow_header = config.flow_header
         self.legs = legs = Legs(config, metrics, prefill, decode, upstream, backend_key)
-        self.planner: Planner = build_planner(legs)
+        self.planner: Planner = build_planner(
+            config,
+            metrics.registry,
+            pools=(prefill, decode),
+            upstream=upstream,
+            exchange=legs.exchange,
+            backend_key=backend_key,
+        )
         self.local = DecodeAloneMode(legs)
         self.fanout = FanoutMode(legs, metrics)
         # The P/D mode the settings chose; the first-token one keeps its block sizes and counters.
@@ -99,14 +113,11 @@ class Pipeline:
         """The background work the pipeline's parts need while the app serves."""
         return self.planner.jobs()
 
-    async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        """Serve one request to ``endpoint`` (``COMPLETIONS`` or ``CHAT_COMPLETIONS``)."""
-        client = ANONYMOUS
-        if self.client_keys is not None:
-            found = self.client_keys.identify(request.headers.get("Authorization"))
-            if isinstance(found, str):
-                return unauthorized(request, found, self.metrics, endpoint)
-            client = found
+    async def handle(
+        self, request: web.Request, endpoint: str, client: Caller
+    ) -> web.StreamResponse:
+        """Serve one request to ``endpoint`` (``COMPLETIONS`` or ``CHAT_COMPLETIONS``) from
+        ``client``, whose key the app has checked (pd_proxy.api.auth)."""
         start = time.perf_counter()
         metrics = self.metrics
         metrics.in_flight_count += 1
@@ -157,7 +168,7 @@ class Pipeline:
             request, endpoint, body, client_body, backend_fields(rid, self.legs.backend_key)
         )
 
-    def _flow(self, request: web.Request, client: Client, call: Call) -> Flow:
+    def _flow(self, request: web.Request, client: Caller, call: Call) -> Flow:
         """Who is asking, for the fair queue: the key's flow, or a trusted gateway's header."""
         name = client.flow
         if self.flow_header is not None:
@@ -174,15 +185,11 @@ class Pipeline:
         if way == REFUSE:
             self.metrics.refused.labels(decision.shape.name).inc()
             raise ProxyError(400, decision.refusal(), decision.shape.param)
+        mode: Mode
         if way == FANOUT:
-            mode: Callable[[Route], Awaitable[web.StreamResponse]]
-            size = fanout_size(call.client_body, call.endpoint)
             route = Route(PD, decision.shape.name)
-            cost = size * estimated_tokens(call.body)
-
-            def mode(_: Route) -> Awaitable[web.StreamResponse]:
-                return self.fanout(call, decision.shape, trace)
-
+            cost = fanout_size(call.client_body, call.endpoint) * estimated_tokens(call.body)
+            mode = self.fanout
         else:
             if way == LOCAL:
                 route = Route(LOCAL, decision.shape.name)
@@ -193,30 +200,26 @@ class Pipeline:
                     trace.otel.planned(route, began)
             known = route.uncached_tokens
             cost = estimated_tokens(call.body) if known is None else known
-            chosen = self.local if route.path == LOCAL else self.pd
-
-            def mode(route: Route) -> Awaitable[web.StreamResponse]:
-                return chosen(call, route, trace)
-
+            mode = self.local if route.path == LOCAL else self.pd
         if self.gate is None:
             trace.route = route
-            return await mode(route)
+            return await mode(call, route, trace, NO_LEASE)
         otel = trace.otel
         if otel is None:
-            route, trace.lease = await self.gate.admit(route, flow, cost)
+            route, lease = await self.gate.admit(route, flow, cost)
         else:
             otel.queued(flow.name)
             try:
-                route, trace.lease = await self.gate.admit(route, flow, cost)
+                route, lease = await self.gate.admit(route, flow, cost)
             except ProxyError as exc:
                 otel.admitted(exc.code or "refused")
                 raise
             otel.admitted("admitted", route)
         trace.route = route
         try:
-            return await mode(route)
+            return await mode(call, route, trace, lease)
         finally:
-            trace.lease.release()
+            lease.release()
 
     def _done(self, endpoint: str, trace: Trace, elapsed: float) -> None:
         """Count and log a finished request, once."""

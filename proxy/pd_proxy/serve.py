@@ -21,8 +21,8 @@ from aiohttp import web
 
 from pd_proxy.api.app import build_app, build_metrics_app, make_runner
 from pd_proxy.config import ConfigError, ProxyConfig
-from pd_proxy.http.listen import ListenError
 from pd_proxy.logs import flush_periodically
+from pd_proxy.port_reservation import ListenError
 
 log = logging.getLogger("pd_proxy")
 

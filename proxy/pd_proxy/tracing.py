@@ -1,7 +1,7 @@
 """What happened to one request: its ``Trace`` (the facts its log line and metrics read, and
-the moments its admission lease and spans are told of), and, with tracing on, OpenTelemetry
-spans for the request, its plan, its wait in the admission queue, each leg and the relay,
-configured by the standard ``OTEL_*`` variables.
+the moments its spans are told of; it holds no admission lease and decides nothing), and, with
+tracing on, OpenTelemetry spans for the request, its plan, its wait in the admission queue, each
+leg and the relay, configured by the standard ``OTEL_*`` variables.
 
 - ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT``) turns tracing on;
   without one there is no exporter, no SDK import and nothing on the request path but a
@@ -24,14 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pd_proxy.route import PD
+from pd_proxy.backends.route import PD
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from pd_proxy.admission.lease import Lease
+    from pd_proxy.backends.route import Route
     from pd_proxy.metrics import ProxyMetrics
-    from pd_proxy.route import Route
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -54,7 +53,6 @@ class Trace:
         "prefill_s",
         "ttfb_s",
         "status",
-        "lease",
         "otel",
         "route",
     )
@@ -68,20 +66,15 @@ class Trace:
         self.prefill_s = -1.0
         self.ttfb_s = -1.0
         self.status = 500
-        # The admission lease (pd_proxy.admission.lease): told when the prefill answered and when
-        # decode's first byte came, so each part of the request's room goes back then.
-        self.lease: Lease | None = None
         self.otel: RequestSpans | None = None  # the request's spans when tracing is on
         self.route: Route | None = None  # the route it went (for the log line), once admitted
 
     def first_byte(self, start: float, metrics: ProxyMetrics, sent: bool = False) -> float:
         """The decode leg's first byte arrived (``start``: the leg was sent); returns now. The
-        lease gives back the decode's pending pull and the spans start the relay. ``sent``: it
+        spans start the relay (the legs tell the admission lease, pd_proxy.legs). ``sent``: it
         goes on to the client at once (a relayed stream), see ``sent``."""
         now = time.perf_counter()
         self.ttfb_s = elapsed = now - start
-        if self.lease is not None:
-            self.lease.decode_started()
         if self.otel is not None:
             self.otel.first_byte()
         metrics.decode_ttfb.observe(elapsed)

@@ -11,7 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from pd_proxy.rewrite import COMPLETIONS
+from pd_proxy.protocol.endpoints import COMPLETIONS
 from pd_proxy.routing.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, Shape, fanout_size
 
 PROMPT = "James has 3 apples and buys 5 more. How many"

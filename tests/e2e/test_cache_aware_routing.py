@@ -36,7 +36,7 @@ from pcp_pd_kit.localstack.model_source import tokenizer_folder
 from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
 from pcp_pd_kit.localstack.report import PROMPT_TOKENS_BY_SOURCE, total
 from pcp_pd_kit.localstack.stack import Stack, wait_until
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from pcp_pd_kit.localstack.live import post_json, scrape
 from pcp_pd_kit.localstack.process import ManagedProcess, wait_healthy
 from pcp_pd_kit.localstack.report import total
 from pcp_pd_kit.localstack.stack import Stack
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 
 from .shape_matrix import send
 

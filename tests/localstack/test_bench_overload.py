@@ -19,7 +19,7 @@ from pcp_pd_kit.bench.overload_report import (
     percentile,
     summarize,
 )
-from pd_proxy.api.auth import read_key_file
+from pd_proxy.config.key_files import read_key_file
 
 KV_FREED = {"held": 3.0, "freed": 3.0, "usage": 0.0}
 

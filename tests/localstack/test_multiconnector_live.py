@@ -30,7 +30,7 @@ from pcp_pd_kit.localstack.live import KV_USAGE, post_json, scrape, settle_prefi
 from pcp_pd_kit.localstack.report import CANONICAL_COMPLETIONS, HELD_REQUESTS_TOTAL, total
 from pcp_pd_kit.localstack.stack import REFERENCE_PARTS, Stack
 from pcp_pd_kit.settings import StackSettings, settings_from_env
-from pd_proxy.rewrite import prefill_kv_params
+from pd_proxy.protocol.pd_bodies import prefill_kv_params
 from tests.e2e.clients import MAX_TOKENS, Case, Output, greedy
 from tests.support.env import example_env
 from tests.support.hf_greedy import hugging_face_greedy

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from pd_proxy.routing.pool import BackendPool
+from pd_proxy.backends.pool import BackendPool
 from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.proxy.proxy_harness import Stack, sse_events
 

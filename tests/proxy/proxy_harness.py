@@ -18,7 +18,7 @@ from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.support.net import closed_port_url
 
 # The prefill leg's kv_transfer_params as the protocol spells it, written out independently of
-# pd_proxy.rewrite so the tests check the implementation against the spec.
+# pd_proxy.protocol.pd_bodies so the tests check the implementation against the spec.
 EXPECTED_PREFILL_KV = {
     "do_remote_decode": True,
     "do_remote_prefill": False,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pd_proxy.modes.fanout_rewrite import StreamMerge, merge_json, split
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 
 
 def test_split_prompts_times_samples_in_vllm_choice_order() -> None:

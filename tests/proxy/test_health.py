@@ -1,4 +1,4 @@
-"""The circuit breaker's rules (pd_proxy.routing.breaker) and how the pool and checker apply
+"""The circuit breaker's rules (pd_proxy.backends.breaker) and how the pool and checker apply
 them."""
 
 from __future__ import annotations
@@ -6,8 +6,10 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from pd_proxy.routing.breaker import BUSY_TIMEOUTS_TOLERATED, Breaker, CheckResult, Verdict, judge
-from pd_proxy.routing.pool import Backend, BackendPool, HealthChecker
+from pd_proxy import scheduler
+from pd_proxy.backends.breaker import BUSY_TIMEOUTS_TOLERATED, Breaker, CheckResult, Verdict, judge
+from pd_proxy.backends.health import HealthChecker
+from pd_proxy.backends.pool import Backend, BackendPool
 from tests.support.net import unaccepting_port
 
 OK, FAILED, TIMED_OUT = CheckResult.OK, CheckResult.FAILED, CheckResult.TIMED_OUT
@@ -63,12 +65,12 @@ def test_a_probing_backend_takes_one_request_at_a_time_unless_it_is_the_only_one
     b.probing = True
     b.outstanding = 1
     a.outstanding = 5
-    assert pool.pick() is a
+    assert scheduler.pick(pool) is a
     b.outstanding = 0
-    assert pool.pick() is b
+    assert scheduler.pick(pool) is b
     b.outstanding = 1
     a.healthy = False
-    assert pool.pick() is b
+    assert scheduler.pick(pool) is b
 
 
 class _NoConnect:

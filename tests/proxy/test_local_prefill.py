@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
-from pd_proxy.route import LOCAL, PD
+from pd_proxy.backends.route import LOCAL, PD
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 from pd_proxy.routing.decider import decide
 from pd_proxy.routing.token_count import direct_ids, ids_from_answer, tokenize_body
 

@@ -12,9 +12,10 @@ import pytest
 
 from pd_proxy import cli
 from pd_proxy import serve as serve_module
-from pd_proxy.api.auth import INVALID_KEY, MISSING_KEY, BackendKey, ClientKeys, parse_keys
+from pd_proxy.api.auth import INVALID_KEY, MISSING_KEY, ClientKeys
+from pd_proxy.api.startup_checks import validate
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
-from pd_proxy.config.validate import validate
+from pd_proxy.config.key_files import BackendKey, parse_keys
 from pd_proxy.metrics import METRIC_NAMES
 from tests.proxy.proxy_harness import pd_stack
 from tests.support.net import closed_port_url, free_port

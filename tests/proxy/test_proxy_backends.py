@@ -8,9 +8,10 @@ import socket
 import aiohttp
 from aiohttp import web
 
+from pd_proxy import scheduler
 from pd_proxy.api.app import RUNNING_KEY, build_app, make_runner
+from pd_proxy.backends.pool import BackendPool
 from pd_proxy.config import ProxyConfig
-from pd_proxy.routing.pool import BackendPool
 from pd_proxy.testing.fake_model import DECODE
 from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.proxy.proxy_harness import pd_stack
@@ -19,14 +20,14 @@ from tests.proxy.proxy_harness import pd_stack
 def test_pool_prefers_least_outstanding_and_rotates_ties():
     pool = BackendPool("decode", ("http://a:1", "http://b:1", "http://c:1"))
     a, b, c = pool.backends
-    assert [pool.pick().url for _ in range(4)] == [a.url, b.url, c.url, a.url]
+    assert [scheduler.pick(pool).url for _ in range(4)] == [a.url, b.url, c.url, a.url]
     a.outstanding, b.outstanding, c.outstanding = 3, 1, 2
-    assert pool.pick() is b
+    assert scheduler.pick(pool) is b
     b.healthy = False
-    assert pool.pick() is c
-    assert pool.pick(exclude=c) is a
+    assert scheduler.pick(pool) is c
+    assert scheduler.pick(pool, exclude=c) is a
     a.healthy = c.healthy = False
-    assert pool.pick() is None
+    assert scheduler.pick(pool) is None
 
 
 async def test_requests_succeed_and_spread_with_one_backend_of_each_role_down():
@@ -145,8 +146,8 @@ async def test_a_slow_health_check_on_a_busy_backend_is_not_a_death():
     out mid-prefill. A backend with requests in flight stays through BUSY_TIMEOUTS_TOLERATED such
     checks and is down at the next; an idle one is down at once; an answer resets the count; a
     refused connection is down at once however busy."""
-    from pd_proxy.routing.breaker import BUSY_TIMEOUTS_TOLERATED
-    from pd_proxy.routing.pool import HealthChecker
+    from pd_proxy.backends.breaker import BUSY_TIMEOUTS_TOLERATED
+    from pd_proxy.backends.health import HealthChecker
 
     results: list[tuple[str, bool]] = []
     with socket.socket() as hung, socket.socket() as closed:

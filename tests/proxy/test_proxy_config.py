@@ -172,7 +172,7 @@ async def test_busy_port_still_closes_the_session_and_health_task():
 def test_settings_are_data_and_validate_lists_every_file_problem(tmp_path, capsys):
     """Parsing reads no file (a missing one is fine until ``validate``), which then names each
     problem at once; ``main`` prints one error line per problem and exits 2."""
-    from pd_proxy.config.validate import validate
+    from pd_proxy.api.startup_checks import validate
 
     missing, empty = str(tmp_path / "absent"), tmp_path / "empty"
     empty.write_text("# no key\n")

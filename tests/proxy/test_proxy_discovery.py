@@ -23,13 +23,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from pd_proxy import cli
+from pd_proxy import cli, scheduler
 from pd_proxy.api.app import build_app, make_runner
+from pd_proxy.api.startup_checks import validate
+from pd_proxy.backends.pool import BackendPool
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
-from pd_proxy.config.validate import validate
 from pd_proxy.discovery.endpoints_file import EndpointsFileError, parse_endpoints
 from pd_proxy.discovery.watch import DiscoveryError, DnsWatch, system_resolver
-from pd_proxy.routing.pool import BackendPool
 from pd_proxy.testing.dns import (
     AAAA,
     A,
@@ -214,13 +214,13 @@ def test_pool_update_joins_unhealthy_drains_and_reaps_only_idle_backends():
     added = pool.update("dns", ["http://a:1", "http://b:1"])
     assert [b.url for b in added] == ["http://a:1", "http://b:1"]
     assert not any(b.healthy for b in added)  # no request before a check passes
-    assert pool.pick().url == "http://static:1"
+    assert scheduler.pick(pool).url == "http://static:1"
     a, b = added
     a.healthy = b.healthy = True
     b.outstanding = 2
     assert pool.update("dns", ["http://a:1"]) == []
     assert [x.url for x in pool.draining] == ["http://b:1"] and b.draining
-    assert all(pool.pick() is not b for _ in range(5))
+    assert all(scheduler.pick(pool) is not b for _ in range(5))
     assert pool.reap() == []  # still busy
     b.outstanding = 0
     assert pool.reap() == [b] and pool.draining == []

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from pd_proxy.modes import first_token_rewrite as ft
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, release_body
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.pd_bodies import release_body
 from pd_proxy.routing.block_size import parse_block_size
 
 KV = {

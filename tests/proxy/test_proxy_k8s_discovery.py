@@ -25,15 +25,11 @@ import pytest
 from aiohttp import web
 
 from pd_proxy.api.app import build_app, make_runner
+from pd_proxy.api.startup_checks import validate
 from pd_proxy.config import ConfigError, ProxyConfig, build_parser, load_config
-from pd_proxy.config.validate import validate
+from pd_proxy.config.service_ref import ServiceRef, parse_service_ref
 from pd_proxy.discovery import kube_api
-from pd_proxy.discovery.k8s_service import (
-    EndpointSliceWatch,
-    ServiceRef,
-    parse_service_ref,
-    slice_endpoints,
-)
+from pd_proxy.discovery.k8s_service import EndpointSliceWatch, slice_endpoints
 from pd_proxy.discovery.kube_api import InCluster, KubeConfigError
 from pd_proxy.testing.fake_model import DECODE, PREFILL
 from tests.proxy.discovery_helpers import complete, find, fleet, url

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from pd_proxy.errors import ProxyError
-from pd_proxy.request import lax_bool, read_fields
+from pd_proxy.protocol.client_fields import lax_bool, read_fields
+from pd_proxy.protocol.errors import ProxyError
 from tests.proxy.proxy_harness import pd_stack, sse_events
 
 

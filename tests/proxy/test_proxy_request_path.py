@@ -15,7 +15,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from pd_proxy.rewrite import COMPLETIONS
+from pd_proxy.protocol.endpoints import COMPLETIONS
 from tests.proxy.proxy_harness import pd_stack
 from tests.proxy.startup_trace import module_chain
 
@@ -35,15 +35,18 @@ WALK: dict[str, str | None] = {
 # What the stages call and get back from, by default: values, pure rules, the HTTP wire,
 # metrics and the request's trace.
 HELPERS = {
-    "pd_proxy.request",  # the parsed Call, the fields read as vLLM reads them
-    "pd_proxy.rewrite",  # the P/D protocol's bodies
-    "pd_proxy.route",  # the Route value
+    "pd_proxy.call",  # the parsed Call and the fields both legs add
+    "pd_proxy.protocol.parse",  # the client body decoded and checked
+    "pd_proxy.protocol.client_fields",  # the fields read as vLLM reads them
+    "pd_proxy.protocol.codec",  # JSON
+    "pd_proxy.protocol.pd_bodies",  # the P/D protocol's bodies
+    "pd_proxy.backends.route",  # the Route value
     "pd_proxy.admission.fair_queue",
     "pd_proxy.admission.lease",
     "pd_proxy.admission.metrics",
     "pd_proxy.admission.rate",
     "pd_proxy.admission.room",
-    "pd_proxy.routing.pool",
+    "pd_proxy.scheduler",  # the one place a replica is chosen
     "pd_proxy.http.exchange",  # one exchange with a backend: failover, retries
     "pd_proxy.http.upstream",
     "pd_proxy.http.connection",

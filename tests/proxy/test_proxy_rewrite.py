@@ -7,15 +7,13 @@ import json
 
 import pytest
 
-from pd_proxy.rewrite import (
-    CHAT_COMPLETIONS,
-    COMPLETIONS,
-    BadRequest,
+from pd_proxy.protocol.codec import dumps
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.parse import BadRequest, parse_request
+from pd_proxy.protocol.pd_bodies import (
     decode_body,
     decode_payload,
-    dumps,
     kv_params_from_prefill,
-    parse_request,
     prefill_body,
 )
 from tests.proxy.proxy_harness import EXPECTED_PREFILL_KV

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 from pd_proxy.routing.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, Shape, fanout_size
 from tests.proxy.proxy_harness import pd_stack, sse_events
 

@@ -23,7 +23,7 @@ def test_startup_enters_no_module_twice_on_one_call_chain() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["rc"] == 0, out.stderr[-2000:]
     # The trace really followed the start-up path (composition root, checks, serving, parts).
-    for module in ("pd_proxy.cli", "pd_proxy.config.flags", "pd_proxy.config.validate",
+    for module in ("pd_proxy.cli", "pd_proxy.config.flags", "pd_proxy.api.startup_checks",
                    "pd_proxy.serve", "pd_proxy.api.app", "pd_proxy.http.upstream"):  # fmt: skip
         assert module in result["seen"], result["seen"]
     assert result["reentries"] == []

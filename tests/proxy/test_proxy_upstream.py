@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
+from pd_proxy.backends.pool import Backend
 from pd_proxy.http.connection import (
     HIGH_WATER,
     ConnectFailed,
@@ -23,7 +24,6 @@ from pd_proxy.http.connection import (
     UpstreamTimeout,
 )
 from pd_proxy.http.upstream import Upstream
-from pd_proxy.routing.pool import Backend
 from tests.support.net import free_port, unaccepting_port
 from tests.support.waits import until
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 from pd_proxy.routing import shapes
 from pd_proxy.routing.shapes import FANOUT, LOCAL, PD, REFUSE, TABLE, classify, parse_table
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 from pd_proxy.routing.tokenizer import CANARY, CHAT, COMPLETION, SHAPES, LocalTokenizer
 
 TEXTS = (
@@ -92,10 +92,10 @@ def test_what_only_the_server_can_render_is_left_to_it(tiny: Path, body) -> None
 
 async def _router_checked_against(tiny: Path, answer) -> Any:
     """A tokenizer check whose decode's /tokenize is ``answer(body, endpoint)``, after it ran."""
+    from pd_proxy.backends.pool import BackendPool
     from pd_proxy.config import ProxyConfig
     from pd_proxy.metrics import ProxyMetrics
     from pd_proxy.routing.cache.metrics import CacheMetrics
-    from pd_proxy.routing.pool import BackendPool
     from pd_proxy.routing.tokenizer_check import TokenizerCheck
 
     async def tokenize(request: web.Request) -> web.Response:

@@ -15,10 +15,10 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
+from pd_proxy.backends.pool import BackendPool
 from pd_proxy.config import ConfigError, ProxyConfig
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.routing.cache.metrics import CacheMetrics
-from pd_proxy.routing.pool import BackendPool
 from pd_proxy.routing.tokenizer import TokenizerFilesError
 from pd_proxy.routing.tokenizer_check import TokenizerCheck, tokenizer_check
 from pd_proxy.routing.tokenizer_files import hub_cache, tokenizer_folder

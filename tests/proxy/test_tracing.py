@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pd_proxy.rewrite import COMPLETIONS
-from pd_proxy.route import PD, Route
+from pd_proxy.backends.route import PD, Route
+from pd_proxy.protocol.endpoints import COMPLETIONS
 from pd_proxy.tracing import TracingError, TracingSettings, route_attributes, settings_from
 from tests.proxy.proxy_harness import pd_stack
 from tests.support.otlp_receiver import otlp_receiver

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from pd_proxy import scheduler
 from pd_proxy.admission.fair_queue import FairQueue, Flow, Ticket
 from pd_proxy.admission.lease import Lease, Wakeup
 from pd_proxy.admission.metrics import (
@@ -39,9 +40,9 @@ from pd_proxy.admission.metrics import (
 )
 from pd_proxy.admission.rate import Rate
 from pd_proxy.admission.room import Limits, Room
-from pd_proxy.errors import ProxyError
-from pd_proxy.route import PD, Route
-from pd_proxy.routing.pool import Backend, BackendPool
+from pd_proxy.backends.pool import Backend, BackendPool
+from pd_proxy.backends.route import PD, Route
+from pd_proxy.protocol.errors import ProxyError
 
 ROLES = ("prefill", "decode")
 
@@ -184,18 +185,7 @@ class Gate:
     def _choose(
         self, chosen: Backend | None, role: str, fits: Callable[[Backend], bool]
     ) -> Backend | None:
-        if chosen is not None and chosen.healthy and not chosen.draining:
-            return chosen if fits(chosen) else None
-        healthy = 0
-        room = []
-        for b in self.pools[role].backends:
-            if b.healthy and not b.draining:
-                healthy += 1
-                if fits(b):
-                    room.append(b)
-        if len(room) == healthy:  # room everywhere: the pool's own choice, as without
-            return self.pools[role].pick()
-        return self.pools[role].pick(among=room) if room else None
+        return scheduler.place(self.pools[role], chosen, fits)
 
     def _dispatch(self) -> None:
         while True:
@@ -215,7 +205,7 @@ class Gate:
         room = self.room
 
         def any_fits(chosen: Backend | None, role: str, fits: Callable[[Backend], bool]) -> bool:
-            if chosen is not None and chosen.healthy and not chosen.draining:
+            if chosen is not None and scheduler.usable(chosen):
                 return fits(chosen)
             return any(fits(b) for b in self._healthy(role))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pd_proxy.admission.gate import Gate, Settings
 from pd_proxy.admission.metrics import AdmissionMetrics
 from pd_proxy.admission.room import Limits
+from pd_proxy.backends.pool import BackendPool
 from pd_proxy.config import ProxyConfig
 from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.routing.pool import BackendPool
 
 
 def build_gate(

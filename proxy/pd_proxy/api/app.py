@@ -30,18 +30,20 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.api.auth import BackendKey, ClientKeys, KeyFileError, unauthorized
+from pd_proxy.api.auth import ANONYMOUS, ClientKeys, unauthorized
 from pd_proxy.api.canary import Canary
 from pd_proxy.api.side import SideEndpoints, metrics_page, not_found
+from pd_proxy.backends.breaker import Breaker
+from pd_proxy.backends.health import HealthChecker
+from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.config import ConfigError, ProxyConfig
+from pd_proxy.config.key_files import BackendKey, KeyFileError
 from pd_proxy.discovery.watch import Discovery, Resolver
-from pd_proxy.errors import error_response
 from pd_proxy.http.upstream import Upstream
 from pd_proxy.metrics import SYNC_INTERVAL_S, ProxyMetrics
 from pd_proxy.pipeline import Pipeline
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
-from pd_proxy.routing.breaker import Breaker
-from pd_proxy.routing.pool import Backend, BackendPool, HealthChecker
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
+from pd_proxy.protocol.errors import error_response
 from pd_proxy.tracing import Tracing, TracingError, settings_from
 
 request_log = logging.getLogger("pd_proxy.request")
@@ -116,7 +118,7 @@ def build_app(
 
     app = web.Application(client_max_size=config.max_body_bytes)
     app[PROXY_KEY] = proxy
-    # The completions endpoints check the key as their pipeline's first stage (pd_proxy.pipeline).
+    # The completions endpoints check the key as their pipeline's first stage (_complete).
     app.router.add_post(COMPLETIONS, _completions)
     app.router.add_post(CHAT_COMPLETIONS, _chat_completions)
     app.router.add_get("/v1/models", guard(_models, "/v1/models"))
@@ -132,11 +134,24 @@ def build_app(
 # The routes that need the running parts. Each calls the part's handler directly: no frame more
 # than a bound method would cost, one dict lookup.
 async def _completions(request: web.Request) -> web.StreamResponse:
-    return await request.app[RUNNING_KEY].pipeline.handle(request, COMPLETIONS)
+    return await _complete(request, COMPLETIONS)
 
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
-    return await request.app[RUNNING_KEY].pipeline.handle(request, CHAT_COMPLETIONS)
+    return await _complete(request, CHAT_COMPLETIONS)
+
+
+async def _complete(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    """The pipeline's first stage, authenticate: the client key before the body is read, so a
+    caller without a key costs no parsing and no backend hears of it."""
+    keys = request.app[PROXY_KEY].client_keys
+    client = ANONYMOUS
+    if keys is not None:
+        found = keys.identify(request.headers.get("Authorization"))
+        if isinstance(found, str):
+            return unauthorized(request, found, request.app[PROXY_KEY].metrics, endpoint)
+        client = found
+    return await request.app[RUNNING_KEY].pipeline.handle(request, endpoint, client)
 
 
 async def _models(request: web.Request) -> web.StreamResponse:
@@ -169,9 +184,7 @@ async def start(proxy: Proxy, stack: contextlib.AsyncExitStack) -> Running:
     tracing = _tracing()
     if tracing is not None:  # its last export must not hold the event loop
         stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
-    pipeline = Pipeline(
-        config, metrics, *pools, upstream, proxy.backend_key, proxy.client_keys, tracing
-    )
+    pipeline = Pipeline(config, metrics, *pools, upstream, proxy.backend_key, tracing)
     side = SideEndpoints(config, metrics, *pools, session, proxy.backend_key)
 
     def on_result(backend: Backend, passed: bool) -> None:

@@ -36,19 +36,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from pd_proxy.errors import Passthrough, ProxyError
+from pd_proxy.call import backend_fields
 from pd_proxy.http.exchange import read_whole
 from pd_proxy.http.upstream import Fields
-from pd_proxy.legs import Legs
-from pd_proxy.request import backend_fields
-from pd_proxy.rewrite import (
-    COMPLETIONS,
-    decode_payload,
-    dumps,
-    kv_params_from_prefill,
-    loads,
-    prefill_body,
-)
+from pd_proxy.legs import NO_LEASE, Legs
+from pd_proxy.protocol.codec import dumps, loads
+from pd_proxy.protocol.endpoints import COMPLETIONS
+from pd_proxy.protocol.errors import Passthrough, ProxyError
+from pd_proxy.protocol.pd_bodies import decode_payload, kv_params_from_prefill, prefill_body
 from pd_proxy.tracing import Trace
 
 log = logging.getLogger("pd_proxy.api.canary")
@@ -232,7 +227,7 @@ class Canary:
         trace = Trace(rid)
         try:
             _, prefill = await legs.prefill_leg(
-                COMPLETIONS, dumps(prefill_body(body)), headers, trace
+                COMPLETIONS, dumps(prefill_body(body)), headers, trace, lease=NO_LEASE
             )
             try:
                 kv = kv_params_from_prefill(prefill)

@@ -14,14 +14,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.api.auth import BackendKey
+from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.config import ProxyConfig
-from pd_proxy.errors import ProxyError, error_response
+from pd_proxy.config.key_files import BackendKey
 from pd_proxy.http.exchange import mark_down, pick
 from pd_proxy.legs import backend_refused_key
 from pd_proxy.metrics import CONTENT_TYPE, ProxyMetrics
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS, JSON_TYPE
-from pd_proxy.routing.pool import Backend, BackendPool
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, JSON_TYPE
+from pd_proxy.protocol.errors import ProxyError, error_response
 
 # Errors that mean the request never reached the backend, so another one may take it.
 CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)

@@ -7,7 +7,6 @@ changes to the files only log (pd_proxy.api.auth, pd_proxy.discovery.watch re-re
 
 from __future__ import annotations
 
-from pd_proxy.api.auth import KeyFileError, read_key_file
 from pd_proxy.config import (
     ENDPOINTS_FLAG,
     ENV_PREFIX,
@@ -17,8 +16,9 @@ from pd_proxy.config import (
     ProxyConfig,
     no_backend,
 )
+from pd_proxy.config.key_files import KeyFileError, read_key_file
+from pd_proxy.config.service_ref import parse_service_ref
 from pd_proxy.discovery.endpoints_file import EndpointsFileError, read_endpoints_file
-from pd_proxy.discovery.k8s_service import parse_service_ref
 from pd_proxy.discovery.kube_api import InCluster
 
 

@@ -43,7 +43,7 @@ class Verdict(enum.Enum):
 
 
 class Tracked(Protocol):
-    """The per-backend fields these rules read and write (pd_proxy.routing.pool.Backend)."""
+    """The per-backend fields these rules read and write (pd_proxy.backends.pool.Backend)."""
 
     healthy: bool
     probing: bool

@@ -1,13 +1,12 @@
-"""Backends: their pools, the choice of one for a leg, and their periodic health checks.
+"""Backends and their pools: the worker registry (health checks: pd_proxy.backends.health).
 
-Health is both active (``GET {backend}/health`` every interval, judged by pd_proxy.routing.breaker's
-circuit breaker, which tells a hung backend from a busy one by what the proxy sees) and passive
-(a refused connection takes the backend out at once, pd_proxy.legs). When a backend goes down,
-the prefill legs still waiting for its answer are told to move (``Backend.waiters``), so a hung
-replica costs them the detection time, not the leg's whole timeout.
+Health is both active (``GET {backend}/health`` every interval, judged by the circuit breaker of
+pd_proxy.backends.breaker, which tells a hung backend from a busy one by what the proxy sees) and
+passive (a refused connection takes the backend out at once, pd_proxy.legs). When a backend
+goes down, the prefill legs still waiting for its answer are told to move (``Backend.waiters``),
+so a hung replica costs them the detection time, not the leg's whole timeout.
 
-``Chooser`` is the one place that picks a backend for a leg among the eligible ones: least
-outstanding requests, ties rotating round-robin. A routing policy (cache-aware, say) replaces it.
+The choice of a backend for a leg is pd_proxy.scheduler's, the one place replicas are chosen.
 
 Membership can change at run time (``BackendPool.update``, fed by pd_proxy.discovery.watch): a
 backend
@@ -19,19 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Iterable
 
-import aiohttp
 from yarl import URL
 
-from pd_proxy.routing.breaker import Breaker, CheckResult, Verdict, judge
+from pd_proxy.backends.breaker import Breaker
 
 log = logging.getLogger("pd_proxy.routing.pool")
 
 # The message a moved leg's cancellation carries (pd_proxy.legs tells it from a client leaving).
 MOVE = "pd-proxy: backend went down"
-# The part of a health check's time its connect may take.
-CONNECT_SHARE = 0.5
 
 
 class Backend:
@@ -101,21 +97,6 @@ class Backend:
         return f"Backend({self.role}, {self.url}, healthy={self.healthy})"
 
 
-class Chooser:
-    """Picks a leg's backend among the eligible ones: the fewest outstanding requests, ties
-    rotating round-robin (the rotation restarts just after the last choice, so a dead backend's
-    turn does not fall to its neighbour every time). The one place a routing policy plugs in."""
-
-    def choose(self, candidates: list[Backend]) -> int:
-        """The index in ``candidates`` (in rotation order, never empty) of the one to use."""
-        best = 0
-        fewest = candidates[0].outstanding
-        for i in range(1, len(candidates)):
-            if candidates[i].outstanding < fewest:
-                best, fewest = i, candidates[i].outstanding
-        return best
-
-
 class BackendPool:
     """The backends of one role: ``backends`` take requests, ``draining`` ones only finish theirs.
 
@@ -130,31 +111,7 @@ class BackendPool:
         self.backends = [Backend(role, u) for u in dict.fromkeys(urls)]
         self.draining: list[Backend] = []
         self._sources: dict[str, frozenset[str]] = {self.STATIC: frozenset(urls)}
-        self._next = 0
-        self.chooser = Chooser()
-
-    def pick(
-        self, exclude: Backend | None = None, among: Collection[Backend] | None = None
-    ) -> Backend | None:
-        """The backend for a leg: ``chooser`` among the healthy ones (not ``exclude``; with
-        ``among``, only those: admission's replicas with room), in rotation order; a probing one
-        only while it has nothing in flight, unless no other is healthy."""
-        backends = self.backends
-        n = len(backends)
-        start = self._next
-        candidates: list[Backend] = []
-        spare: list[Backend] = []  # busy probing backends: the last resort
-        for i in range(start, start + n):
-            b = backends[i % n]
-            if b.healthy and b is not exclude and (among is None or b in among):
-                (spare if b.probing and b.outstanding else candidates).append(b)
-        if not candidates:
-            if not spare:
-                return None
-            candidates = spare
-        chosen = candidates[self.chooser.choose(candidates)]
-        self._next = (backends.index(chosen) + 1) % n
-        return chosen
+        self.rotation = 0  # where pd_proxy.scheduler's next round-robin turn starts
 
     def healthy(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
@@ -223,113 +180,3 @@ class BackendPool:
             return len(self.draining)
         want = state == "healthy"
         return sum(1 for b in self.backends if b.healthy == want)
-
-
-class HealthChecker:
-    """Polls every backend of every pool; ``on_result(backend, passed)`` is called after each
-    check that decided something (not after a busy timeout), with ``backend.healthy`` updated."""
-
-    def __init__(
-        self,
-        pools: list[BackendPool],
-        session: aiohttp.ClientSession,
-        interval: float,
-        timeout: float,
-        on_result: Callable[[Backend, bool], None],
-        breaker: Breaker | None = None,
-    ) -> None:
-        self.pools = pools
-        self.session = session
-        self.interval = interval
-        # The connect gets its own share, so a backend that cannot even accept a connection
-        # (ConnectionTimeoutError) is told from one that accepted and stays silent.
-        self.timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout * CONNECT_SHARE)
-        self.on_result = on_result
-        self.breaker = breaker or Breaker()
-        self.rounds = 0
-        self.first_round = asyncio.Event()  # set once every backend has been checked
-
-    async def check(self, backend: Backend) -> CheckResult:
-        """One ``GET /health``. A connect timeout is a failure: only a backend that accepted the
-        connection and then stayed silent may be a busy one."""
-        try:
-            async with self.session.get(backend.endpoint("/health"), timeout=self.timeout) as r:
-                await r.read()
-                return CheckResult.OK if r.status == 200 else CheckResult.FAILED
-        except aiohttp.ConnectionTimeoutError:  # a subclass of TimeoutError: first
-            return CheckResult.FAILED
-        except asyncio.TimeoutError:
-            return CheckResult.TIMED_OUT
-        except (aiohttp.ClientError, OSError):
-            return CheckResult.FAILED
-
-    async def check_all(self) -> None:
-        await self.check_some([b for pool in self.pools for b in pool.backends])
-        self.rounds += 1
-        self.first_round.set()
-
-    async def check_some(self, backends: list[Backend]) -> None:
-        """Check ``backends`` now and apply the results (discovery calls it for new backends)."""
-        roles = {pool.role: pool.backends for pool in self.pools}
-        before = {id(b): b.progress for group in roles.values() for b in group}
-        before.update((id(b), b.progress) for b in backends)
-        results = await asyncio.gather(*(self.check(b) for b in backends))
-        for backend, result in zip(backends, results, strict=True):
-            if backend.draining:
-                continue  # left meanwhile: no result may revive its metrics
-            progressed = backend.progress != before[id(backend)]
-            others = any(
-                p.progress != before.get(id(p), p.progress)
-                for p in roles.get(backend.role, ())
-                if p is not backend
-            )
-            verdict = judge(result, backend, progressed, others)
-            was_healthy = backend.healthy
-            if verdict is Verdict.BUSY:
-                self.breaker.apply(backend, verdict)
-                log.info(
-                    "%s backend %s: health check timed out with %d requests in flight, "
-                    "judged busy (%d in a row)",
-                    backend.role,
-                    backend.url,
-                    backend.outstanding,
-                    backend.slow_checks,
-                )
-                continue
-            if self.breaker.apply(backend, verdict):
-                if backend.healthy:
-                    log.warning(
-                        "%s backend %s is now healthy%s",
-                        backend.role,
-                        backend.url,
-                        " (probing: one request at a time)" if backend.probing else "",
-                    )
-                else:
-                    hung = result is CheckResult.TIMED_OUT and backend.outstanding > 0
-                    log.warning(
-                        "%s backend %s is now DOWN%s",
-                        backend.role,
-                        backend.url,
-                        f" (hung: {backend.outstanding} requests in flight stopped while "
-                        "others progressed)"
-                        if hung and others
-                        else "",
-                    )
-            if (
-                was_healthy
-                and not backend.healthy
-                and any(p.healthy for p in roles.get(backend.role, ()) if p is not backend)
-            ):
-                backend.move_waiters()  # with nowhere to go, its legs keep their chance here
-            self.on_result(backend, verdict is Verdict.PASS)
-
-    async def run(self) -> None:
-        """Check at once, then every ``interval`` seconds, until cancelled."""
-        while True:
-            try:
-                await self.check_all()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug here must not stop health checking for good
-                log.exception("health check round failed")
-            await asyncio.sleep(self.interval)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pd_proxy.routing.pool import Backend
+    from pd_proxy.backends.pool import Backend
 
 LOCAL, PD = "local", "pd"  # the two paths: decode alone, or a prefill leg then a decode leg
 PATHS = (LOCAL, PD)

@@ -3,7 +3,7 @@
 Every flag has a ``PD_PROXY_*`` variable so compose files can configure the proxy without a
 command line; a flag given on the command line wins. Bad values raise ``ConfigError`` (the CLI turns
 it into exit code 2) instead of surfacing as a traceback at the first request. Nothing here reads a
-file or the network: pd_proxy.config.validate checks the key files, the endpoints file and the
+file or the network: pd_proxy.api.startup_checks checks the key files, the endpoints file and the
 cluster.
 """
 
@@ -33,7 +33,7 @@ ROLES = ("prefill", "decode")
 MAX_WORKERS = 256
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP field name (RFC 9110)
 ENDPOINTS_FLAG = f"--endpoints-file ({ENV_PREFIX}ENDPOINTS_FILE)"
-# (field, flag) of the key files pd_proxy.config.validate reads.
+# (field, flag) of the key files pd_proxy.api.startup_checks reads.
 KEY_FILES = (("api_key_file", "--api-key-file"), ("backend_api_key_file", "--backend-api-key-file"))
 
 
@@ -64,7 +64,7 @@ class ProxyConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     health_interval: float = 5.0
     health_timeout: float = 2.0
-    # The circuit breaker (pd_proxy.routing.breaker): failed checks in a row that take a backend
+    # The circuit breaker (pd_proxy.backends.breaker): failed checks in a row that take a backend
     # out, and
     # passed checks in a row that end its probation (one request at a time) once it is back.
     health_failures: int = 1
@@ -125,7 +125,7 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         """Normalise the values and check what needs no I/O; every problem is listed at once.
 
-        Files and the cluster are checked by pd_proxy.config.validate, once, before serving.
+        Files and the cluster are checked by pd_proxy.api.startup_checks, once, before serving.
         """
         problems: list[str] = []
 
@@ -137,7 +137,7 @@ class ProxyConfig:
         for role in ROLES:
             sources = (getattr(self, f"{role}_dns"), getattr(self, f"{role}_k8s_service"))
             if not getattr(self, role) and sources == (None, None) and not self.endpoints_file:
-                # With an endpoints file, pd_proxy.config.validate reads it to know the roles it
+                # With an endpoints file, pd_proxy.api.startup_checks reads it to know the roles it
                 # covers.
                 problems.append(no_backend(role))
         if self.endpoints_file is not None and not self.endpoints_file.strip():

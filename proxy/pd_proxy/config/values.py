@@ -6,7 +6,7 @@ import ipaddress
 import re
 from urllib.parse import urlsplit
 
-from pd_proxy.discovery.k8s_service import parse_service_ref
+from pd_proxy.config.service_ref import parse_service_ref
 
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
@@ -57,7 +57,7 @@ def check_host_port(value: str, flag: str) -> str:
 
 def check_k8s_service(value: str, flag: str) -> str:
     """``value`` as a canonical ``[NAMESPACE/]NAME[:PORT]``, or a ``ConfigError`` naming ``flag``.
-    Whether the pod sees the API server (and knows its namespace) is pd_proxy.config.validate's
+    Whether the pod sees the API server (and knows its namespace) is pd_proxy.api.startup_checks's
     check."""
     try:
         return str(parse_service_ref(value))

@@ -4,7 +4,7 @@ DNS learns that a pod left only after the resolver's cache (CoreDNS: 30 s by def
 next poll; the API server says so at once, with the reason. Each endpoint carries conditions:
 
 - ``terminating``: the pod is being deleted (its preStop sleep runs). It leaves the pool, so it
-  gets no new request, while requests already on it finish (pd_proxy.routing.pool drains it);
+  gets no new request, while requests already on it finish (pd_proxy.backends.pool drains it);
 - ``ready`` (``serving`` and not terminating): it takes requests; unknown counts as ready, as the
   API asks consumers to do;
 - ``serving``: logged, to tell a terminating pod that still answers from one that stopped.
@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from pd_proxy.config.service_ref import ServiceRef
 from pd_proxy.discovery.address import DiscoveryError, address_url
 from pd_proxy.discovery.kube_api import InCluster, KubeApiError, KubeClient
 
@@ -48,45 +48,6 @@ LIST_TIMEOUT_S = 10.0
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 30.0
 # How long the first poll waits for the first LIST before it reports an outage.
 FIRST_SYNC_S = 5.0
-
-_DNS1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS1123 = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_PORT_NAME = re.compile(r"(?=.*[a-z])[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
-
-
-@dataclass(frozen=True)
-class ServiceRef:
-    """``[NAMESPACE/]SERVICE[:PORT]``: PORT is the Service port's name or the endpoint port."""
-
-    name: str
-    namespace: str | None = None
-    port: str | int | None = None
-
-    def __str__(self) -> str:
-        text = f"{self.namespace}/{self.name}" if self.namespace else self.name
-        return text if self.port is None else f"{text}:{self.port}"
-
-
-def parse_service_ref(value: str) -> ServiceRef:
-    """``ValueError`` naming what is wrong with ``value``."""
-    text = value.strip()
-    rest, _, port_text = text.partition(":")
-    namespace, _, name = rest.rpartition("/")
-    if not _DNS1035.fullmatch(name):
-        raise ValueError(f"{name!r} is not a Service name (lowercase DNS-1035 label)")
-    if namespace and not _DNS1123.fullmatch(namespace):
-        raise ValueError(f"{namespace!r} is not a namespace name")
-    port: str | int | None = None
-    if port_text:
-        if port_text.isdigit() and 1 <= int(port_text) <= 65535:
-            port = int(port_text)
-        elif _PORT_NAME.fullmatch(port_text):
-            port = port_text
-        else:
-            raise ValueError(f"port {port_text!r} is neither 1-65535 nor a port name")
-    elif ":" in text:
-        raise ValueError("empty port after ':'")
-    return ServiceRef(name, namespace or None, port)
 
 
 @dataclass(frozen=True)

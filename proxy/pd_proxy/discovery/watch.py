@@ -9,7 +9,7 @@ Service) is resolved to its A and AAAA records and each address becomes ``http:/
 endpoints file (pd_proxy.discovery.endpoints_file) is re-read when its stat signature changes. What
 a source
 finds replaces what it found before in its role's ``BackendPool``: new backends join once a health
-check passes, gone ones drain (pd_proxy.routing.pool).
+check passes, gone ones drain (pd_proxy.backends.pool).
 
 Discovery never empties a pool. A name that stops resolving (NXDOMAIN, SERVFAIL, timeout) or
 resolves to nothing, a file that goes missing, malformed or drops every endpoint of a role, and an
@@ -31,13 +31,14 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
+from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.config import ROLES, ProxyConfig, split_host_port
+from pd_proxy.config.service_ref import parse_service_ref
 from pd_proxy.discovery.address import DiscoveryError, address_url
 from pd_proxy.discovery.endpoints_file import read_endpoints_file, stat_signature
-from pd_proxy.discovery.k8s_service import EndpointSliceWatch, parse_service_ref
+from pd_proxy.discovery.k8s_service import EndpointSliceWatch
 from pd_proxy.discovery.kube_api import InCluster
 from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.routing.pool import Backend, BackendPool
 
 __all__ = ["Discovery", "DiscoveryError", "DnsWatch", "FileWatch", "address_url", "system_resolver"]
 

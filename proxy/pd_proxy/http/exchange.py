@@ -3,7 +3,7 @@ side calls that go to a backend the same way (the planner's ``/tokenize``, the c
 
 pd_proxy.http.upstream does the HTTP; this module decides what a failure means. A refused
 connection marks the backend down and goes to another once; the prefill leg also moves once when
-its backend goes down while it waits (a hung replica, pd_proxy.routing.breaker) or its connection
+its backend goes down while it waits (a hung replica, pd_proxy.backends.breaker) or its connection
 breaks before an answer, and goes once more when a reused connection closed before any answer;
 every other upstream failure becomes a ``ProxyError`` (502, or 504 for a time limit).
 """
@@ -15,7 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
-from pd_proxy.errors import ProxyError
+from pd_proxy import scheduler
+from pd_proxy.backends.breaker import Breaker
+from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.http.connection import (
     ConnectFailed,
     Reply,
@@ -25,9 +27,8 @@ from pd_proxy.http.connection import (
 )
 from pd_proxy.http.upstream import Fields, Upstream
 from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.rewrite import JSON_TYPE
-from pd_proxy.routing.breaker import Breaker
-from pd_proxy.routing.pool import Backend, BackendPool
+from pd_proxy.protocol.endpoints import JSON_TYPE
+from pd_proxy.protocol.errors import ProxyError
 from pd_proxy.tracing import Trace, end_leg, traceparent
 
 log = logging.getLogger("pd_proxy.request")
@@ -51,7 +52,7 @@ async def read_whole(backend: Backend, resp: Reply) -> tuple[Backend, int, bytes
 
 def pick(pool: BackendPool, exclude: Backend | None = None) -> Backend:
     """The backend for a request to ``pool``; a 503 naming the down ones when none is healthy."""
-    backend = pool.pick(exclude)
+    backend = scheduler.pick(pool, exclude=exclude)
     if backend is None:
         raise ProxyError(
             503, f"no healthy {pool.role} backend (down: {', '.join(pool.down()) or 'none'})"
@@ -96,7 +97,7 @@ class Exchange:
         - a refused connection (the request never left) marks the backend down and goes to
           another, for every leg;
         - a ``movable`` leg (the prefill's: it has no answer to lose) also goes again when its
-          backend goes down while it waits (pd_proxy.routing.pool ``Backend.went_down``: a hung
+          backend goes down while it waits (pd_proxy.backends.pool ``Backend.went_down``: a hung
           replica), or the connection broke before an answer (to another backend), or a reused
           connection closed before any answer (the same backend, on a new connection). What the
           first attempt may hold on its backend is freed there: the closed connection aborts
@@ -112,8 +113,7 @@ class Exchange:
         """
         upstream = self.upstream
         stage = pool.role
-        chosen = want is not None and want.healthy and not want.draining
-        backend = want if chosen and want is not None else pick(pool)
+        backend = want if want is not None and scheduler.usable(want) else pick(pool)
         task = asyncio.current_task() if movable else None
         moved = resent = False  # at most one move to another backend, one resend on a new conn
         otel = trace.otel
@@ -148,7 +148,9 @@ class Exchange:
                 # Told to move (its backend went down), not the client leaving: go elsewhere.
                 if task is None or not backend.waiters.get(task) or task.uncancel() > 0:
                     raise
-                move = Move("went down before answering", pool.pick(exclude=backend), "unhealthy")
+                move = Move(
+                    "went down before answering", scheduler.pick(pool, exclude=backend), "unhealthy"
+                )
             except StaleConnection as exc:
                 if not movable:
                     self.metrics.backend_error(stage, backend.url)
@@ -158,7 +160,9 @@ class Exchange:
                 if task is not None:
                     backend.waiters.pop(task, None)  # the move below is this leg's own
                 mark_down(self.metrics, backend, stage)
-                move = Move(f"unreachable: {exc}", pool.pick(exclude=backend), "unreachable")
+                move = Move(
+                    f"unreachable: {exc}", scheduler.pick(pool, exclude=backend), "unreachable"
+                )
             except UpstreamTimeout:
                 self.metrics.backend_error(stage, backend.url)
                 limit = f"timed out after {total:g}s" if total else f"sent nothing for {silence:g}s"
@@ -167,7 +171,7 @@ class Exchange:
                 self.metrics.backend_error(stage, backend.url)
                 if not movable or answered:
                     raise ProxyError(502, f"{stage} backend {backend.url} failed: {exc}") from None
-                move = Move(f"failed: {exc}", pool.pick(exclude=backend), "broken")
+                move = Move(f"failed: {exc}", scheduler.pick(pool, exclude=backend), "broken")
             finally:
                 backend.outstanding -= 1
                 backend.tokens_in_flight -= tokens

@@ -17,10 +17,10 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from pd_proxy.errors import sse_error_event
+from pd_proxy.backends.pool import Backend
 from pd_proxy.http.connection import Reply, UpstreamError, UpstreamTimeout
 from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.routing.pool import Backend
+from pd_proxy.protocol.errors import sse_error_event
 
 log = logging.getLogger("pd_proxy.request")
 
@@ -55,14 +55,18 @@ async def relay_stream(
     metrics: ProxyMetrics,
     decode_timeout: float,
     first_byte: Callable[[], object],
+    *,
+    started: Callable[[], object],
 ) -> tuple[web.StreamResponse, bool]:
     """Relay the event stream ``resp`` from ``backend`` to the client, bytes unchanged; true
-    when the client left. See ``relay_events`` for ``first_byte`` and failures."""
+    when the client left. See ``relay_events`` for ``first_byte``, ``started`` and failures."""
     out = RelayResponse(
         headers={"Content-Type": content_type, "Cache-Control": "no-cache", "X-Request-Id": rid}
     )
     await out.prepare(request)
-    left = await relay_events(out, resp, None, rid, backend, metrics, decode_timeout, first_byte)
+    left = await relay_events(
+        out, resp, None, rid, backend, metrics, decode_timeout, first_byte, started=started
+    )
     return out, left
 
 
@@ -75,11 +79,14 @@ async def relay_events(
     metrics: ProxyMetrics,
     decode_timeout: float,
     first_byte: Callable[[], object],
+    *,
+    started: Callable[[], object],
 ) -> bool:
     """Relay ``resp``'s event stream into ``out`` (prepared), through ``transform`` when given;
     true when the client left.
 
-    ``first_byte`` is called once the first chunk (or a clean end) has arrived. ``transform``
+    ``first_byte`` (the trace's record), then ``started`` (the admission lease's event, handed
+    over by the legs), are called once the first chunk (or a clean end) has arrived. ``transform``
     gets each chunk and returns the bytes to send (whole events; what it holds back when the
     stream breaks is dropped). A stream that breaks, or stays silent for ``decode_timeout``
     seconds, counts as a decode error and ends with an SSE error event (``_fail``).
@@ -88,8 +95,9 @@ async def relay_events(
     chunk = await _read_chunk(resp)
     if isinstance(chunk, bytes):
         first_byte()
+        started()
     while isinstance(chunk, bytes) and chunk:
-        backend.progress += 1  # alive: pd_proxy.routing.breaker tells busy from hung by this
+        backend.progress += 1  # alive: pd_proxy.backends.breaker tells busy from hung by this
         data = chunk if transform is None else transform(chunk)
         try:
             if resp.at_eof():

@@ -28,7 +28,7 @@ from pd_proxy.http.connection import (
 )
 
 if TYPE_CHECKING:
-    from pd_proxy.routing.pool import Backend
+    from pd_proxy.backends.pool import Backend
 
 
 def _lines(headers: Mapping[str, str]) -> bytes:

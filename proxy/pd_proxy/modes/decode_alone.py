@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pd_proxy.legs import Legs
-from pd_proxy.request import Call
-from pd_proxy.route import LOCAL, Route
+from pd_proxy.backends.route import LOCAL, Route
+from pd_proxy.call import Call
+from pd_proxy.legs import Lease, Legs
 from pd_proxy.tracing import Trace
 
 
@@ -20,7 +20,9 @@ class DecodeAloneMode:
     def __init__(self, legs: Legs) -> None:
         self.legs = legs
 
-    async def __call__(self, call: Call, route: Route, trace: Trace) -> web.StreamResponse:
+    async def __call__(
+        self, call: Call, route: Route, trace: Trace, lease: Lease
+    ) -> web.StreamResponse:
         trace.path = LOCAL
         return await self.legs.decode_leg(
             call.request,
@@ -30,4 +32,5 @@ class DecodeAloneMode:
             trace,
             route.decode,
             route.uncached_tokens or 0,
+            lease=lease,
         )

@@ -19,28 +19,30 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
+from pd_proxy.backends.pool import Backend
+from pd_proxy.backends.route import Route
+from pd_proxy.call import Call, backend_fields
 from pd_proxy.http.connection import Reply
 from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse
-from pd_proxy.http.sse import SSE_TYPE
-from pd_proxy.legs import CLIENT_GONE, Legs, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Lease, Legs, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes import fanout_rewrite as rewrite_fanout
-from pd_proxy.request import Call, backend_fields
-from pd_proxy.rewrite import (
-    JSON_TYPE,
+from pd_proxy.protocol.codec import dumps
+from pd_proxy.protocol.endpoints import JSON_TYPE
+from pd_proxy.protocol.errors import Passthrough, ProxyError, sse_error_event
+from pd_proxy.protocol.pd_bodies import (
     decode_body,
-    dumps,
     kv_params_from_prefill,
     prefill_body,
     usage_options,
 )
-from pd_proxy.routing.pool import Backend
-from pd_proxy.routing.shapes import Shape, samples
+from pd_proxy.protocol.sse import SSE_TYPE
+from pd_proxy.routing.shapes import samples
 from pd_proxy.tracing import Trace
 
 T = TypeVar("T")
@@ -61,27 +63,30 @@ class FanoutMode:
         self._requests = metrics.fanout_requests
         self._legs = metrics.fanout_legs
 
-    async def __call__(self, call: Call, shape: Shape, trace: Trace) -> web.StreamResponse:
-        """Serve ``call``, whose ``shape`` asked for a fan-out (the counters' label); each choice
-        is planned by the pool at its own legs."""
+    async def __call__(
+        self, call: Call, route: Route, trace: Trace, lease: Lease
+    ) -> web.StreamResponse:
+        """Serve ``call``, whose shape (``route.reason``, the counters' label) asked for a
+        fan-out; each choice is placed by the scheduler at its own legs."""
         request, endpoint, client_body = call.request, call.endpoint, call.client_body
         bodies = rewrite_fanout.split(client_body, endpoint)
-        self._requests.labels(shape.name).inc()
-        self._legs.labels(shape.name).inc(len(bodies))
+        self._requests.labels(route.reason).inc()
+        self._legs.labels(route.reason).inc(len(bodies))
         n = samples(client_body)
+        run = _Run(endpoint, trace, lease)
         if client_body.get("stream"):
-            return await self._stream(request, endpoint, n, bodies, client_body, trace)
-        return await self._json(endpoint, n, bodies, trace)
+            return await self._stream(request, run, n, bodies, client_body)
+        return await self._json(run, n, bodies)
 
-    async def _leg(
-        self, k: int, endpoint: str, body: dict[str, Any], trace: Trace, consume: Consume[T]
-    ) -> T:
+    async def _leg(self, k: int, run: _Run, body: dict[str, Any], consume: Consume[T]) -> T:
         """Choice ``k`` as one P/D request under its own request id; when cancelled between
         its prefill's answer and its decode's first byte, the prefill's KV is released."""
         legs = self.legs
+        endpoint, trace = run.endpoint, run.trace
         rid = f"{trace.rid}-{k}"
         fields = backend_fields(rid, legs.backend_key)
-        backend, data = await legs.prefill_leg(endpoint, dumps(prefill_body(body)), fields, trace)
+        payload = dumps(prefill_body(body))
+        backend, data = await legs.prefill_leg(endpoint, payload, fields, trace, lease=run.lease)
         try:
             kv = kv_params_from_prefill(data)
         except ValueError:
@@ -105,10 +110,9 @@ class FanoutMode:
                 legs.release_kv(endpoint, body, kv, fields, rid)
             raise
 
-    async def _json(
-        self, endpoint: str, n: int, bodies: list[dict[str, Any]], trace: Trace
-    ) -> web.StreamResponse:
+    async def _json(self, run: _Run, n: int, bodies: list[dict[str, Any]]) -> web.StreamResponse:
         legs = self.legs
+        endpoint, trace = run.endpoint, run.trace
         start = time.perf_counter()
 
         async def read(backend: Backend, resp: Reply, taken: Callable[[], None]) -> bytes:
@@ -118,9 +122,9 @@ class FanoutMode:
             return data
 
         answers = await first_failure_ends_all(
-            [self._leg(k, endpoint, body, trace, read) for k, body in enumerate(bodies)]
+            [self._leg(k, run, body, read) for k, body in enumerate(bodies)]
         )
-        now = legs.first_byte(start, trace)
+        now = legs.first_byte(start, trace, run.lease)
         try:
             merged = rewrite_fanout.merge_json(endpoint, n, answers)
         except (ValueError, UnicodeDecodeError):
@@ -133,17 +137,17 @@ class FanoutMode:
     async def _stream(
         self,
         request: web.Request,
-        endpoint: str,
+        run: _Run,
         n: int,
         bodies: list[dict[str, Any]],
         client_body: dict[str, Any],
-        trace: Trace,
     ) -> web.StreamResponse:
         """The legs' streams merged into one; its headers go with the first merged event."""
-        relay = _MergedStream(request, self.legs, trace, endpoint, n, len(bodies))
+        trace = run.trace
+        relay = _MergedStream(request, self.legs, run, n, len(bodies))
         try:
             await first_failure_ends_all(
-                [self._leg(k, endpoint, body, trace, relay.leg(k)) for k, body in enumerate(bodies)]
+                [self._leg(k, run, body, relay.leg(k)) for k, body in enumerate(bodies)]
             )
         except ClientGone:
             trace.status = CLIENT_GONE
@@ -157,16 +161,24 @@ class FanoutMode:
         return relay.out
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One fan-out request's endpoint, trace and lease, shared by its legs."""
+
+    endpoint: str
+    trace: Trace
+    lease: Lease
+
+
 class _MergedStream:
     """The client's one stream, fed by every leg's decode stream through one ``StreamMerge``."""
 
-    def __init__(
-        self, request: web.Request, legs: Legs, trace: Trace, endpoint: str, n: int, count: int
-    ) -> None:
+    def __init__(self, request: web.Request, legs: Legs, run: _Run, n: int, count: int) -> None:
         self.request = request
         self.legs = legs
-        self.trace = trace
-        self.merge = rewrite_fanout.StreamMerge(endpoint, n, count)
+        self.trace = trace = run.trace
+        self.lease = run.lease
+        self.merge = rewrite_fanout.StreamMerge(run.endpoint, n, count)
         self.out = RelayResponse(
             headers={
                 "Content-Type": SSE_TYPE,
@@ -205,7 +217,8 @@ class _MergedStream:
                 if not self.started:
                     await self.out.prepare(self.request)
                     self.started = True
-                    self.legs.sent(self.trace, self.legs.first_byte(self._start, self.trace))
+                    now = self.legs.first_byte(self._start, self.trace, self.lease)
+                    self.legs.sent(self.trace, now)
                 await self.out.write(data)
             except CLIENT_LEFT:
                 raise ClientGone from None

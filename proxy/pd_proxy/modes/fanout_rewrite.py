@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pd_proxy.http.sse import DONE, EventSplitter, event, event_json, events
-from pd_proxy.rewrite import CHAT_COMPLETIONS, dumps, loads, usage
+from pd_proxy.protocol.codec import dumps, loads
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS
+from pd_proxy.protocol.pd_bodies import usage
+from pd_proxy.protocol.sse import DONE, EventSplitter, event, event_json, events
 from pd_proxy.routing.shapes import prompts, samples
 
 

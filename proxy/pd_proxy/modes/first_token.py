@@ -25,19 +25,20 @@ from typing import Any
 
 from aiohttp import web
 
-from pd_proxy.errors import Passthrough, ProxyError, sse_error_event
+from pd_proxy.backends.pool import Backend
+from pd_proxy.backends.route import Route
+from pd_proxy.call import Call
 from pd_proxy.http.connection import Reply
 from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse, relay_events
-from pd_proxy.http.sse import SSE_TYPE
-from pd_proxy.http.upstream import Fields
-from pd_proxy.legs import CLIENT_GONE, Legs, is_event_stream
+from pd_proxy.legs import CLIENT_GONE, Lease, Legs, is_event_stream
 from pd_proxy.modes import first_token_rewrite as ft
 from pd_proxy.modes.normal import NormalMode
-from pd_proxy.request import Call
-from pd_proxy.rewrite import JSON_TYPE, decode_payload, dumps, loads
-from pd_proxy.route import Route
+from pd_proxy.protocol.codec import dumps, loads
+from pd_proxy.protocol.endpoints import JSON_TYPE
+from pd_proxy.protocol.errors import Passthrough, ProxyError, sse_error_event
+from pd_proxy.protocol.pd_bodies import decode_payload
+from pd_proxy.protocol.sse import SSE_TYPE
 from pd_proxy.routing.block_size import BlockSizes
-from pd_proxy.routing.pool import Backend
 from pd_proxy.tracing import Trace
 
 log = logging.getLogger("pd_proxy.request")
@@ -64,18 +65,26 @@ class FirstTokenMode:
             child = self._counters[key] = self.legs.metrics.first_token.labels(outcome, reason)
         child.inc()
 
-    async def __call__(self, call: Call, route: Route, trace: Trace) -> web.StreamResponse:
+    async def __call__(
+        self, call: Call, route: Route, trace: Trace, lease: Lease
+    ) -> web.StreamResponse:
         legs = self.legs
-        request, endpoint, body = call.request, call.endpoint, call.body
-        client_body, headers, want = call.client_body, call.headers, route.decode
+        endpoint, client_body, headers = call.endpoint, call.client_body, call.headers
+        want = route.decode
         reason = ft.request_fallback(endpoint, client_body)
         if reason is not None:
             self._count(NORMAL, reason)
-            return await self.normal(call, route, trace)
+            return await self.normal(call, route, trace, lease)
         self.block_sizes.prefetch(b for b in legs.prefill_pool.backends if b.healthy)
         payload = dumps(ft.prefill_body_first_token(client_body))
         backend, data = await legs.prefill_leg(
-            endpoint, payload, headers, trace, route.prefill, route.uncached_tokens or 0
+            endpoint,
+            payload,
+            headers,
+            trace,
+            route.prefill,
+            route.uncached_tokens or 0,
+            lease=lease,
         )
         try:
             answer = loads(data)
@@ -88,9 +97,7 @@ class FirstTokenMode:
             trace.otel.kv_params(kv)
         first = ft.parse_first_token(endpoint, answer)
         if isinstance(first, str):
-            return await self._normal(
-                request, endpoint, body, client_body, kv, headers, trace, first, want
-            )
+            return await self._normal(call, kv, first, trace=trace, lease=lease, want=want)
         if ft.finished_at_first(endpoint, client_body, first):
             self._count(FINISHED)
             legs.release_kv(endpoint, client_body, kv, headers, trace.rid)
@@ -100,33 +107,22 @@ class FirstTokenMode:
             size = await self.block_sizes.get(backend)
         reason = ft.continuation_problem(first, size)
         if reason is not None:
-            return await self._normal(
-                request, endpoint, body, client_body, kv, headers, trace, reason, want
-            )
+            return await self._normal(call, kv, reason, trace=trace, lease=lease, want=want)
         self._count(CONTINUED)
         payload = dumps(ft.continuation_body(endpoint, client_body, first))
         if client_body.get("stream"):
-            return await self._stream(
-                request, endpoint, client_body, first, payload, headers, trace, want
-            )
-        return await self._json(endpoint, first, payload, headers, trace, want)
+            return await self._stream(call, first, payload, trace=trace, lease=lease, want=want)
+        return await self._json(call, first, payload, trace=trace, lease=lease, want=want)
 
     async def _normal(
-        self,
-        request: web.Request,
-        endpoint: str,
-        body: bytes,
-        client_body: dict[str, Any],
-        kv: Any,
-        headers: Fields,
-        trace: Trace,
-        reason: str,
-        want: Backend | None,
+        self, call: Call, kv: Any, reason: str, *, trace: Trace, lease: Lease, want: Backend | None
     ) -> web.StreamResponse:
         """The normal decode leg after this mode's prefill leg (nothing was sent yet)."""
         self._count(NORMAL, reason)
-        payload = decode_payload(body, client_body, kv)
-        return await self.legs.decode_leg(request, endpoint, payload, headers, trace, want)
+        payload = decode_payload(call.body, call.client_body, kv)
+        return await self.legs.decode_leg(
+            call.request, call.endpoint, payload, call.headers, trace, want, lease=lease
+        )
 
     def _finished(
         self, endpoint: str, client_body: dict[str, Any], first: ft.FirstToken, trace: Trace
@@ -142,21 +138,23 @@ class FirstTokenMode:
 
     async def _json(
         self,
-        endpoint: str,
+        call: Call,
         first: ft.FirstToken,
         payload: bytes,
-        headers: Fields,
+        *,
         trace: Trace,
+        lease: Lease,
         want: Backend | None,
     ) -> web.StreamResponse:
         legs = self.legs
+        endpoint = call.endpoint
         start = time.perf_counter()
 
         async def answer(backend: Backend, resp: Reply) -> web.StreamResponse:
             trace.decode = backend.url
             content_type = resp.headers.get("content-type", JSON_TYPE)
             data = await resp.read()
-            now = legs.first_byte(start, trace)
+            now = legs.first_byte(start, trace, lease)
             legs.decode_error(backend, resp.status, data, content_type)
             try:
                 merged = ft.merge_json(endpoint, first, data)
@@ -172,21 +170,21 @@ class FirstTokenMode:
                 body=merged, headers={"Content-Type": JSON_TYPE, "X-Request-Id": trace.rid}
             )
 
-        return await legs.decode_to(endpoint, payload, headers, trace, answer, want)
+        return await legs.decode_to(endpoint, payload, call.headers, trace, answer, want)
 
     async def _stream(
         self,
-        request: web.Request,
-        endpoint: str,
-        client_body: dict[str, Any],
+        call: Call,
         first: ft.FirstToken,
         payload: bytes,
-        headers: Fields,
+        *,
         trace: Trace,
+        lease: Lease,
         want: Backend | None,
     ) -> web.StreamResponse:
         """Token 1 now, then decode's continuation; once sent, failures end the stream."""
         legs = self.legs
+        request, endpoint, client_body = call.request, call.endpoint, call.client_body
         out = RelayResponse(
             headers={
                 "Content-Type": SSE_TYPE,
@@ -209,7 +207,7 @@ class FirstTokenMode:
             content_type = resp.headers.get("content-type", "")
             if not is_event_stream(resp):
                 data = await resp.read()
-                legs.first_byte(start, trace)
+                legs.first_byte(start, trace, lease)
                 try:
                     legs.decode_error(backend, resp.status, data, content_type)
                 except Passthrough as exc:
@@ -229,10 +227,11 @@ class FirstTokenMode:
                 legs.metrics,
                 legs.config.decode_timeout,
                 partial(trace.first_byte, start, legs.metrics),
+                started=lease.decode_started,
             )
 
         try:
-            client_left = await legs.decode_to(endpoint, payload, headers, trace, answer, want)
+            client_left = await legs.decode_to(endpoint, payload, call.headers, trace, answer, want)
         except ProxyError as exc:
             log.warning("rid=%s after token 1: %s", trace.rid, exc.message)
             try:

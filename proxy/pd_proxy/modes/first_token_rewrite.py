@@ -27,16 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from pd_proxy.http.sse import DONE, EventSplitter, event, event_json, events
-from pd_proxy.rewrite import (
-    CHAT_COMPLETIONS,
-    COMPLETIONS,
-    dumps,
-    loads,
-    prefill_body,
-    usage,
-    usage_options,
-)
+from pd_proxy.protocol.codec import dumps, loads
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.pd_bodies import prefill_body, usage, usage_options
+from pd_proxy.protocol.sse import DONE, EventSplitter, event, event_json, events
 
 # vLLM's CompletionRequest.max_tokens default (chat has none: the context decides).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16

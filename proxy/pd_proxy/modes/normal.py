@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pd_proxy.legs import Legs
-from pd_proxy.request import Call
-from pd_proxy.rewrite import decode_payload, dumps, kv_params_from_prefill, prefill_body
-from pd_proxy.route import Route
+from pd_proxy.backends.route import Route
+from pd_proxy.call import Call
+from pd_proxy.legs import Lease, Legs
+from pd_proxy.protocol.codec import dumps
+from pd_proxy.protocol.pd_bodies import decode_payload, kv_params_from_prefill, prefill_body
 from pd_proxy.tracing import Trace
 
 
@@ -16,12 +17,20 @@ class NormalMode:
     def __init__(self, legs: Legs) -> None:
         self.legs = legs
 
-    async def __call__(self, call: Call, route: Route, trace: Trace) -> web.StreamResponse:
+    async def __call__(
+        self, call: Call, route: Route, trace: Trace, lease: Lease
+    ) -> web.StreamResponse:
         legs = self.legs
         endpoint, headers = call.endpoint, call.headers
         prefill = dumps(prefill_body(call.client_body))
         backend, data = await legs.prefill_leg(
-            endpoint, prefill, headers, trace, route.prefill, route.uncached_tokens or 0
+            endpoint,
+            prefill,
+            headers,
+            trace,
+            route.prefill,
+            route.uncached_tokens or 0,
+            lease=lease,
         )
         try:
             kv_params = kv_params_from_prefill(data)
@@ -30,4 +39,6 @@ class NormalMode:
         if trace.otel is not None:
             trace.otel.kv_params(kv_params)
         payload = decode_payload(call.body, call.client_body, kv_params)
-        return await legs.decode_leg(call.request, endpoint, payload, headers, trace, route.decode)
+        return await legs.decode_leg(
+            call.request, endpoint, payload, headers, trace, route.decode, lease=lease
+        )

@@ -1,5 +1,4 @@
-"""One client request: the fields the proxy itself acts on, read as vLLM reads them, and the
-``Call`` every stage after parsing reads.
+"""A client body's fields the proxy itself acts on, read as vLLM reads them.
 
 vLLM validates a request with pydantic in its lax mode: ``"stream": "yes"`` is a stream,
 ``"n": "2"`` two samples, ``"stream": "maybe"`` a 400. The proxy decides its way by some of those
@@ -12,40 +11,9 @@ here with a 400 naming the parameter, before any backend is touched. The readers
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pd_proxy.errors import ProxyError
-from pd_proxy.http.upstream import Fields
-
-if TYPE_CHECKING:
-    from aiohttp import web
-
-    from pd_proxy.api.auth import BackendKey
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Call:
-    """One client request as the pipeline parsed it: what every stage after parsing reads.
-
-    ``body`` is the client's bytes, ``client_body`` their JSON object, ``headers`` the fields both
-    legs add (``backend_fields``).
-    """
-
-    request: web.Request
-    endpoint: str
-    body: bytes
-    client_body: dict[str, Any]
-    headers: Fields
-
-
-def backend_fields(rid: str, key: BackendKey | None) -> Fields:
-    """The header fields both legs add, encoded once: the client's Authorization is never
-    forwarded (its key is for the proxy only), the backend key is sent instead."""
-    if key is None:
-        return Fields.of({"X-Request-Id": rid})
-    return Fields.of({"X-Request-Id": rid, "Authorization": key.header()})
-
+from pd_proxy.protocol.errors import ProxyError
 
 # pydantic's lax booleans (case-insensitive strings), as vLLM 0.32 accepts them.
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})

@@ -6,7 +6,7 @@ import json
 
 from aiohttp import web
 
-from pd_proxy.rewrite import JSON_TYPE
+from pd_proxy.protocol.endpoints import JSON_TYPE
 
 ERROR_TYPES = {
     400: "invalid_request_error",

@@ -1,33 +1,16 @@
-"""The P/D protocol as pure functions: decode the client body, build and encode the two legs.
+"""The P/D protocol as pure functions: build and encode the two legs' bodies.
 
 vLLM's NIXL connector expects the prefill instance to see the client's request with
 ``do_remote_decode`` set and generation cut to one token (so it only fills the KV cache and hands
 back ``kv_transfer_params``); the decode instance then gets the client's original request plus those
 params and pulls the KV blocks instead of recomputing them.
-
-JSON goes through orjson when installed, the stdlib otherwise. orjson parses and encodes the two
-legs' bodies several times faster than ``json``. It is stricter (no NaN or Infinity, no lone
-surrogates), so whatever it refuses is retried with the stdlib and the proxy accepts what it
-accepted before. One difference remains: orjson reads integers beyond 64 bits as floats, which no
-vLLM field can take anyway.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - the kit pins orjson; this keeps a bare checkout working
-    orjson = None  # type: ignore[assignment]
-
-JSON_TYPE = "application/json"
-COMPLETIONS = "/v1/completions"
-CHAT_COMPLETIONS = "/v1/chat/completions"
-
-# The field each endpoint cannot do without.
-REQUIRED_FIELD = {COMPLETIONS: "prompt", CHAT_COMPLETIONS: "messages"}
+from pd_proxy.protocol.codec import dumps, loads
 
 # Fields that must not reach the one-token prefill: streaming options, lower length bounds (a
 # min_tokens above 1 would contradict max_tokens=1) and structured output: the prefill's token is
@@ -42,52 +25,6 @@ PREFILL_DROPPED = (
 )
 
 
-def _std_loads(data: bytes) -> Any:
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise TooDeep("nested too deeply") from None
-
-
-def _std_dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-if orjson is not None:
-    _orjson_loads = orjson.loads
-    _orjson_dumps = orjson.dumps
-    _OrjsonError = orjson.JSONDecodeError
-    _OrjsonEncodeError = orjson.JSONEncodeError
-
-    def loads(data: bytes) -> Any:
-        """Parse JSON bytes; ``ValueError`` (or ``UnicodeDecodeError``) when they are not JSON,
-        ``TooDeep`` when they nest deeper than the parsers go."""
-        try:
-            return _orjson_loads(data)
-        except _OrjsonError:
-            return _std_loads(data)
-
-    def dumps(obj: Any) -> bytes:
-        """Compact UTF-8 JSON bytes."""
-        try:
-            return _orjson_dumps(obj)
-        except _OrjsonEncodeError:
-            return _std_dumps(obj)
-
-else:  # pragma: no cover
-    loads = _std_loads
-    dumps = _std_dumps
-
-
-class BadRequest(ValueError):
-    """The client body cannot be proxied; the message is safe to return to the client."""
-
-
-class TooDeep(ValueError):
-    """JSON nested deeper than the parsers go (orjson stops at 1024 levels, the stdlib at
-    Python's recursion limit)."""
-
-
 def prefill_kv_params() -> dict[str, Any]:
     """What a prefill instance needs to keep the KV blocks for a remote decode."""
     return {
@@ -98,22 +35,6 @@ def prefill_kv_params() -> dict[str, Any]:
         "remote_host": None,
         "remote_port": None,
     }
-
-
-def parse_request(body: bytes, endpoint: str) -> dict[str, Any]:
-    """Decode and minimally validate a client body; raise ``BadRequest`` with a client message."""
-    try:
-        obj = loads(body)
-    except TooDeep:
-        raise BadRequest("request body is nested too deeply to be parsed") from None
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("request body is not valid JSON") from None
-    if not isinstance(obj, dict):
-        raise BadRequest("request body must be a JSON object")
-    field = REQUIRED_FIELD[endpoint]
-    if obj.get(field) is None:
-        raise BadRequest(f"'{field}' is required")
-    return obj
 
 
 def prefill_body(request: dict[str, Any]) -> dict[str, Any]:

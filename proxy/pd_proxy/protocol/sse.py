@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pd_proxy.rewrite import dumps, loads
+from pd_proxy.protocol.codec import dumps, loads
 
 MEDIA_TYPE = "text/event-stream"
 SSE_TYPE = f"{MEDIA_TYPE}; charset=utf-8"  # vLLM's Content-Type for a stream

@@ -15,10 +15,10 @@ import re
 import time
 from collections.abc import Iterable
 
-from pd_proxy.api.auth import BackendKey
+from pd_proxy.backends.pool import Backend
+from pd_proxy.config.key_files import BackendKey
 from pd_proxy.http.connection import UpstreamError
 from pd_proxy.http.upstream import Upstream
-from pd_proxy.routing.pool import Backend
 
 log = logging.getLogger("pd_proxy.request")
 

@@ -6,7 +6,7 @@ P/D. Pure.
 
 from __future__ import annotations
 
-from pd_proxy.route import LOCAL, PD
+from pd_proxy.backends.route import LOCAL, PD
 
 # How a request's path was decided (pd_proxy_path_decisions_total's reason label).
 SHORT = "short"  # uncached tokens within --local-prefill-max-tokens, nothing cached: decode alone

@@ -17,15 +17,22 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from pd_proxy.backends.route import DEFAULT_PD, PD, Route
 from pd_proxy.config.settings import CACHE_OFF, CACHE_WITH_APPROX, CACHE_WITH_EVENTS
-from pd_proxy.route import DEFAULT_PD, PD, Route
 from pd_proxy.routing import decider
 from pd_proxy.routing.cache.extra import request_keys  # pure: no library of the cache's
 from pd_proxy.routing.token_count import TokenCounter
 
 if TYPE_CHECKING:
-    from pd_proxy.legs import Legs
-    from pd_proxy.request import Call
+    from prometheus_client import CollectorRegistry
+
+    from pd_proxy.backends.pool import BackendPool
+    from pd_proxy.call import Call
+    from pd_proxy.config import ProxyConfig
+    from pd_proxy.config.key_files import BackendKey
+    from pd_proxy.http.exchange import Exchange
+    from pd_proxy.http.upstream import Upstream
+    from pd_proxy.routing.block_size import BlockSizes
     from pd_proxy.routing.cache.follow import CacheFollower
     from pd_proxy.routing.cache.metrics import CacheMetrics
     from pd_proxy.routing.cache.router import CacheRouter
@@ -70,62 +77,87 @@ class Planner:
         return route
 
 
-def build_planner(legs: Legs) -> Planner:
-    """The planner the settings ask for, with the background jobs its parts need."""
-    config = legs.config
+def build_planner(
+    config: ProxyConfig,
+    registry: CollectorRegistry,
+    *,
+    pools: tuple[BackendPool, BackendPool],
+    upstream: Upstream,
+    exchange: Exchange,
+    backend_key: BackendKey | None,
+) -> Planner:
+    """The planner the settings ask for, with the background jobs its parts need, built from
+    explicit parts (``pools``: prefill, decode)."""
     routing = config.prefix_cache_routing != CACHE_OFF
     counts = config.local_prefill_max_tokens > 0
     if not routing and not counts:
         return Planner(0)
+    prefill, decode = pools
     metrics = check = None
     jobs: list[Job] = []
     if routing or config.tokenizer is not None:
         from pd_proxy.routing.cache.metrics import CacheMetrics
 
-        metrics = CacheMetrics(legs.metrics.registry)
+        metrics = CacheMetrics(registry)
     if config.tokenizer is not None:
         from pd_proxy.routing.tokenizer_check import tokenizer_check
 
         assert metrics is not None
-        check = tokenizer_check(config, legs.decode_pool, legs.backend_key, metrics)
+        check = tokenizer_check(config, decode, backend_key, metrics)
         if check is not None:
             jobs.append(("pd-proxy-tokenizer-check", check.run))
-    counter = TokenCounter(legs, check, metrics)
+    counter = TokenCounter(exchange, decode, config.tokenize_timeout, check, metrics)
     cache = None
     if routing:
         assert metrics is not None
-        follower = _follower(legs, metrics)
-        cache = _router(legs, follower, metrics)
+        follower = _follower(config, pools, backend_key, metrics)
+        block_sizes = _block_sizes(upstream, backend_key, config.health_timeout)
+        cache = _router(config, pools, follower, block_sizes, metrics)
         jobs.append(("pd-proxy-cache", follower.run))
     return Planner(config.local_prefill_max_tokens, counter, cache, metrics, jobs)
 
 
-def _follower(legs: Legs, metrics: CacheMetrics) -> CacheFollower:
+def _follower(
+    config: ProxyConfig,
+    pools: tuple[BackendPool, BackendPool],
+    backend_key: BackendKey | None,
+    metrics: CacheMetrics,
+) -> CacheFollower:
     from pd_proxy.routing.cache.follow import CacheFollower
 
-    config = legs.config
     mode = config.prefix_cache_routing
     return CacheFollower(
-        (legs.prefill_pool, legs.decode_pool),
+        pools,
         events_on=mode in CACHE_WITH_EVENTS,
         approx_on=mode in CACHE_WITH_APPROX,
         approx_blocks=config.cache_approx_blocks,
-        backend_key=legs.backend_key,
+        backend_key=backend_key,
         health_timeout=config.health_timeout,
         metrics=metrics,
     )
 
 
-def _router(legs: Legs, follower: CacheFollower, metrics: CacheMetrics) -> CacheRouter:
+def _block_sizes(upstream: Upstream, backend_key: BackendKey | None, timeout: float) -> BlockSizes:
     from pd_proxy.routing.block_size import BlockSizes
+
+    return BlockSizes(upstream, backend_key, timeout)
+
+
+def _router(
+    config: ProxyConfig,
+    pools: tuple[BackendPool, BackendPool],
+    follower: CacheFollower,
+    block_sizes: BlockSizes,
+    metrics: CacheMetrics,
+) -> CacheRouter:
     from pd_proxy.routing.cache.router import CacheRouter
 
-    config = legs.config
+    prefill, decode = pools
     return CacheRouter(
-        legs.prefill_pool,
-        legs.decode_pool,
+        prefill,
+        decode,
         follower,
-        BlockSizes(legs.upstream, legs.backend_key, config.health_timeout),
+        block_sizes,
         metrics,
         config.cache_overlap_weight,
         config.cache_max_imbalance,

@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
-from pd_proxy.route import LOCAL, PD
+from pd_proxy.backends.route import LOCAL, PD
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 
-FANOUT, REFUSE = "fanout", "refuse"  # with pd_proxy.route's LOCAL and PD
+FANOUT, REFUSE = "fanout", "refuse"  # with pd_proxy.backends.route's LOCAL and PD
 ROUTES = (REFUSE, LOCAL, FANOUT, PD)  # the order the table checks them in
 ENDPOINTS = {"completions": COMPLETIONS, "chat": CHAT_COMPLETIONS}
 

@@ -15,13 +15,16 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pd_proxy.errors import ProxyError
+from pd_proxy import scheduler
 from pd_proxy.http.exchange import read_whole
-from pd_proxy.rewrite import COMPLETIONS, dumps, loads
+from pd_proxy.protocol.codec import dumps, loads
+from pd_proxy.protocol.endpoints import COMPLETIONS
+from pd_proxy.protocol.errors import ProxyError
 
 if TYPE_CHECKING:
-    from pd_proxy.legs import Legs
-    from pd_proxy.request import Call
+    from pd_proxy.backends.pool import BackendPool
+    from pd_proxy.call import Call
+    from pd_proxy.http.exchange import Exchange
     from pd_proxy.routing.cache.metrics import CacheMetrics
     from pd_proxy.tracing import Trace
 
@@ -101,14 +104,17 @@ class TokenCounter:
 
     def __init__(
         self,
-        legs: Legs,
+        exchange: Exchange,
+        decode: BackendPool,
+        timeout: float,
         check: LocalIds | None = None,
         metrics: CacheMetrics | None = None,
     ) -> None:
-        self.legs = legs
+        self.exchange = exchange
+        self.decode_pool = decode
+        self.timeout = timeout  # --tokenize-timeout
         self.check = check  # the local tokenizer and the shapes it is trusted for
         self.metrics = metrics
-        self.timeout = legs.config.tokenize_timeout
 
     async def ids(self, call: Call, trace: Trace) -> list[int] | None:
         ids = direct_ids(call.client_body, call.endpoint)
@@ -144,13 +150,11 @@ class TokenCounter:
         if request is None:
             return None
 
-        # The least busy decode, without moving the pool's round-robin: otherwise the count and
-        # the request would alternate in step and every request land on the same decode.
-        healthy = [b for b in self.legs.decode_pool.backends if b.healthy]
-        least = min(healthy, key=lambda b: b.outstanding) if healthy else None
+        # The least busy decode, without moving the pool's round-robin (pd_proxy.scheduler).
+        least = scheduler.least_busy(self.decode_pool)
         try:
-            _, status, data, _ = await self.legs.exchange(
-                self.legs.decode_pool,
+            _, status, data, _ = await self.exchange(
+                self.decode_pool,
                 TOKENIZE,
                 dumps(request),
                 call.headers,

@@ -22,7 +22,7 @@ import jinja2.sandbox
 from jinja2.ext import loopcontrols
 from tokenizers import Tokenizer
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 
 COMPLETION, CHAT = "completion", "chat"  # the request shapes checked apart
 SHAPES = (COMPLETION, CHAT)

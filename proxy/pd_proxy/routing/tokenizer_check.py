@@ -18,11 +18,12 @@ from typing import Any
 
 import aiohttp
 
-from pd_proxy.api.auth import BackendKey
+from pd_proxy import scheduler
+from pd_proxy.backends.pool import BackendPool
 from pd_proxy.config import ENV_PREFIX, ConfigError, ProxyConfig
-from pd_proxy.rewrite import dumps
+from pd_proxy.config.key_files import BackendKey
+from pd_proxy.protocol.codec import dumps
 from pd_proxy.routing.cache.metrics import CacheMetrics
-from pd_proxy.routing.pool import BackendPool
 from pd_proxy.routing.token_count import ids_from_answer, tokenize_body
 from pd_proxy.routing.tokenizer import CANARY, SHAPES, LocalTokenizer, TokenizerFilesError
 from pd_proxy.routing.tokenizer_files import hub_cache, tokenizer_folder
@@ -85,7 +86,7 @@ class TokenizerCheck:
         """Compare the local tokenizer with a healthy decode's ``/tokenize`` on the canary set;
         trust each shape whose every canary matched. Returns early (retried) when none answers."""
         tok = self.tokenizer
-        backend = self.decode.pick()
+        backend = scheduler.pick(self.decode)
         if tok is None or backend is None:
             return
         headers = {} if self.backend_key is None else {"Authorization": self.backend_key.header()}

@@ -4,9 +4,8 @@ pd_proxy.workers.supervisor.
 The supervisor passes the already checked settings, the worker's number, its own pid and a pipe
 to report readiness through ``PD_PROXY_WORKER_STATE`` (JSON). The worker serves the whole proxy
 (pd_proxy.serve) on the port the parent reserved, with SO_REUSEPORT; the config is not checked
-again (the parent's pd_proxy.config.validate did), and only worker 1 logs the listening address and
-runs
-the canary.
+again (the parent's pd_proxy.api.startup_checks did), and only worker 1 logs the listening
+address and runs the canary.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ import sys
 import tempfile
 
 from pd_proxy.config import ProxyConfig
-from pd_proxy.http.listen import ListenError, reserve_port
 from pd_proxy.logs import flush_periodically, setup_logging
+from pd_proxy.port_reservation import ListenError, reserve_port
 from pd_proxy.workers.child import STATE_ENV
 
 log = logging.getLogger("pd_proxy.workers.supervisor")

@@ -37,7 +37,7 @@ from pcp_pd_kit.localstack.stack import (
     Stack,
 )
 from pcp_pd_kit.settings import StackSettings, kit_env, settings_from_env
-from pd_proxy.api.auth import KeyFileError, read_key_file
+from pd_proxy.config.key_files import KeyFileError, read_key_file
 
 HELP = "vllm bench serve: single vLLM vs P/D and its proxy variants"
 log = logging.getLogger("pcp_pd_kit.bench")

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from pcp_pd_kit.localstack.process import StackProcessError
-from pd_proxy.api.auth import KeyFileError, read_key_file
+from pd_proxy.config.key_files import KeyFileError, read_key_file
 
 # The eval's variable for the proxy's key (lm-eval's local-completions and the eval's probe).
 EVAL_KEY_VARIABLE = "OPENAI_API_KEY"

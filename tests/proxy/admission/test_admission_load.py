@@ -9,7 +9,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pd_proxy.rewrite import COMPLETIONS
+from pd_proxy.protocol.endpoints import COMPLETIONS
 from tests.proxy.proxy_harness import Stack, pd_stack
 
 FLOOD, LIGHT = "sk-flood", "sk-light"

@@ -13,8 +13,8 @@ from pd_proxy.admission.gate import Gate, Refused, Settings
 from pd_proxy.admission.lease import Lease
 from pd_proxy.admission.metrics import AdmissionMetrics
 from pd_proxy.admission.room import Limits
-from pd_proxy.route import LOCAL, PD, Route
-from pd_proxy.routing.pool import BackendPool
+from pd_proxy.backends.pool import BackendPool
+from pd_proxy.backends.route import LOCAL, PD, Route
 
 P, D = "http://p:1", "http://d:1"
 PD_ROUTE, LOCAL_ROUTE = Route(PD, "test"), Route(LOCAL, "test")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pd_proxy.rewrite import COMPLETIONS
+from pd_proxy.protocol.endpoints import COMPLETIONS
 
 from .test_cache_routing import decisions, text
 

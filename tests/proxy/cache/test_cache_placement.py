@@ -125,7 +125,7 @@ async def test_legs_count_their_planned_tokens_on_their_replica_while_they_run()
     reads them, so a holder with enough work queued loses the next request to an idle replica."""
     import asyncio
 
-    from pd_proxy.rewrite import COMPLETIONS
+    from pd_proxy.protocol.endpoints import COMPLETIONS
     from pd_proxy.testing.fake_model import tokenize
     from tests.proxy.proxy_harness import pd_stack
     from tests.support.waits import until

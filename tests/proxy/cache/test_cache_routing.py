@@ -8,7 +8,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from pd_proxy.rewrite import COMPLETIONS
+from pd_proxy.protocol.endpoints import COMPLETIONS
 from pd_proxy.routing.cache.events import decode as decode_frames
 from pd_proxy.routing.cache.index import ReplicaIndex
 from pd_proxy.testing.fake_model import tokenize

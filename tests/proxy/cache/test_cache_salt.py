@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pd_proxy.rewrite import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
 from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import decode
 from pd_proxy.routing.cache.extra import PLAIN, UNKEYABLE, RequestKeys, request_keys

@@ -17,7 +17,8 @@ import time
 import aiohttp
 import zmq.asyncio
 
-from pd_proxy.api.auth import BackendKey
+from pd_proxy.backends.pool import Backend, BackendPool
+from pd_proxy.config.key_files import BackendKey
 from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import Batch, Cleared
 from pd_proxy.routing.cache.index import NEXT, Health, ReplicaIndex
@@ -25,7 +26,6 @@ from pd_proxy.routing.cache.metrics import CacheMetrics
 from pd_proxy.routing.cache.pending import PendingIndex
 from pd_proxy.routing.cache.publishers import parse_sources
 from pd_proxy.routing.cache.subscriber import Subscription
-from pd_proxy.routing.pool import Backend, BackendPool
 
 log = logging.getLogger("pd_proxy.cache")
 

@@ -3,7 +3,7 @@ the prefill) each role's scorer picks, the cache hit predicted there, and the pa
 ``--local-prefill-max-tokens`` (pd_proxy.routing.decider), as one ``Route``.
 
 What the replicas hold comes from pd_proxy.routing.cache.follow. Without token ids, or with nothing
-cached anywhere, the choice is the pool's own (least outstanding, round-robin ties). A prompt's
+cached anywhere, the choice is by load alone (pd_proxy.scheduler). A prompt's
 blocks are keyed with the request's extra keys (pd_proxy.routing.cache.extra): a salted request
 is predicted only from blocks stored under its own salt, in the events index, the pending
 entries and the approximate index alike; one that cannot be keyed is never predicted a hit.
@@ -14,7 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from pd_proxy.route import PD, Route
+from pd_proxy import scheduler
+from pd_proxy.backends.pool import Backend, BackendPool
+from pd_proxy.backends.route import PD, Route
 from pd_proxy.routing import decider
 from pd_proxy.routing.block_size import BlockSizes
 from pd_proxy.routing.cache import scorer
@@ -22,7 +24,6 @@ from pd_proxy.routing.cache.extra import PLAIN, RequestKeys
 from pd_proxy.routing.cache.follow import CacheFollower
 from pd_proxy.routing.cache.keys import Key, chain, hit_tokens
 from pd_proxy.routing.cache.metrics import CacheMetrics
-from pd_proxy.routing.pool import Backend, BackendPool
 
 DEFAULT_BLOCK_SIZE = 16  # the prompt's block count when no replica has told its block size
 
@@ -90,36 +91,19 @@ class CacheRouter:
     def choose(
         self, pool: BackendPool, ids: Sequence[int], plan: _Keys
     ) -> tuple[Backend | None, int]:
-        """The backend of ``pool`` for ``ids`` and its predicted hit tokens (what its events or
-        the approximate index say it holds: not what is only pending there)."""
-        backends = [b for b in pool.backends if b.healthy]
-        if not backends:
+        """The backend of ``pool`` for ``ids`` (pd_proxy.scheduler, scored by this prompt's
+        estimated time there) and its predicted hit tokens (what its events or the approximate
+        index say it holds: not what is only pending there)."""
+        score = _PromptScore(self, ids, plan)
+        backend = scheduler.pick(pool, scored=score.best(scheduler.healthy(pool)))
+        if backend is None:
             return None, 0
-        sizes = {b.url: self._block_size(b) for b in backends}
-        size = next((s for s in sizes.values() if s), DEFAULT_BLOCK_SIZE)
-        now = time.monotonic()
-        held = {b.url: self._cached_blocks(b, plan, sizes[b.url], now) for b in backends}
-        candidates = [
-            scorer.Candidate(
-                b.url,
-                held[b.url][1],
-                b.outstanding,
-                self._fill(b, now),
-                len(ids) - hit_tokens(held[b.url][1], sizes[b.url] or size, len(ids)),
-                b.tokens_in_flight,
-            )
-            for b in backends
-        ]
-        choice = scorer.choose(candidates, self.weight, self.max_imbalance)
-        if choice is None:
-            backend = pool.pick()
-            if backend is not None:
-                self.metrics.choices.labels(pool.role, scorer.LOAD).inc()
+        if score.choice is None:
+            self.metrics.choices.labels(pool.role, scorer.LOAD).inc()
             return backend, 0
-        self.metrics.choices.labels(pool.role, choice.reason).inc()
-        backend = next(b for b in backends if b.url == choice.name)
-        bs = sizes[backend.url] or size
-        return backend, hit_tokens(held[backend.url][0], bs, len(ids))
+        self.metrics.choices.labels(pool.role, score.choice.reason).inc()
+        bs = score.sizes[backend.url] or score.size
+        return backend, hit_tokens(score.held[backend.url][0], bs, len(ids))
 
     def _routed(self, backend: Backend, plan: _Keys) -> None:
         """``backend`` will hold ``plan``'s blocks: the approximate index learns them (no
@@ -185,3 +169,45 @@ class CacheRouter:
             n = self.known.approx.match(backend.url, keys)
             return n, n
         return 0, 0
+
+
+class _PromptScore:
+    """The scheduler's score for one prompt: the cache scorer's choice among the healthy
+    replicas (None: nothing tells them apart, the scheduler goes by load), kept for the hit."""
+
+    __slots__ = ("router", "ids", "plan", "choice", "sizes", "size", "held")
+
+    def __init__(self, router: CacheRouter, ids: Sequence[int], plan: _Keys) -> None:
+        self.router = router
+        self.ids = ids
+        self.plan = plan
+        self.choice: scorer.Choice | None = None
+        self.sizes: dict[str, int | None] = {}
+        self.size = DEFAULT_BLOCK_SIZE
+        self.held: dict[str, tuple[int, int]] = {}
+
+    def best(self, backends: Sequence[Backend]) -> Backend | None:
+        if not backends:
+            return None
+        router, ids, plan = self.router, self.ids, self.plan
+        sizes = self.sizes = {b.url: router._block_size(b) for b in backends}
+        size = self.size = next((s for s in sizes.values() if s), DEFAULT_BLOCK_SIZE)
+        now = time.monotonic()
+        held = self.held = {
+            b.url: router._cached_blocks(b, plan, sizes[b.url], now) for b in backends
+        }
+        candidates = [
+            scorer.Candidate(
+                b.url,
+                held[b.url][1],
+                b.outstanding,
+                router._fill(b, now),
+                len(ids) - hit_tokens(held[b.url][1], sizes[b.url] or size, len(ids)),
+                b.tokens_in_flight,
+            )
+            for b in backends
+        ]
+        self.choice = choice = scorer.choose(candidates, router.weight, router.max_imbalance)
+        if choice is None:
+            return None
+        return next(b for b in backends if b.url == choice.name)
