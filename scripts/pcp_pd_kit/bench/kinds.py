@@ -21,6 +21,7 @@ KINDS: dict[str, str] = {
     "prefill-profile": "pcp_pd_kit.bench.prefill_profile",
     "xpyd": "pcp_pd_kit.bench.xpyd", "cache": "pcp_pd_kit.bench.cache",
     "prefix-ttft": "pcp_pd_kit.bench.prefix_ttft", "overload": "pcp_pd_kit.bench.overload",
+    "scale": "pcp_pd_kit.bench.scale",
 }  # fmt: skip
 
 
