@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pd_proxy.http.upstream import Fields
+from pd_proxy.protocol.endpoints import Endpoint
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -24,7 +25,7 @@ class Call:
     """
 
     request: web.Request
-    endpoint: str
+    endpoint: Endpoint
     body: bytes
     client_body: dict[str, Any]
     headers: Fields

@@ -4,7 +4,8 @@ mapping from a decode answer's status to the error the client gets.
 Each leg is one exchange with a backend of its pool (pd_proxy.http.exchange: failover, retries
 and what a failure means), to the replica its ``Route`` chose while that is healthy. A mode
 (pd_proxy.modes) is a strategy with the ``Mode`` signature, chosen once at start-up, that runs a
-request's legs.
+request's legs. ``Legs`` is built by the server's composition root (pd_proxy.api.assemble) from
+explicit parts; the modes and the canary call its legs and take nothing else from it.
 """
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ from aiohttp import web
 from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.backends.route import Route
 from pd_proxy.call import Call
-from pd_proxy.config import ProxyConfig
 from pd_proxy.config.key_files import BackendKey
 from pd_proxy.http.connection import Reply
 from pd_proxy.http.exchange import Exchange, read_whole
-from pd_proxy.http.relay import relay_stream
-from pd_proxy.http.upstream import Fields, Upstream
+from pd_proxy.http.relay import relay_events, relay_stream
+from pd_proxy.http.upstream import Fields
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.protocol.codec import dumps
-from pd_proxy.protocol.endpoints import JSON_TYPE
+from pd_proxy.protocol.endpoints import JSON_TYPE, Endpoint
 from pd_proxy.protocol.errors import Passthrough, ProxyError
 from pd_proxy.protocol.pd_bodies import release_body
 from pd_proxy.protocol.sse import MEDIA_TYPE
@@ -103,25 +103,29 @@ def backend_refused_key(
 
 
 class Legs:
-    """The legs of one app's requests, through its ``upstream`` client (built when the app
-    starts: it needs a running loop, see pd_proxy.api.app)."""
+    """The legs of one app's requests to its ``prefill`` and ``decode`` pools, each one
+    ``exchange`` (built when the app starts: its client needs a running loop, see
+    pd_proxy.api.app). ``prefill_timeout`` bounds a prefill leg; ``decode_timeout`` the
+    silence of a decode leg."""
 
     def __init__(
         self,
-        config: ProxyConfig,
-        metrics: ProxyMetrics,
+        exchange: Exchange,
         prefill: BackendPool,
         decode: BackendPool,
-        upstream: Upstream,
-        backend_key: BackendKey | None = None,
+        *,
+        metrics: ProxyMetrics,
+        backend_key: BackendKey | None,
+        prefill_timeout: float,
+        decode_timeout: float,
     ) -> None:
-        self.config = config
-        self.backend_key = backend_key
-        self.metrics = metrics
+        self.exchange = exchange
         self.prefill_pool = prefill
         self.decode_pool = decode
-        self.upstream = upstream
-        self.exchange = Exchange(metrics, upstream)
+        self.metrics = metrics
+        self.backend_key = backend_key  # named in the 502 of a backend that refuses it
+        self.prefill_timeout = prefill_timeout
+        self.decode_timeout = decode_timeout
         self._background: set[asyncio.Task[None]] = set()  # KV releases nobody waits for
 
     def invalid_prefill_json(self, backend: Backend, data: bytes) -> ProxyError:
@@ -132,26 +136,26 @@ class Legs:
 
     async def prefill_leg(
         self,
-        endpoint: str,
+        endpoint: Endpoint,
         payload: bytes,
         headers: Fields,
+        *,
         trace: Trace,
+        lease: Lease,
         want: Backend | None = None,
         tokens: int = 0,
-        *,
-        lease: Lease,
     ) -> tuple[Backend, bytes]:
-        """POST ``payload`` to a prefill backend; its 200 answer's body, or the error it is."""
+        """POST ``payload`` to a prefill backend (``want`` while it is usable); its 200 answer's
+        body, or the error it is. ``tokens``: the prompt tokens it computes."""
         start = time.perf_counter()
         backend, status, data, content_type = await self.exchange(
             self.prefill_pool,
             endpoint,
             payload,
             headers,
-            self.config.prefill_timeout,
-            None,
-            trace,
-            read_whole,
+            trace=trace,
+            consume=read_whole,
+            total=self.prefill_timeout,
             movable=True,
             want=want,
             tokens=tokens,
@@ -173,9 +177,10 @@ class Legs:
 
     async def decode_to(
         self,
-        endpoint: str,
+        endpoint: Endpoint,
         payload: bytes,
         headers: Fields,
+        *,
         trace: Trace,
         consume: Callable[[Backend, Reply], Awaitable[T]],
         want: Backend | None = None,
@@ -187,26 +192,23 @@ class Legs:
             endpoint,
             payload,
             headers,
-            None,
-            self.config.decode_timeout,
-            trace,
-            consume,
+            trace=trace,
+            consume=consume,
+            silence=self.decode_timeout,
             want=want,
         )
 
     async def decode_leg(
         self,
-        request: web.Request,
-        endpoint: str,
+        call: Call,
         payload: bytes,
-        headers: Fields,
+        *,
         trace: Trace,
+        lease: Lease,
         want: Backend | None = None,
         tokens: int = 0,
-        *,
-        lease: Lease,
     ) -> web.StreamResponse:
-        """The normal decode leg: ``payload`` to a decode backend, its answer relayed
+        """The normal decode leg of ``call``: ``payload`` to a decode backend, its answer relayed
         (``tokens``: the prompt tokens it computes itself, on the decode-alone path)."""
         start = time.perf_counter()
 
@@ -223,14 +225,14 @@ class Legs:
                     body=data, headers={"Content-Type": content_type, "X-Request-Id": trace.rid}
                 )
             out, client_left = await relay_stream(
-                request,
+                call.request,
                 resp,
-                content_type,
-                trace.rid,
                 backend,
-                self.metrics,
-                self.config.decode_timeout,
-                partial(trace.first_byte, start, self.metrics, True),
+                content_type=content_type,
+                rid=trace.rid,
+                metrics=self.metrics,
+                decode_timeout=self.decode_timeout,
+                first_byte=partial(trace.first_byte, start, self.metrics, True),
                 started=lease.decode_started,
             )
             if client_left:
@@ -239,19 +241,43 @@ class Legs:
 
         return await self.exchange(  # not decode_to: one coroutine frame less per request
             self.decode_pool,
-            endpoint,
+            call.endpoint,
             payload,
-            headers,
-            None,
-            self.config.decode_timeout,
-            trace,
-            answer,
+            call.headers,
+            trace=trace,
+            consume=answer,
+            silence=self.decode_timeout,
             want=want,
             tokens=tokens,
         )
 
+    async def relay_into(
+        self,
+        out: web.StreamResponse,
+        resp: Reply,
+        backend: Backend,
+        *,
+        transform: Callable[[bytes], bytes],
+        trace: Trace,
+        start: float,
+        lease: Lease,
+    ) -> bool:
+        """A decode leg's event stream relayed through ``transform`` into ``out``, a stream its
+        mode already opened (``start``: the leg was sent); true when the client left."""
+        return await relay_events(
+            out,
+            resp,
+            backend,
+            transform=transform,
+            rid=trace.rid,
+            metrics=self.metrics,
+            decode_timeout=self.decode_timeout,
+            first_byte=partial(trace.first_byte, start, self.metrics),
+            started=lease.decode_started,
+        )
+
     def release_kv(
-        self, endpoint: str, client_body: dict[str, Any], kv: Any, headers: Fields, rid: str
+        self, endpoint: Endpoint, client_body: dict[str, Any], kv: Any, headers: Fields, rid: str
     ) -> None:
         """Let a decode take the KV a prefill keeps for a request that will not read it (token 1
         ended it, a fan-out leg was cancelled), so the prefill frees its blocks now rather than
@@ -263,16 +289,24 @@ class Legs:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _release_leg(self, endpoint: str, payload: bytes, headers: Fields, rid: str) -> None:
+    async def _release_leg(
+        self, endpoint: Endpoint, payload: bytes, headers: Fields, rid: str
+    ) -> None:
         try:
             _, status, data, _ = await self.decode_to(
-                endpoint, payload, headers, Trace(rid), read_whole
+                endpoint, payload, headers, trace=Trace(rid), consume=read_whole
             )
         except ProxyError as exc:
             log.warning("rid=%s KV release on decode failed: %s", rid, exc.message)
             return
         if status != 200:
             log.warning("rid=%s KV release on decode answered %d: %s", rid, status, data[:200])
+
+    def decode_failed(self, backend: Backend, what: str) -> ProxyError:
+        """A decode answer the mode cannot use: counted as the backend's error, a 502 saying
+        ``what`` it did."""
+        self.metrics.backend_error("decode", backend.url)
+        return ProxyError(502, f"decode backend {backend.url} {what}")
 
     def decode_error(self, backend: Backend, status: int, data: bytes, content_type: str) -> None:
         """The one mapping of a decode answer's status to the client's error: 200 passes, 401 is

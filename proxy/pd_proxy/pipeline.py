@@ -33,23 +33,17 @@ import aiohttp
 from aiohttp import web
 
 from pd_proxy.admission.fair_queue import Flow
-from pd_proxy.admission.setup import build_gate
-from pd_proxy.backends.pool import BackendPool
+from pd_proxy.admission.gate import Gate
 from pd_proxy.backends.route import LOCAL, PD, Route
 from pd_proxy.call import Call, backend_fields
-from pd_proxy.config import ProxyConfig
 from pd_proxy.config.key_files import BackendKey
-from pd_proxy.http.upstream import Upstream
-from pd_proxy.legs import CLIENT_GONE, NO_LEASE, Legs, Mode
+from pd_proxy.legs import CLIENT_GONE, NO_LEASE, Mode
 from pd_proxy.metrics import ProxyMetrics
-from pd_proxy.modes.decode_alone import DecodeAloneMode
-from pd_proxy.modes.fanout import FanoutMode
-from pd_proxy.modes.first_token import FirstTokenMode
-from pd_proxy.modes.normal import NormalMode
 from pd_proxy.protocol.client_fields import estimated_tokens, read_fields, request_priority
+from pd_proxy.protocol.endpoints import Endpoint
 from pd_proxy.protocol.errors import Passthrough, ProxyError, error_response
 from pd_proxy.protocol.parse import BadRequest, parse_request
-from pd_proxy.routing.planner import Planner, build_planner
+from pd_proxy.routing.planner import Planner
 from pd_proxy.routing.shapes import FANOUT, REFUSE, classify, fanout_size
 from pd_proxy.tracing import Trace, Tracing
 
@@ -77,44 +71,46 @@ class Caller(Protocol):
 
 
 class Pipeline:
-    """The completions endpoints of one app, built when the app starts (pd_proxy.api.app)."""
+    """The completions endpoints of one app, built when the app starts from the parts the
+    server's composition root made (pd_proxy.api.assemble): the ``planner``, the ``gate`` (None:
+    admission off), and the mode for each way (``local``: decode alone, ``pd``: the P/D mode the
+    settings chose, ``fanout``). ``backend_key`` goes to the backends in the legs' header
+    fields; ``max_body_bytes``, ``flow_header`` and ``client_priority`` are the settings of the
+    same names."""
 
     def __init__(
         self,
-        config: ProxyConfig,
+        *,
+        planner: Planner,
+        gate: Gate | None,
+        local: Mode,
+        pd: Mode,
+        fanout: Mode,
         metrics: ProxyMetrics,
-        prefill: BackendPool,
-        decode: BackendPool,
-        upstream: Upstream,
-        backend_key: BackendKey | None = None,
-        tracing: Tracing | None = None,
+        tracing: Tracing | None,
+        backend_key: BackendKey | None,
+        max_body_bytes: int,
+        flow_header: str | None,
+        client_priority: bool,
     ) -> None:
-        self.config = config
-        self.tracing = tracing
+        self.planner = planner
+        self.gate = gate
+        self.local = local
+        self.pd = pd
+        self.fanout = fanout
         self.metrics = metrics
-        self.flow_header = config.flow_header
-        self.legs = legs = Legs(config, metrics, prefill, decode, upstream, backend_key)
-        self.planner: Planner = build_planner(
-            config,
-            metrics.registry,
-            pools=(prefill, decode),
-            upstream=upstream,
-            exchange=legs.exchange,
-            backend_key=backend_key,
-        )
-        self.local = DecodeAloneMode(legs)
-        self.fanout = FanoutMode(legs, metrics)
-        # The P/D mode the settings chose; the first-token one keeps its block sizes and counters.
-        self.first_token = FirstTokenMode(legs) if config.first_token_from_prefill else None
-        self.pd = self.first_token or NormalMode(legs)
-        self.gate = build_gate(config, prefill, decode, metrics) if config.admission else None
+        self.tracing = tracing
+        self.backend_key = backend_key
+        self.max_body_bytes = max_body_bytes
+        self.flow_header = flow_header
+        self.client_priority = client_priority
 
     def jobs(self) -> list[Job]:
         """The background work the pipeline's parts need while the app serves."""
         return self.planner.jobs()
 
     async def handle(
-        self, request: web.Request, endpoint: str, client: Caller
+        self, request: web.Request, endpoint: Endpoint, client: Caller
     ) -> web.StreamResponse:
         """Serve one request to ``endpoint`` (``COMPLETIONS`` or ``CHAT_COMPLETIONS``) from
         ``client``, whose key the app has checked (pd_proxy.api.auth)."""
@@ -135,7 +131,12 @@ class Pipeline:
             except ProxyError as exc:
                 trace.status = exc.status
                 return error_response(
-                    exc.status, exc.message, trace.rid, exc.param, exc.code, exc.retry_after
+                    exc.status,
+                    exc.message,
+                    trace.rid,
+                    param=exc.param,
+                    code=exc.code,
+                    retry_after=exc.retry_after,
                 )
             except Passthrough as exc:
                 trace.status = exc.status
@@ -154,7 +155,7 @@ class Pipeline:
         finally:
             self._done(endpoint, trace, time.perf_counter() - start)
 
-    async def _parse(self, request: web.Request, endpoint: str, trace: Trace) -> Call:
+    async def _parse(self, request: web.Request, endpoint: Endpoint, trace: Trace) -> Call:
         body = await self._read_body(request)
         try:
             client_body = parse_request(body, endpoint)
@@ -164,9 +165,7 @@ class Pipeline:
         rid = trace.rid
         if "\r" in rid or "\n" in rid:  # aiohttp's parser lets none through
             raise ProxyError(400, "X-Request-Id must not contain line breaks")
-        return Call(
-            request, endpoint, body, client_body, backend_fields(rid, self.legs.backend_key)
-        )
+        return Call(request, endpoint, body, client_body, backend_fields(rid, self.backend_key))
 
     def _flow(self, request: web.Request, client: Caller, call: Call) -> Flow:
         """Who is asking, for the fair queue: the key's flow, or a trusted gateway's header."""
@@ -174,7 +173,7 @@ class Pipeline:
         if self.flow_header is not None:
             name = request.headers.get(self.flow_header) or name
         band = client.priority
-        if self.config.client_priority:
+        if self.client_priority:
             band += request_priority(call.client_body)
         return Flow(name, client.weight, band)
 
@@ -221,7 +220,7 @@ class Pipeline:
         finally:
             lease.release()
 
-    def _done(self, endpoint: str, trace: Trace, elapsed: float) -> None:
+    def _done(self, endpoint: Endpoint, trace: Trace, elapsed: float) -> None:
         """Count and log a finished request, once."""
         metrics = self.metrics
         metrics.in_flight_count -= 1
@@ -248,7 +247,7 @@ class Pipeline:
             )
 
     async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.config.max_body_bytes
+        limit = self.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
             raise ProxyError(413, f"request body of {length} bytes exceeds the {limit} byte limit")

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pd_proxy.backends.route import PD
+from pd_proxy.backends.route import PD, RoutePath
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -60,7 +60,7 @@ class Trace:
     def __init__(self, rid: str, start: float = 0.0) -> None:
         self.rid = rid
         self.start = start  # perf_counter() when the request arrived
-        self.path = PD  # or LOCAL: decode alone (pd_proxy.modes.decode_alone)
+        self.path: RoutePath = PD  # or LOCAL: decode alone (pd_proxy.modes.decode_alone)
         self.prefill = "-"
         self.decode = "-"
         self.prefill_s = -1.0

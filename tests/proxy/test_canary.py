@@ -100,7 +100,17 @@ def test_the_prompt_spans_several_kv_blocks() -> None:
 def canary_for(stack: Stack, timeout: float = 10.0) -> Canary:
     for fake in stack.prefills:
         fake.knobs.plain_requests = True
-    return Canary(stack.running.pipeline.legs, CollectorRegistry(), 3600.0, timeout)
+    legs, proxy = stack.running.legs, stack.proxy
+    return Canary(
+        legs,
+        legs.exchange,
+        proxy.prefill_pool,
+        backend_key=proxy.backend_key,
+        prefill_timeout=proxy.config.prefill_timeout,
+        registry=CollectorRegistry(),
+        interval_s=3600.0,
+        timeout_s=timeout,
+    )
 
 
 def counts(canary: Canary) -> tuple[float, float, float]:

@@ -20,10 +20,10 @@ async def test_started_parts_are_complete_frozen_and_closed_on_stop() -> None:
     async with pd_stack(canary_minutes=60.0) as s:
         running = s.running
         # One session and one upstream client, handed to every part that uses them at its birth.
-        assert running.pipeline.legs.upstream is running.upstream
+        assert running.legs.exchange.upstream is running.upstream
         assert running.side.session is running.session
         assert running.checker.session is running.session
-        assert running.canary is not None and running.canary.legs is running.pipeline.legs
+        assert running.canary is not None and running.canary.legs is running.legs
         with pytest.raises(dataclasses.FrozenInstanceError):
             running.checker = None  # type: ignore[misc]
         with pytest.raises(dataclasses.FrozenInstanceError):

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from pd_proxy.config import ConfigError, load_config
+from pd_proxy.modes.first_token import FirstTokenMode
 from pd_proxy.testing.fake_model import GEN_BASE, render_chat, tokenize
 from tests.proxy.proxy_harness import EXPECTED_PREFILL_KV, Stack, pd_stack, sse_events
 
@@ -563,7 +564,7 @@ async def test_off_by_default_the_legs_are_the_normal_ones():
         status, _, _ = await s.post(COMPLETIONS, body_for(COMPLETIONS, max_tokens=2))
         assert status == 200
         assert "return_token_ids" not in s.prefill.seen[0].body
-        assert s.running.pipeline.first_token is None
+        assert not isinstance(s.running.pipeline.pd, FirstTokenMode)
         text = s.metrics.render().decode()
         assert "# TYPE pd_proxy_first_token_requests_total counter" in text
         assert "pd_proxy_first_token_requests_total{" not in text

@@ -163,7 +163,17 @@ def registered_metrics() -> dict[str, str]:
     registry: CollectorRegistry = proxy.registry
     CacheMetrics(registry)
     AdmissionMetrics(registry)
-    Canary(cast(Any, None), registry, 60.0, 60.0)  # the canary's series; its legs stay unused
+    unused = cast(Any, None)  # the canary's series only: its legs, exchange and pool stay unused
+    Canary(
+        unused,
+        unused,
+        unused,
+        backend_key=None,
+        prefill_timeout=60.0,
+        registry=registry,
+        interval_s=60.0,
+        timeout_s=60.0,
+    )
     out = {}
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

@@ -115,7 +115,13 @@ async def _router_checked_against(tiny: Path, answer) -> Any:
     config = ProxyConfig(prefill=(url,), decode=(url,), local_prefill_max_tokens=8)
     metrics = CacheMetrics(ProxyMetrics(config.prefill, config.decode).registry)
     pool = BackendPool("decode", config.decode)
-    router = TokenizerCheck(LocalTokenizer(tiny), pool, None, config.health_timeout, metrics)
+    router = TokenizerCheck(
+        LocalTokenizer(tiny),
+        pool,
+        backend_key=None,
+        timeout=config.health_timeout,
+        metrics=metrics,
+    )
     try:
         async with aiohttp.ClientSession() as session:
             await router.validate(session)

@@ -179,7 +179,16 @@ class Gate:
             use.pulls += 1
         placed = route.placed(decode, prefill if pd else route.prefill)
         held = None if prefill is None else prefill.url
-        lease = Lease(room, self.rate, self.clock, self.wake, held, decode.url, tokens, pd)
+        lease = Lease(
+            room,
+            self.rate,
+            clock=self.clock,
+            wake=self.wake,
+            prefill=held,
+            decode=decode.url,
+            tokens=tokens,
+            pd=pd,
+        )
         return placed, lease
 
     def _choose(

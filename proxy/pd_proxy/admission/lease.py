@@ -62,6 +62,7 @@ class Lease:
         self,
         room: Room,
         rate: Rate,
+        *,
         clock: Callable[[], float],
         wake: Callable[[], None],
         prefill: str | None,

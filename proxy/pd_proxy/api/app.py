@@ -4,10 +4,11 @@ checks, ``/v1/models``) and upstream client (the two legs, pd_proxy.http.upstrea
 
 The app is built in two steps, each once and in order. ``build_app`` builds what needs no event
 loop (``Proxy``: config, metrics, pools, discovery, keys) and the routes. When the app starts,
-``start`` builds the rest (``Running``: session, upstream client, pipeline, side endpoints,
-health checker, canary), each from the parts before it, and the app's one cleanup context
-(``_lifecycle``) then starts the background tasks; stopping undoes all of it in reverse. No part is
-set on another after it was built: a new part is one more field and one more line in ``start``.
+``start`` builds the rest (``Running``: session, upstream client, the legs and the pipeline
+from pd_proxy.api.assemble, side endpoints, health checker, canary), each from the parts before
+it, and the app's one cleanup context (``_lifecycle``) then starts the background tasks;
+stopping undoes all of it in reverse. No part is set on another after it was built: a new part
+is one more field and one more line in ``start``.
 
 ``build_app`` is what in-process tests use; ``make_runner`` adds the server settings the proxy
 relies on (client disconnects cancel the handler, no access log, drain timeout), so use it (or pass
@@ -30,6 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from pd_proxy.api.assemble import build_canary, build_flow
 from pd_proxy.api.auth import ANONYMOUS, ClientKeys, unauthorized
 from pd_proxy.api.canary import Canary
 from pd_proxy.api.side import SideEndpoints, metrics_page, not_found
@@ -40,6 +42,7 @@ from pd_proxy.config import ConfigError, ProxyConfig
 from pd_proxy.config.key_files import BackendKey, KeyFileError
 from pd_proxy.discovery.watch import Discovery, Resolver
 from pd_proxy.http.upstream import Upstream
+from pd_proxy.legs import Legs
 from pd_proxy.metrics import SYNC_INTERVAL_S, ProxyMetrics
 from pd_proxy.pipeline import Pipeline
 from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
@@ -73,6 +76,7 @@ class Running:
 
     session: aiohttp.ClientSession  # health checks and /v1/models
     upstream: Upstream  # the legs' keep-alive client
+    legs: Legs  # the pipeline's modes and the canary run on them
     pipeline: Pipeline
     side: SideEndpoints
     checker: HealthChecker
@@ -184,8 +188,15 @@ async def start(proxy: Proxy, stack: contextlib.AsyncExitStack) -> Running:
     tracing = _tracing()
     if tracing is not None:  # its last export must not hold the event loop
         stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
-    pipeline = Pipeline(config, metrics, *pools, upstream, proxy.backend_key, tracing)
-    side = SideEndpoints(config, metrics, *pools, session, proxy.backend_key)
+    flow = build_flow(  # pd_proxy.api.assemble: the completions path, from explicit parts
+        config,
+        metrics,
+        pools=pools,
+        upstream=upstream,
+        backend_key=proxy.backend_key,
+        tracing=tracing,
+    )
+    side = SideEndpoints(config, metrics, *pools, session, backend_key=proxy.backend_key)
 
     def on_result(backend: Backend, passed: bool) -> None:
         metrics.set_health(backend.role, backend.url, backend.healthy)
@@ -198,14 +209,19 @@ async def start(proxy: Proxy, stack: contextlib.AsyncExitStack) -> Running:
         config.health_interval,
         config.health_timeout,
         on_result,
-        Breaker(config.health_failures, config.health_successes),
+        breaker=Breaker(config.health_failures, config.health_successes),
     )
     canary = None
     if proxy.canary_interval_s is not None:
-        canary = Canary(
-            pipeline.legs, metrics.registry, proxy.canary_interval_s, config.canary_timeout
+        canary = build_canary(
+            config,
+            metrics.registry,
+            flow,
+            prefill=proxy.prefill_pool,
+            backend_key=proxy.backend_key,
+            interval_s=proxy.canary_interval_s,
         )
-    return Running(session, upstream, pipeline, side, checker, canary)
+    return Running(session, upstream, flow.legs, flow.pipeline, side, checker, canary)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

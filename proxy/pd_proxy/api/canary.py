@@ -36,8 +36,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from pd_proxy.backends.pool import BackendPool
 from pd_proxy.call import backend_fields
-from pd_proxy.http.exchange import read_whole
+from pd_proxy.config.key_files import BackendKey
+from pd_proxy.http.exchange import Exchange, read_whole
 from pd_proxy.http.upstream import Fields
 from pd_proxy.legs import NO_LEASE, Legs
 from pd_proxy.protocol.codec import dumps, loads
@@ -123,12 +125,27 @@ def compare(pd: Leg, alone: Leg) -> Verdict:
 
 
 class Canary:
-    """Runs the comparison every ``interval_s`` on ``legs``' backends; metrics on ``registry``."""
+    """Runs the comparison every ``interval_s``: the P/D answer through ``legs``, the prefill's
+    own through ``exchange`` to the ``prefill`` pool within ``prefill_timeout``, both sent with
+    ``backend_key``; metrics on ``registry``."""
 
     def __init__(
-        self, legs: Legs, registry: CollectorRegistry, interval_s: float, timeout_s: float
+        self,
+        legs: Legs,
+        exchange: Exchange,
+        prefill: BackendPool,
+        *,
+        backend_key: BackendKey | None,
+        prefill_timeout: float,
+        registry: CollectorRegistry,
+        interval_s: float,
+        timeout_s: float,
     ) -> None:
         self.legs = legs
+        self.exchange = exchange
+        self.prefill_pool = prefill
+        self.backend_key = backend_key
+        self.prefill_timeout = prefill_timeout
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.runs = Counter(
@@ -201,20 +218,18 @@ class Canary:
         return compare(pd, alone)
 
     def _headers(self, rid: str) -> Fields:
-        return backend_fields(rid, self.legs.backend_key)
+        return backend_fields(rid, self.backend_key)
 
     async def _prefill_alone(self, rid: str) -> Leg:
-        legs = self.legs
         try:
-            _, status, data, _ = await legs.exchange(
-                legs.prefill_pool,
+            _, status, data, _ = await self.exchange(
+                self.prefill_pool,
                 COMPLETIONS,
                 dumps(canary_request()),
                 self._headers(rid),
-                legs.config.prefill_timeout,
-                None,
-                Trace(rid),
-                read_whole,
+                trace=Trace(rid),
+                consume=read_whole,
+                total=self.prefill_timeout,
             )
         except ProxyError as exc:
             return Leg(error=f"HTTP {exc.status}: {exc.message}")
@@ -227,14 +242,18 @@ class Canary:
         trace = Trace(rid)
         try:
             _, prefill = await legs.prefill_leg(
-                COMPLETIONS, dumps(prefill_body(body)), headers, trace, lease=NO_LEASE
+                COMPLETIONS, dumps(prefill_body(body)), headers, trace=trace, lease=NO_LEASE
             )
             try:
                 kv = kv_params_from_prefill(prefill)
             except ValueError:
                 return Leg(error=f"prefill answered no JSON object: {prefill[:200]!r}")
             _, status, data, _ = await legs.decode_to(
-                COMPLETIONS, decode_payload(dumps(body), body, kv), headers, trace, read_whole
+                COMPLETIONS,
+                decode_payload(dumps(body), body, kv),
+                headers,
+                trace=trace,
+                consume=read_whole,
             )
         except ProxyError as exc:
             return Leg(error=f"HTTP {exc.status}: {exc.message}")

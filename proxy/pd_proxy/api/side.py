@@ -38,6 +38,7 @@ class SideEndpoints:
         prefill: BackendPool,
         decode: BackendPool,
         session: aiohttp.ClientSession,
+        *,
         backend_key: BackendKey | None = None,
     ) -> None:
         self.backend_key = backend_key

@@ -30,6 +30,7 @@ class HealthChecker:
         interval: float,
         timeout: float,
         on_result: Callable[[Backend, bool], None],
+        *,
         breaker: Breaker | None = None,
     ) -> None:
         self.pools = pools

@@ -9,13 +9,16 @@ what was sent and what was logged cannot drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, Literal
 
 if TYPE_CHECKING:
     from pd_proxy.backends.pool import Backend
 
-LOCAL, PD = "local", "pd"  # the two paths: decode alone, or a prefill leg then a decode leg
-PATHS = (LOCAL, PD)
+# The two paths, as one type mypy checks: decode alone, or a prefill leg then a decode leg.
+RoutePath = Literal["local", "pd"]
+LOCAL: Final = "local"
+PD: Final = "pd"
+PATHS: tuple[RoutePath, ...] = (LOCAL, PD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,7 @@ class Route:
     predicted to be in each chosen replica's prefix cache.
     """
 
-    path: str
+    path: RoutePath
     reason: str
     decode: Backend | None = None
     prefill: Backend | None = None

@@ -81,10 +81,11 @@ class Exchange:
         path: str,
         payload: bytes,
         headers: Fields,
-        total: float | None,
-        silence: float | None,
+        *,
         trace: Trace,
         consume: Callable[[Backend, Reply], Awaitable[T]],
+        total: float | None = None,
+        silence: float | None = None,
         movable: bool = False,
         want: Backend | None = None,
         tokens: int = 0,
@@ -130,7 +131,9 @@ class Exchange:
                 sent = Fields(headers + traceparent(span))
             try:
                 deadline = None if total is None else upstream.loop.time() + total
-                resp = await upstream.post(backend, path, sent, payload, deadline, silence)
+                resp = await upstream.post(
+                    backend, path, sent, payload, deadline=deadline, silence=silence
+                )
                 answered = True
                 backend.progress += 1
                 try:

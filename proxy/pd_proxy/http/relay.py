@@ -49,13 +49,13 @@ async def _read_chunk(resp: Reply) -> bytes | UpstreamError:
 async def relay_stream(
     request: web.Request,
     resp: Reply,
+    backend: Backend,
+    *,
     content_type: str,
     rid: str,
-    backend: Backend,
     metrics: ProxyMetrics,
     decode_timeout: float,
     first_byte: Callable[[], object],
-    *,
     started: Callable[[], object],
 ) -> tuple[web.StreamResponse, bool]:
     """Relay the event stream ``resp`` from ``backend`` to the client, bytes unchanged; true
@@ -65,7 +65,15 @@ async def relay_stream(
     )
     await out.prepare(request)
     left = await relay_events(
-        out, resp, None, rid, backend, metrics, decode_timeout, first_byte, started=started
+        out,
+        resp,
+        backend,
+        transform=None,
+        rid=rid,
+        metrics=metrics,
+        decode_timeout=decode_timeout,
+        first_byte=first_byte,
+        started=started,
     )
     return out, left
 
@@ -73,13 +81,13 @@ async def relay_stream(
 async def relay_events(
     out: web.StreamResponse,
     resp: Reply,
+    backend: Backend,
+    *,
     transform: Callable[[bytes], bytes] | None,
     rid: str,
-    backend: Backend,
     metrics: ProxyMetrics,
     decode_timeout: float,
     first_byte: Callable[[], object],
-    *,
     started: Callable[[], object],
 ) -> bool:
     """Relay ``resp``'s event stream into ``out`` (prepared), through ``transform`` when given;
@@ -113,7 +121,16 @@ async def relay_events(
     if not isinstance(chunk, bytes):
         # Unchanged bytes may stop mid-event: the error event then needs a separator first.
         separate = transform is None and not last.endswith(b"\n\n")
-        if await _fail(out, chunk, separate, rid, backend, metrics, decode_timeout):
+        failed = _fail(
+            out,
+            chunk,
+            backend,
+            separate=separate,
+            rid=rid,
+            metrics=metrics,
+            decode_timeout=decode_timeout,
+        )
+        if await failed:
             return True
     try:
         await out.write_eof()
@@ -125,9 +142,10 @@ async def relay_events(
 async def _fail(
     out: web.StreamResponse,
     failure: UpstreamError,
+    backend: Backend,
+    *,
     separate: bool,
     rid: str,
-    backend: Backend,
     metrics: ProxyMetrics,
     decode_timeout: float,
 ) -> bool:

@@ -87,6 +87,7 @@ class Upstream:
         path: str,
         headers: Headers,
         body: bytes,
+        *,
         deadline: float | None = None,
         silence: float | None = None,
     ) -> Coroutine[Any, Any, Reply]:

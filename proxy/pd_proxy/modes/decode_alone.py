@@ -25,12 +25,10 @@ class DecodeAloneMode:
     ) -> web.StreamResponse:
         trace.path = LOCAL
         return await self.legs.decode_leg(
-            call.request,
-            call.endpoint,
+            call,
             call.body,
-            call.headers,
-            trace,
-            route.decode,
-            route.uncached_tokens or 0,
+            trace=trace,
             lease=lease,
+            want=route.decode,
+            tokens=route.uncached_tokens or 0,
         )

@@ -27,13 +27,14 @@ from aiohttp import web
 from pd_proxy.backends.pool import Backend
 from pd_proxy.backends.route import Route
 from pd_proxy.call import Call, backend_fields
+from pd_proxy.config.key_files import BackendKey
 from pd_proxy.http.connection import Reply
 from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse
 from pd_proxy.legs import CLIENT_GONE, Lease, Legs, is_event_stream
 from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes import fanout_rewrite as rewrite_fanout
 from pd_proxy.protocol.codec import dumps
-from pd_proxy.protocol.endpoints import JSON_TYPE
+from pd_proxy.protocol.endpoints import JSON_TYPE, Endpoint
 from pd_proxy.protocol.errors import Passthrough, ProxyError, sse_error_event
 from pd_proxy.protocol.pd_bodies import (
     decode_body,
@@ -56,10 +57,14 @@ class ClientGone(Exception):
 
 
 class FanoutMode:
-    """Called by pd_proxy.pipeline for a request whose shape asked for a fan-out."""
+    """Called by pd_proxy.pipeline for a request whose shape asked for a fan-out; each leg is
+    sent with ``backend_key``, counted in ``metrics``."""
 
-    def __init__(self, legs: Legs, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, legs: Legs, *, backend_key: BackendKey | None, metrics: ProxyMetrics
+    ) -> None:
         self.legs = legs
+        self.backend_key = backend_key
         self._requests = metrics.fanout_requests
         self._legs = metrics.fanout_legs
 
@@ -84,9 +89,11 @@ class FanoutMode:
         legs = self.legs
         endpoint, trace = run.endpoint, run.trace
         rid = f"{trace.rid}-{k}"
-        fields = backend_fields(rid, legs.backend_key)
+        fields = backend_fields(rid, self.backend_key)
         payload = dumps(prefill_body(body))
-        backend, data = await legs.prefill_leg(endpoint, payload, fields, trace, lease=run.lease)
+        backend, data = await legs.prefill_leg(
+            endpoint, payload, fields, trace=trace, lease=run.lease
+        )
         try:
             kv = kv_params_from_prefill(data)
         except ValueError:
@@ -103,7 +110,7 @@ class FanoutMode:
 
         try:
             return await legs.decode_to(
-                endpoint, dumps(decode_body(body, kv)), fields, trace, answer
+                endpoint, dumps(decode_body(body, kv)), fields, trace=trace, consume=answer
             )
         except BaseException:
             if not taken:
@@ -165,7 +172,7 @@ class FanoutMode:
 class _Run:
     """One fan-out request's endpoint, trace and lease, shared by its legs."""
 
-    endpoint: str
+    endpoint: Endpoint
     trace: Trace
     lease: Lease
 
@@ -199,8 +206,7 @@ class _MergedStream:
                 data = await resp.read()
                 taken()
                 legs.decode_error(backend, resp.status, data, resp.headers.get("content-type", ""))
-                legs.metrics.backend_error("decode", backend.url)
-                raise ProxyError(502, f"decode backend {backend.url} answered JSON, not a stream")
+                raise legs.decode_failed(backend, "answered JSON, not a stream")
             while chunk := await resp.readany():
                 taken()
                 backend.progress += 1

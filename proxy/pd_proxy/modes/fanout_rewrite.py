@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pd_proxy.protocol.codec import dumps, loads
-from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, Endpoint
 from pd_proxy.protocol.pd_bodies import usage
 from pd_proxy.protocol.sse import DONE, EventSplitter, event, event_json, events
 from pd_proxy.routing.shapes import prompts, samples
 
 
-def split(body: Mapping[str, Any], endpoint: str) -> list[dict[str, Any]]:
+def split(body: Mapping[str, Any], endpoint: Endpoint) -> list[dict[str, Any]]:
     """The legs' bodies, in choice order: for each prompt, its ``n`` samples."""
     n = samples(body)
     listed = prompts(body, endpoint)
@@ -40,7 +40,7 @@ def split(body: Mapping[str, Any], endpoint: str) -> list[dict[str, Any]]:
 
 
 def merge_usage(
-    endpoint: str, n: int, usages: list[Mapping[str, Any] | None]
+    endpoint: Endpoint, n: int, usages: list[Mapping[str, Any] | None]
 ) -> dict[str, Any] | None:
     """Every generated token, each prompt once: a chat's one prompt, or each listed prompt's
     first sample (vLLM counts a prompt once however many samples it has)."""
@@ -60,7 +60,7 @@ def merge_usage(
     return {**first, **counts} if first is not None else counts
 
 
-def merge_json(endpoint: str, n: int, answers: list[bytes]) -> bytes:
+def merge_json(endpoint: Endpoint, n: int, answers: list[bytes]) -> bytes:
     """The legs' JSON answers (in choice order) as one; ``ValueError`` when one is not a single
     choice answer."""
     merged: dict[str, Any] | None = None
@@ -92,7 +92,7 @@ class StreamMerge:
     ``[DONE]`` and usage-only chunk held back, then one usage chunk (when the client asked for
     it) and one ``[DONE]`` at the end. Feed each leg's bytes as they come; events stay whole."""
 
-    def __init__(self, endpoint: str, n: int, legs: int) -> None:
+    def __init__(self, endpoint: Endpoint, n: int, legs: int) -> None:
         self.endpoint = endpoint
         self.n = n
         self._splitters = [EventSplitter() for _ in range(legs)]

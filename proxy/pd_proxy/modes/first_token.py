@@ -20,21 +20,21 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from pd_proxy.backends.pool import Backend
+from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.backends.route import Route
 from pd_proxy.call import Call
 from pd_proxy.http.connection import Reply
-from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse, relay_events
+from pd_proxy.http.relay import CLIENT_LEFT, RelayResponse
 from pd_proxy.legs import CLIENT_GONE, Lease, Legs, is_event_stream
+from pd_proxy.metrics import ProxyMetrics
 from pd_proxy.modes import first_token_rewrite as ft
 from pd_proxy.modes.normal import NormalMode
 from pd_proxy.protocol.codec import dumps, loads
-from pd_proxy.protocol.endpoints import JSON_TYPE
+from pd_proxy.protocol.endpoints import JSON_TYPE, Endpoint
 from pd_proxy.protocol.errors import Passthrough, ProxyError, sse_error_event
 from pd_proxy.protocol.pd_bodies import decode_payload
 from pd_proxy.protocol.sse import SSE_TYPE
@@ -48,21 +48,33 @@ CONTINUED, FINISHED, NORMAL = "continued", "finished", "normal"
 
 
 class FirstTokenMode:
-    """``--first-token-from-prefill`` on one app's legs (see the module docstring)."""
+    """``--first-token-from-prefill`` on one app's legs (see the module docstring): ``normal``
+    serves the requests this mode cannot serve exactly, ``block_sizes`` tells the ``prefill``
+    pool's KV block sizes; counted in ``metrics``."""
 
-    def __init__(self, legs: Legs) -> None:
+    def __init__(
+        self,
+        legs: Legs,
+        *,
+        normal: NormalMode,
+        block_sizes: BlockSizes,
+        prefill: BackendPool,
+        metrics: ProxyMetrics,
+    ) -> None:
         self.legs = legs
-        self.normal = NormalMode(legs)  # for the requests this mode cannot serve exactly
-        self.block_sizes = BlockSizes(legs.upstream, legs.backend_key, legs.config.health_timeout)
+        self.normal = normal
+        self.block_sizes = block_sizes
+        self.prefill_pool = prefill
+        self.metrics = metrics
         self._counters: dict[tuple[str, str], Any] = {}
         for outcome in (CONTINUED, FINISHED):  # shown at 0 from the start
-            self._counters[outcome, ""] = legs.metrics.first_token.labels(outcome, "")
+            self._counters[outcome, ""] = metrics.first_token.labels(outcome, "")
 
     def _count(self, outcome: str, reason: str = "") -> None:
         key = (outcome, reason)
         child = self._counters.get(key)
         if child is None:
-            child = self._counters[key] = self.legs.metrics.first_token.labels(outcome, reason)
+            child = self._counters[key] = self.metrics.first_token.labels(outcome, reason)
         child.inc()
 
     async def __call__(
@@ -75,16 +87,16 @@ class FirstTokenMode:
         if reason is not None:
             self._count(NORMAL, reason)
             return await self.normal(call, route, trace, lease)
-        self.block_sizes.prefetch(b for b in legs.prefill_pool.backends if b.healthy)
+        self.block_sizes.prefetch(b for b in self.prefill_pool.backends if b.healthy)
         payload = dumps(ft.prefill_body_first_token(client_body))
         backend, data = await legs.prefill_leg(
             endpoint,
             payload,
             headers,
-            trace,
-            route.prefill,
-            route.uncached_tokens or 0,
+            trace=trace,
             lease=lease,
+            want=route.prefill,
+            tokens=route.uncached_tokens or 0,
         )
         try:
             answer = loads(data)
@@ -120,12 +132,10 @@ class FirstTokenMode:
         """The normal decode leg after this mode's prefill leg (nothing was sent yet)."""
         self._count(NORMAL, reason)
         payload = decode_payload(call.body, call.client_body, kv)
-        return await self.legs.decode_leg(
-            call.request, call.endpoint, payload, call.headers, trace, want, lease=lease
-        )
+        return await self.legs.decode_leg(call, payload, trace=trace, lease=lease, want=want)
 
     def _finished(
-        self, endpoint: str, client_body: dict[str, Any], first: ft.FirstToken, trace: Trace
+        self, endpoint: Endpoint, client_body: dict[str, Any], first: ft.FirstToken, trace: Trace
     ) -> web.Response:
         if client_body.get("stream"):
             data = ft.finished_stream(endpoint, client_body, first)
@@ -159,18 +169,19 @@ class FirstTokenMode:
             try:
                 merged = ft.merge_json(endpoint, first, data)
             except (ValueError, UnicodeDecodeError):
-                legs.metrics.backend_error("decode", backend.url)
-                raise ProxyError(
-                    502,
-                    f"decode backend {backend.url} returned an answer that is not one "
-                    f"completion: {data[:200].decode('utf-8', 'replace')}",
+                raise legs.decode_failed(
+                    backend,
+                    "returned an answer that is not one completion: "
+                    f"{data[:200].decode('utf-8', 'replace')}",
                 ) from None
             legs.sent(trace, now)
             return web.Response(
                 body=merged, headers={"Content-Type": JSON_TYPE, "X-Request-Id": trace.rid}
             )
 
-        return await legs.decode_to(endpoint, payload, call.headers, trace, answer, want)
+        return await legs.decode_to(
+            endpoint, payload, call.headers, trace=trace, consume=answer, want=want
+        )
 
     async def _stream(
         self,
@@ -216,22 +227,21 @@ class FirstTokenMode:
                         f"decode backend {backend.url} refused the continuation "
                         f"({exc.status}): {exc.message}",
                     ) from None
-                legs.metrics.backend_error("decode", backend.url)
-                raise ProxyError(502, f"decode backend {backend.url} answered JSON, not a stream")
-            return await relay_events(
+                raise legs.decode_failed(backend, "answered JSON, not a stream")
+            return await legs.relay_into(
                 out,
                 resp,
-                filter_.feed,
-                trace.rid,
                 backend,
-                legs.metrics,
-                legs.config.decode_timeout,
-                partial(trace.first_byte, start, legs.metrics),
-                started=lease.decode_started,
+                transform=filter_.feed,
+                trace=trace,
+                start=start,
+                lease=lease,
             )
 
         try:
-            client_left = await legs.decode_to(endpoint, payload, call.headers, trace, answer, want)
+            client_left = await legs.decode_to(
+                endpoint, payload, call.headers, trace=trace, consume=answer, want=want
+            )
         except ProxyError as exc:
             log.warning("rid=%s after token 1: %s", trace.rid, exc.message)
             try:

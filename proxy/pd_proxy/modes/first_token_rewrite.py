@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from pd_proxy.protocol.codec import dumps, loads
-from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 from pd_proxy.protocol.pd_bodies import prefill_body, usage, usage_options
 from pd_proxy.protocol.sse import DONE, EventSplitter, event, event_json, events
 
@@ -93,7 +93,7 @@ def _is_int_list(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and bool(value) and all(type(x) is int for x in value)
 
 
-def max_new_tokens(endpoint: str, body: dict[str, Any]) -> Any:
+def max_new_tokens(endpoint: Endpoint, body: dict[str, Any]) -> Any:
     """The client's generation limit as vLLM reads it (None: chat without one)."""
     if endpoint == COMPLETIONS:
         value = body.get("max_tokens")
@@ -102,7 +102,7 @@ def max_new_tokens(endpoint: str, body: dict[str, Any]) -> Any:
     return body.get("max_tokens") if value is None else value
 
 
-def request_fallback(endpoint: str, body: dict[str, Any]) -> str | None:
+def request_fallback(endpoint: Endpoint, body: dict[str, Any]) -> str | None:
     """The parameter that makes this request take the normal flow, or None."""
     for name in _UNLESS_ABSENT_OR.keys() & body.keys():  # the few a request sets
         value = body[name]
@@ -188,7 +188,7 @@ class FirstToken:
         return self.obj.get("kv_transfer_params")
 
 
-def parse_first_token(endpoint: str, obj: Any) -> FirstToken | str:
+def parse_first_token(endpoint: Endpoint, obj: Any) -> FirstToken | str:
     """Token 1 from the prefill's answer, or why the answer cannot serve as token 1."""
     if not isinstance(obj, dict):
         return "prefill_answer"
@@ -229,7 +229,7 @@ def parse_first_token(endpoint: str, obj: Any) -> FirstToken | str:
     )
 
 
-def finished_at_first(endpoint: str, body: dict[str, Any], first: FirstToken) -> bool:
+def finished_at_first(endpoint: Endpoint, body: dict[str, Any], first: FirstToken) -> bool:
     """Token 1 ends the request: EOS, a stop token or string, or a limit of one token."""
     return first.finish_reason == "stop" or max_new_tokens(endpoint, body) == 1
 
@@ -277,7 +277,9 @@ def continuation_problem(first: FirstToken, block_size: int | None) -> str | Non
     return None
 
 
-def continuation_body(endpoint: str, body: dict[str, Any], first: FirstToken) -> dict[str, Any]:
+def continuation_body(
+    endpoint: Endpoint, body: dict[str, Any], first: FirstToken
+) -> dict[str, Any]:
     """The decode leg of this mode: continue from prompt + token 1, one token fewer."""
     out = dict(body)
     ids = [*first.prompt_ids, first.token_id]
@@ -308,7 +310,7 @@ def continuation_body(endpoint: str, body: dict[str, Any], first: FirstToken) ->
 class _Chunks:
     """vLLM's stream chunks for this request (ids, model and time from the prefill's answer)."""
 
-    def __init__(self, endpoint: str, body: dict[str, Any], first: FirstToken) -> None:
+    def __init__(self, endpoint: Endpoint, body: dict[str, Any], first: FirstToken) -> None:
         self.chat = endpoint == CHAT_COMPLETIONS
         self.first = first
         obj = first.obj
@@ -369,19 +371,19 @@ class _Chunks:
         return event(chunk)
 
 
-def stream_head(endpoint: str, body: dict[str, Any], first: FirstToken) -> bytes:
+def stream_head(endpoint: Endpoint, body: dict[str, Any], first: FirstToken) -> bytes:
     """What the client gets at once: (chat: the role chunk, then) token 1's chunk."""
     chunks = _Chunks(endpoint, body, first)
     return chunks.start() + chunks.token(finished=False)
 
 
-def finished_stream(endpoint: str, body: dict[str, Any], first: FirstToken) -> bytes:
+def finished_stream(endpoint: Endpoint, body: dict[str, Any], first: FirstToken) -> bytes:
     """The whole stream of a request that token 1 ended."""
     chunks = _Chunks(endpoint, body, first)
     return chunks.start() + chunks.token(finished=True) + chunks.usage() + DONE
 
 
-def finished_json(endpoint: str, first: FirstToken) -> bytes:
+def finished_json(endpoint: Endpoint, first: FirstToken) -> bytes:
     """The JSON answer of a request that token 1 ended: the prefill's own, less the KV handles
     and the token ids the client did not ask for."""
     obj = dict(first.obj)
@@ -407,7 +409,7 @@ def fix_usage(usage: Any, first: FirstToken) -> None:
     usage["total_tokens"] = first.prompt_tokens + completion
 
 
-def merge_json(endpoint: str, first: FirstToken, data: bytes) -> bytes:
+def merge_json(endpoint: Endpoint, first: FirstToken, data: bytes) -> bytes:
     """Decode's JSON answer with token 1 put back in front; ``ValueError`` if it is not one."""
     obj = loads(data)
     choices = obj.get("choices") if isinstance(obj, dict) else None
@@ -433,7 +435,7 @@ class ContinuationFilter:
     inside a JSON string, so the byte test finds exactly the chunks that carry usage.
     """
 
-    def __init__(self, endpoint: str, first: FirstToken) -> None:
+    def __init__(self, endpoint: Endpoint, first: FirstToken) -> None:
         self.first = first
         self._splitter = EventSplitter()
         self._drop_role = endpoint == CHAT_COMPLETIONS

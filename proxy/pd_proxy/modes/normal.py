@@ -21,16 +21,15 @@ class NormalMode:
         self, call: Call, route: Route, trace: Trace, lease: Lease
     ) -> web.StreamResponse:
         legs = self.legs
-        endpoint, headers = call.endpoint, call.headers
         prefill = dumps(prefill_body(call.client_body))
         backend, data = await legs.prefill_leg(
-            endpoint,
+            call.endpoint,
             prefill,
-            headers,
-            trace,
-            route.prefill,
-            route.uncached_tokens or 0,
+            call.headers,
+            trace=trace,
             lease=lease,
+            want=route.prefill,
+            tokens=route.uncached_tokens or 0,
         )
         try:
             kv_params = kv_params_from_prefill(data)
@@ -39,6 +38,4 @@ class NormalMode:
         if trace.otel is not None:
             trace.otel.kv_params(kv_params)
         payload = decode_payload(call.body, call.client_body, kv_params)
-        return await legs.decode_leg(
-            call.request, endpoint, payload, headers, trace, route.decode, lease=lease
-        )
+        return await legs.decode_leg(call, payload, trace=trace, lease=lease, want=route.decode)

@@ -78,6 +78,7 @@ def error_response(
     status: int,
     message: str,
     request_id: str | None = None,
+    *,
     param: str | None = None,
     code: str | None = None,
     retry_after: int | None = None,

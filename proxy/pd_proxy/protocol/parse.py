@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from pd_proxy.protocol.codec import TooDeep, loads
-from pd_proxy.protocol.endpoints import REQUIRED_FIELD
+from pd_proxy.protocol.endpoints import REQUIRED_FIELD, Endpoint
 
 
 class BadRequest(ValueError):
     """The client body cannot be proxied; the message is safe to return to the client."""
 
 
-def parse_request(body: bytes, endpoint: str) -> dict[str, Any]:
+def parse_request(body: bytes, endpoint: Endpoint) -> dict[str, Any]:
     """Decode and minimally validate a client body; raise ``BadRequest`` with a client message."""
     try:
         obj = loads(body)

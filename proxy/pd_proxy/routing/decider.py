@@ -6,7 +6,7 @@ P/D. Pure.
 
 from __future__ import annotations
 
-from pd_proxy.backends.route import LOCAL, PD
+from pd_proxy.backends.route import LOCAL, PD, RoutePath
 
 # How a request's path was decided (pd_proxy_path_decisions_total's reason label).
 SHORT = "short"  # uncached tokens within --local-prefill-max-tokens, nothing cached: decode alone
@@ -14,7 +14,7 @@ CACHED = "cached"  # within the limit only thanks to the decode's cache: decode 
 LONG = "long"  # too many uncached tokens: P/D
 NO_TOKENS = "no_tokens"  # the prompt's tokens are unknown: P/D
 NO_CHOICE = "no_choice"  # one replica per role and no local prefill: P/D, nothing tokenized
-DECISIONS = (
+DECISIONS: tuple[tuple[RoutePath, str], ...] = (
     (LOCAL, SHORT),
     (LOCAL, CACHED),
     (PD, LONG),
@@ -23,7 +23,7 @@ DECISIONS = (
 )
 
 
-def decide(prompt_tokens: int | None, cached_tokens: int, local_max: int) -> tuple[str, str]:
+def decide(prompt_tokens: int | None, cached_tokens: int, local_max: int) -> tuple[RoutePath, str]:
     """(path, reason) for a P/D-eligible prompt; ``local_max`` 0 sends everything P/D."""
     if prompt_tokens is None:
         return PD, NO_TOKENS

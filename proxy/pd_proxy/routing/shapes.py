@@ -13,16 +13,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Final, Literal
 
 import yaml
 
 from pd_proxy.backends.route import LOCAL, PD
-from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 
-FANOUT, REFUSE = "fanout", "refuse"  # with pd_proxy.backends.route's LOCAL and PD
-ROUTES = (REFUSE, LOCAL, FANOUT, PD)  # the order the table checks them in
-ENDPOINTS = {"completions": COMPLETIONS, "chat": CHAT_COMPLETIONS}
+# The ways a shape sends a request, as one type mypy checks: pd_proxy.backends.route's two paths
+# (LOCAL, PD), one P/D request per choice (FANOUT), or a 400 (REFUSE).
+ShapeRoute = Literal["refuse", "local", "fanout", "pd"]
+FANOUT: Final = "fanout"
+REFUSE: Final = "refuse"
+ROUTES: tuple[ShapeRoute, ...] = (REFUSE, LOCAL, FANOUT, PD)  # the order the table checks them in
+ENDPOINTS: dict[str, Endpoint] = {"completions": COMPLETIONS, "chat": CHAT_COMPLETIONS}
+# What recognises a shape in a body sent to an endpoint.
+Matcher = Callable[[Mapping[str, Any], Endpoint], bool]
 
 
 @dataclass(frozen=True)
@@ -31,8 +37,8 @@ class Shape:
 
     name: str
     param: str | None
-    route: str
-    endpoints: tuple[str, ...]  # endpoint paths
+    route: ShapeRoute
+    endpoints: tuple[Endpoint, ...]
     why: str
     example: Mapping[str, Any] = field(default_factory=dict)
 
@@ -45,7 +51,7 @@ class Table:
 
 @dataclass(frozen=True)
 class Decision:
-    route: str
+    route: ShapeRoute
     shape: Shape
 
     def refusal(self) -> str:
@@ -70,7 +76,7 @@ def greedy_samples(body: Mapping[str, Any]) -> bool:
     return greedy and samples(body) > 1
 
 
-def prompts(body: Mapping[str, Any], endpoint: str) -> list[Any] | None:
+def prompts(body: Mapping[str, Any], endpoint: Endpoint) -> list[Any] | None:
     """The prompts of a completions request that lists several (texts or token-id lists)."""
     prompt = body.get("prompt")
     if endpoint != COMPLETIONS or not isinstance(prompt, list) or len(prompt) < 2:
@@ -80,27 +86,27 @@ def prompts(body: Mapping[str, Any], endpoint: str) -> list[Any] | None:
     return None
 
 
-def fanout_size(body: Mapping[str, Any], endpoint: str) -> int:
+def fanout_size(body: Mapping[str, Any], endpoint: Endpoint) -> int:
     """How many P/D requests the request becomes: prompts x n."""
     listed = prompts(body, endpoint)
     return (1 if listed is None else len(listed)) * samples(body)
 
 
-def _text_prompts(body: Mapping[str, Any], endpoint: str) -> bool:
+def _text_prompts(body: Mapping[str, Any], endpoint: Endpoint) -> bool:
     listed = prompts(body, endpoint)
     return listed is not None and isinstance(listed[0], str)
 
 
-def _id_prompts(body: Mapping[str, Any], endpoint: str) -> bool:
+def _id_prompts(body: Mapping[str, Any], endpoint: Endpoint) -> bool:
     listed = prompts(body, endpoint)
     return listed is not None and isinstance(listed[0], list)
 
 
-def _present(param: str) -> Callable[[Mapping[str, Any], str], bool]:
+def _present(param: str) -> Matcher:
     return lambda body, endpoint: body.get(param) not in (None, False)
 
 
-def _multimodal(body: Mapping[str, Any], endpoint: str) -> bool:
+def _multimodal(body: Mapping[str, Any], endpoint: Endpoint) -> bool:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return False
@@ -114,7 +120,7 @@ def _multimodal(body: Mapping[str, Any], endpoint: str) -> bool:
 
 
 # What recognises each shape of the table (by name); the table says what to do with it.
-MATCHERS: dict[str, Callable[[Mapping[str, Any], str], bool]] = {
+MATCHERS: dict[str, Matcher] = {
     "client_kv_transfer_params": _present("kv_transfer_params"),
     "fanout_too_large": lambda body, endpoint: False,  # a fan-out past the limit: classify()
     "prompt_logprobs": lambda body, endpoint: body.get("prompt_logprobs") is not None,
@@ -157,9 +163,7 @@ def parse_table(text: str) -> Table:
     data = yaml.safe_load(text)
     rows = []
     for row in data["shapes"]:
-        route = row["route"]
-        if route not in ROUTES:
-            raise ValueError(f"shape {row['name']}: route {route!r} is not one of {ROUTES}")
+        route = _shape_route(row)
         if row["name"] not in MATCHERS:
             raise ValueError(f"shape {row['name']} has no matcher in pd_proxy.routing.shapes")
         rows.append(
@@ -180,6 +184,14 @@ def parse_table(text: str) -> Table:
     return Table(tuple(rows), int(data["max_fanout"]))
 
 
+def _shape_route(row: Mapping[str, Any]) -> ShapeRoute:
+    """A row's route as the type says, or ``ValueError`` naming the row."""
+    for route in ROUTES:
+        if row["route"] == route:
+            return route
+    raise ValueError(f"shape {row['name']}: route {row['route']!r} is not one of {ROUTES}")
+
+
 def load_table() -> Table:
     return parse_table(
         resources.files("pd_proxy.routing").joinpath("shapes.yaml").read_text("utf-8")
@@ -194,7 +206,7 @@ def shape(name: str) -> Shape:
     return _BY_NAME[name]
 
 
-def classify(body: Mapping[str, Any], endpoint: str, table: Table = TABLE) -> Decision:
+def classify(body: Mapping[str, Any], endpoint: Endpoint, table: Table = TABLE) -> Decision:
     """The route of a parsed client body on ``endpoint``: the first shape of the table it has."""
     for row in table.shapes:
         if endpoint not in row.endpoints:

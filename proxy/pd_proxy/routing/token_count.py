@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pd_proxy import scheduler
 from pd_proxy.http.exchange import read_whole
 from pd_proxy.protocol.codec import dumps, loads
-from pd_proxy.protocol.endpoints import COMPLETIONS
+from pd_proxy.protocol.endpoints import COMPLETIONS, Endpoint
 from pd_proxy.protocol.errors import ProxyError
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ CHAT_RENDER_FIELDS = (
 )
 
 
-def direct_ids(body: Mapping[str, Any], endpoint: str) -> list[int] | None:
+def direct_ids(body: Mapping[str, Any], endpoint: Endpoint) -> list[int] | None:
     """The prompt's ids when the request gives them (completions with token ids)."""
     prompt = body.get("prompt")
     if endpoint != COMPLETIONS or not isinstance(prompt, list) or not prompt:
@@ -56,7 +56,7 @@ def direct_ids(body: Mapping[str, Any], endpoint: str) -> list[int] | None:
     return None
 
 
-def tokenize_body(body: Mapping[str, Any], endpoint: str) -> dict[str, Any] | None:
+def tokenize_body(body: Mapping[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:
     """The ``/tokenize`` request for the request's prompt as the model will see it, or None when
     the prompt is not one text (those take P/D: the decision needs one count)."""
     out: dict[str, Any] = {}
@@ -96,7 +96,7 @@ def ids_from_answer(data: bytes) -> list[int]:
 class LocalIds(Protocol):
     """The local tokenizer where it is trusted (pd_proxy.routing.tokenizer_check)."""
 
-    def local_ids(self, body: Mapping[str, Any], endpoint: str) -> list[int] | None: ...
+    def local_ids(self, body: Mapping[str, Any], endpoint: Endpoint) -> list[int] | None: ...
 
 
 class TokenCounter:
@@ -158,10 +158,9 @@ class TokenCounter:
                 TOKENIZE,
                 dumps(request),
                 call.headers,
-                self.timeout,
-                None,
-                trace,
-                read_whole,
+                trace=trace,
+                consume=read_whole,
+                total=self.timeout,
                 want=least,
             )
             return ids_from_answer(data) if status == 200 else None

@@ -22,7 +22,7 @@ import jinja2.sandbox
 from jinja2.ext import loopcontrols
 from tokenizers import Tokenizer
 
-from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS
+from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 
 COMPLETION, CHAT = "completion", "chat"  # the request shapes checked apart
 SHAPES = (COMPLETION, CHAT)
@@ -90,7 +90,7 @@ class LocalTokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt, **self.specials
         )
 
-    def shape_of(self, body: Mapping[str, Any], endpoint: str) -> str | None:
+    def shape_of(self, body: Mapping[str, Any], endpoint: Endpoint) -> str | None:
         """The shape this module can tokenize ``body`` as, or None (the server must)."""
         if endpoint == COMPLETIONS:
             prompt = body.get("prompt")
@@ -113,7 +113,7 @@ class LocalTokenizer:
         flags = (body.get("add_generation_prompt", True), body.get("add_special_tokens", False))
         return CHAT if all(isinstance(f, bool) for f in flags) else None
 
-    def ids(self, body: Mapping[str, Any], endpoint: str) -> list[int] | None:
+    def ids(self, body: Mapping[str, Any], endpoint: Endpoint) -> list[int] | None:
         """The prompt's token ids as vLLM would see them, or None when ``shape_of`` says so."""
         shape = self.shape_of(body, endpoint)
         if shape == COMPLETION:
@@ -153,7 +153,7 @@ def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
 
 
 # The canary set checked against a decode's /tokenize at start: (shape, endpoint, request body).
-CANARY: tuple[tuple[str, str, dict[str, Any]], ...] = (
+CANARY: tuple[tuple[str, Endpoint, dict[str, Any]], ...] = (
     (COMPLETION, COMPLETIONS, {"prompt": "The capital of France is"}),
     (COMPLETION, COMPLETIONS, {"prompt": "  Leading spaces, ünïcödé, emoji 🙂 and\nnew lines\t."}),
     (COMPLETION, COMPLETIONS, {"prompt": "no specials", "add_special_tokens": False}),

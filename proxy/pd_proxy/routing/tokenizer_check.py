@@ -23,6 +23,7 @@ from pd_proxy.backends.pool import BackendPool
 from pd_proxy.config import ENV_PREFIX, ConfigError, ProxyConfig
 from pd_proxy.config.key_files import BackendKey
 from pd_proxy.protocol.codec import dumps
+from pd_proxy.protocol.endpoints import Endpoint
 from pd_proxy.routing.cache.metrics import CacheMetrics
 from pd_proxy.routing.token_count import ids_from_answer, tokenize_body
 from pd_proxy.routing.tokenizer import CANARY, SHAPES, LocalTokenizer, TokenizerFilesError
@@ -38,6 +39,7 @@ class TokenizerCheck:
         self,
         tokenizer: LocalTokenizer | None,
         decode: BackendPool,
+        *,
         backend_key: BackendKey | None,
         timeout: float,
         metrics: CacheMetrics,
@@ -54,7 +56,7 @@ class TokenizerCheck:
         for shape in SHAPES:
             metrics.trusted.labels(shape).set(0)
 
-    def local_ids(self, body: Mapping[str, Any], endpoint: str) -> list[int] | None:
+    def local_ids(self, body: Mapping[str, Any], endpoint: Endpoint) -> list[int] | None:
         """Ids from the local tokenizer when it is trusted for this request's shape, else None."""
         tok = self.tokenizer
         if tok is None or tok.shape_of(body, endpoint) not in self.trusted:
@@ -151,7 +153,14 @@ def tokenizer_check(
             config.tokenizer,
             hub_cache(os.environ),
         )
-    return TokenizerCheck(tokenizer, decode, backend_key, config.health_timeout, metrics, later)
+    return TokenizerCheck(
+        tokenizer,
+        decode,
+        backend_key=backend_key,
+        timeout=config.health_timeout,
+        metrics=metrics,
+        later=later,
+    )
 
 
 def _downloaded(model_id: str) -> LocalTokenizer | None:
