@@ -3,7 +3,12 @@ from pathlib import Path
 
 import pytest
 
-from pcp_pd_kit.localstack.commands import prometheus_spec, proxy_spec, vllm_server_spec
+from pcp_pd_kit.localstack.commands import (
+    prefill_rank0_cpus,
+    prometheus_spec,
+    proxy_spec,
+    vllm_server_spec,
+)
 from tests.support.env import example_settings
 
 REPO = Path("/repo")
@@ -102,6 +107,18 @@ def test_reference_server_is_not_disaggregated() -> None:
     assert wide.env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert _flag(spec.argv, "--port") == "18300"
+
+
+@pytest.mark.parametrize(
+    ("prefill_cpus", "want"), [("0", "0"), ("0,1", "0"), ("0-3", "0,1"), ("2-5", "2,3")]
+)
+def test_a_server_beside_the_prefill_gets_rank_0s_cores(prefill_cpus: str, want: str) -> None:
+    # The reference and the cache bench's second decode: one thread per core group, never two
+    # threads across the two ranks' cores.
+    assert prefill_rank0_cpus(example_settings(prefill_cpus=prefill_cpus)) == want
+    spec = vllm_server_spec(example_settings(prefill_cpus=prefill_cpus), "reference", "/m", "t",
+                            REPO)  # fmt: skip
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == want
 
 
 def test_prefill_runs_the_mission_topology_decode_stays_pcp1() -> None:

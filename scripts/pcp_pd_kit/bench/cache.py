@@ -388,7 +388,8 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             urls.update(
                 {n: url(ports[n]) for n in ("decode-a", "decode-b", "proxy-events", "proxy-off")}
             )
-            cpus = {"decode-a": settings.decode_cpus, "decode-b": settings.prefill_cpus}
+            cpus = {"decode-a": settings.decode_cpus,
+                    "decode-b": commands.prefill_rank0_cpus(settings)}  # fmt: skip
             extras = [decode_process(settings, model, n, (ports[n], ports[f"{n}-side"],
                                      ports[f"events-{n}"]), c, plan, stack.repo, log_dir)
                       for n, c in cpus.items()]  # fmt: skip

@@ -113,6 +113,15 @@ def vllm_service_name(role: Role) -> str:
     return "vllm-reference" if role == "reference" else f"vllm-{role}-1"
 
 
+def prefill_rank0_cpus(settings: StackSettings) -> str:
+    """The cores of the prefill's rank 0 (its first OpenMP core group), for a one-worker server
+    that shares the prefill's cores (the single-instance reference, the cache bench's second
+    decode): one thread per core group, as each PCP rank has (two threads on two busy cores stall
+    on every barrier)."""
+    cores = parse_cpu_list(settings.prefill_cpus)
+    return omp_threads_bind(cores, settings.prefill_pcp_size).split("|")[0]
+
+
 def vllm_server_spec(
     settings: StackSettings, role: Role, model: str, served_model_name: str, repo: Path
 ) -> ProcessSpec:
@@ -157,10 +166,7 @@ def vllm_server_spec(
     prefill = role == "prefill"
     cores = parse_cpu_list(settings.decode_cpus if role == "decode" else settings.prefill_cpus)
     if role == "reference":
-        # One instance on prefill rank 0's cores: one OpenMP thread per core group, as each PCP
-        # rank has (two threads on two busy cores stall on every barrier).
-        first = omp_threads_bind(cores, settings.prefill_pcp_size).split("|")[0]
-        cores = parse_cpu_list(first)
+        cores = parse_cpu_list(prefill_rank0_cpus(settings))
     flags, topology_env = cpu_server_launch(
         settings.prefill_pcp_size if prefill else 1,
         prefill and settings.prefill_expert_parallel,
