@@ -196,7 +196,14 @@ async def start(proxy: Proxy, stack: contextlib.AsyncExitStack) -> Running:
         backend_key=proxy.backend_key,
         tracing=tracing,
     )
-    side = SideEndpoints(config, metrics, *pools, session, backend_key=proxy.backend_key)
+    side = SideEndpoints(
+        metrics,
+        *pools,
+        session,
+        backend_key=proxy.backend_key,
+        prefill_timeout=config.prefill_timeout,
+        connect_timeout=config.connect_timeout,
+    )
 
     def on_result(backend: Backend, passed: bool) -> None:
         metrics.set_health(backend.role, backend.url, backend.healthy)

@@ -15,7 +15,6 @@ import aiohttp
 from aiohttp import web
 
 from pd_proxy.backends.pool import Backend, BackendPool
-from pd_proxy.config import ProxyConfig
 from pd_proxy.config.key_files import BackendKey
 from pd_proxy.http.exchange import mark_down, pick
 from pd_proxy.legs import backend_refused_key
@@ -29,17 +28,19 @@ CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 class SideEndpoints:
     """Bound to one app and its aiohttp ``session`` (shared with the health checks; pd_proxy.api.app
-    builds both when the app starts); ``draining`` is set when the app begins to shut down."""
+    builds both when the app starts); ``draining`` is set when the app begins to shut down.
+    ``/v1/models`` is bounded as a prefill leg is (``prefill_timeout``, ``connect_timeout``)."""
 
     def __init__(
         self,
-        config: ProxyConfig,
         metrics: ProxyMetrics,
         prefill: BackendPool,
         decode: BackendPool,
         session: aiohttp.ClientSession,
         *,
-        backend_key: BackendKey | None = None,
+        backend_key: BackendKey | None,
+        prefill_timeout: float,
+        connect_timeout: float,
     ) -> None:
         self.backend_key = backend_key
         self.metrics = metrics
@@ -49,7 +50,7 @@ class SideEndpoints:
         self.draining = False
         # /v1/models (aiohttp); the legs' limits are passed to the upstream client as numbers.
         self.prefill_timeout = aiohttp.ClientTimeout(
-            total=config.prefill_timeout, sock_connect=config.connect_timeout
+            total=prefill_timeout, sock_connect=connect_timeout
         )
 
     async def models(self, request: web.Request) -> web.StreamResponse:
