@@ -8,6 +8,11 @@ flow's backlog. The ticket with the smallest finish tag among those that fit goe
 each waiting flow gets tokens in proportion to its weight, whatever the size or number of its
 requests: a flood of long prompts from one key cannot starve another key's short ones, which
 wait about one of the flood's requests.
+
+A flow's state outlives its last ticket only while its finish tag is ahead of the virtual time
+(it would still start its next ticket there); then it is dropped, at the latest by a sweep each
+time the band's flows double, so thousands of keys each sending a few requests leave nothing
+behind. The choice of the next ticket looks at the flows with tickets (``active``) only.
 """
 
 from __future__ import annotations
@@ -53,10 +58,24 @@ class _Flow:
         self.last = 0.0  # finish tag of its last ticket
 
 
+SWEEP_MIN = 64  # idle flows a band keeps before its first sweep
+
+
 class _Band:
     def __init__(self) -> None:
-        self.flows: dict[str, _Flow] = {}
+        self.flows: dict[str, _Flow] = {}  # every flow with state: tickets, or credit ahead
+        self.active: dict[str, _Flow] = {}  # the flows with tickets
         self.vtime = 0.0  # start tag of the last ticket served
+        self.sweep_at = SWEEP_MIN  # flows past which the idle ones are swept
+
+    def sweep(self) -> None:
+        """Drop the idle flows the virtual time has passed (amortised: at most once each time
+        the flows double)."""
+        if len(self.flows) < self.sweep_at:
+            return
+        vtime = self.vtime
+        self.flows = {n: f for n, f in self.flows.items() if f.tickets or f.last > vtime}
+        self.sweep_at = max(SWEEP_MIN, 2 * len(self.flows))
 
 
 class FairQueue:
@@ -72,7 +91,9 @@ class FairQueue:
         band = self._bands.setdefault(ticket.band, _Band())
         flow = band.flows.get(ticket.flow)
         if flow is None:
+            band.sweep()
             flow = band.flows[ticket.flow] = _Flow()
+        band.active[ticket.flow] = flow
         start = flow.last if flow.tickets else max(flow.last, band.vtime)
         ticket.start = start
         ticket.finish = flow.last = start + ticket.cost / ticket.weight
@@ -105,17 +126,20 @@ class FairQueue:
     def depths(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for band in self._bands.values():
-            for name, flow in band.flows.items():
-                if flow.tickets:
-                    out[name] = out.get(name, 0) + len(flow.tickets)
+            for name, flow in band.active.items():
+                out[name] = out.get(name, 0) + len(flow.tickets)
         return out
+
+    def flows(self) -> int:
+        """Flows the queue keeps state for (with tickets, or credit ahead of the virtual time)."""
+        return sum(len(b.flows) for b in self._bands.values())
 
     def pop(self, fits: Callable[[Ticket], bool]) -> Ticket | None:
         """The next ticket to admit among the heads that ``fits``, or None. Bands go strictly in
         order; a band whose heads all wait for full replicas lets the next band go."""
         for number in sorted(self._bands):
             band = self._bands[number]
-            heads = [f.tickets[0] for f in band.flows.values() if f.tickets]
+            heads = [f.tickets[0] for f in band.active.values()]
             ready = [t for t in heads if fits(t)]
             if not ready:
                 continue
@@ -134,7 +158,7 @@ class FairQueue:
             t.cost
             for n, b in self._bands.items()
             if n < band
-            for f in b.flows.values()
+            for f in b.active.values()
             for t in f.tickets
         )
         same = self._bands.get(band)
@@ -147,14 +171,16 @@ class FairQueue:
             start = max(same.vtime, own.last if own is not None else 0.0)
         finish = start + cost / weight
         return ahead + sum(
-            t.cost for f in same.flows.values() for t in f.tickets if t.finish <= finish
+            t.cost for f in same.active.values() for t in f.tickets if t.finish <= finish
         )
 
     def _forget_if_idle(self, band: _Band, ticket: Ticket) -> None:
         """An idle flow's entry goes once the queue's virtual time has passed its last tag (it
         can no longer matter); an empty band goes and starts again from zero."""
         flow = band.flows.get(ticket.flow)
-        if flow is not None and not flow.tickets and flow.last <= band.vtime:
-            del band.flows[ticket.flow]
-        if not any(f.tickets for f in band.flows.values()):
+        if flow is not None and not flow.tickets:
+            band.active.pop(ticket.flow, None)
+            if flow.last <= band.vtime:
+                del band.flows[ticket.flow]
+        if not band.active:
             del self._bands[ticket.band]

@@ -112,7 +112,7 @@ class Gate:
         future: asyncio.Future[tuple[Route, Lease]] = asyncio.get_running_loop().create_future()
         self._waiting[ticket] = future
         self.queue.push(ticket)
-        self._show_depth(label, flow.name)
+        self.metrics.enter(label)
         self._dispatch()
         try:
             placed = await asyncio.wait_for(asyncio.shield(future), self.settings.queue_timeout)
@@ -133,7 +133,7 @@ class Gate:
             self._observe_wait(label, ticket)
             raise
         finally:
-            self._show_depth(label, flow.name)
+            self.metrics.exit(label)
         self.metrics.count(ADMITTED, QUEUED)
         self._observe_wait(label, ticket)
         return placed
@@ -276,9 +276,6 @@ class Gate:
 
     def _observe_wait(self, label: str, ticket: Ticket) -> None:
         self.metrics.waited(label, self.clock() - ticket.arrived)
-
-    def _show_depth(self, label: str, name: str) -> None:
-        self.metrics.depth.labels(label).set(self.queue.depth(name))
 
     def room_rows(self) -> Iterator[tuple[str, str, str, int]]:
         """(role, backend, kind, value) for every replica: the in-flight gauge's samples."""

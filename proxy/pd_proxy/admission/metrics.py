@@ -1,11 +1,15 @@
 """Admission's Prometheus series, on the app's registry.
 
-Flow labels come from the key file (a bounded set) or, behind a gateway, from a trusted header:
-past ``MAX_FLOW_LABELS`` distinct names the rest share the label ``other``.
+Flow labels come from the key file (a bounded set) or, behind a gateway, from a trusted header
+(thousands of keys): past ``max_flow_labels`` (``--max-flow-labels``) distinct names the rest
+share the label ``other``, as llm-d caps its ``fairness_id``. A label whose flow has nothing
+queued and sent nothing for ``FLOW_LABEL_IDLE_S`` is given up (its series go) when a new flow
+needs one, so the labels follow the flows of the last minutes, not the first ones ever seen.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -30,12 +34,21 @@ OUTCOMES = (
     (LEFT, CLIENT_GONE),
 )
 KINDS = ("requests", "tokens", "pulls")
-MAX_FLOW_LABELS = 64
+MAX_FLOW_LABELS = 100  # --max-flow-labels' default
+FLOW_LABEL_IDLE_S = 600.0
+OTHER = "other"
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 
 
 class AdmissionMetrics:
-    def __init__(self, reg: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        reg: CollectorRegistry,
+        max_flow_labels: int = MAX_FLOW_LABELS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_flow_labels = max_flow_labels
+        self.clock = clock
         self.outcomes = Counter(
             "pd_proxy_admission",
             "Requests by admission outcome and reason: admitted now or after queueing; refused "
@@ -71,18 +84,54 @@ class AdmissionMetrics:
         # the dashboard shows every flow seen, queued or not.
         self._waits: dict[str, Histogram] = {}
         self._children: dict[tuple[str, str], Counter] = {}
+        self._queued: dict[str, int] = {}  # label -> requests waiting under it
+        self._used: dict[str, float] = {}  # label -> when a request last asked for it
+        self._sweep_after = 0.0  # no idle label before then (the last look found none)
 
     def flow(self, name: str) -> str:
         """The label for flow ``name``."""
-        if name in self._waits:
-            return name
-        if len(self._waits) >= MAX_FLOW_LABELS:
-            name = "other"
-            if name in self._waits:
-                return name
-        self.depth.labels(name).set(0)
-        self._waits[name] = self.wait.labels(name)
+        now = self.clock()
+        if name not in self._waits:
+            named = len(self._waits) - (OTHER in self._waits)
+            if named >= self.max_flow_labels and not self._give_up_idle(now):
+                name = OTHER
+            if name not in self._waits:
+                self.depth.labels(name).set(0)
+                self._waits[name] = self.wait.labels(name)
+        self._used[name] = now
         return name
+
+    def _give_up_idle(self, now: float) -> bool:
+        """Drop the series of flows idle past ``FLOW_LABEL_IDLE_S``; whether any went (looked
+        for at most every tenth of that, so a flood of unlabelled flows costs no scan each)."""
+        if now < self._sweep_after:
+            return False
+        idle = [
+            label
+            for label, used in self._used.items()
+            if label != OTHER and now - used >= FLOW_LABEL_IDLE_S and not self._queued.get(label)
+        ]
+        for label in idle:
+            del self._waits[label], self._used[label]
+            self._queued.pop(label, None)
+            for family in (self.depth, self.wait):
+                try:
+                    family.remove(label)
+                except KeyError:
+                    pass
+        if not idle:
+            self._sweep_after = now + FLOW_LABEL_IDLE_S / 10
+        return bool(idle)
+
+    def enter(self, label: str) -> None:
+        """A request of flow ``label`` joined the queue."""
+        n = self._queued[label] = self._queued.get(label, 0) + 1
+        self.depth.labels(label).set(n)
+
+    def exit(self, label: str) -> None:
+        """A request of flow ``label`` left the queue (admitted, refused or gone)."""
+        n = self._queued[label] = max(0, self._queued.get(label, 0) - 1)
+        self.depth.labels(label).set(n)
 
     def waited(self, label: str, seconds: float) -> None:
         """A request of flow ``label`` (from ``flow``) stopped waiting after ``seconds``."""

@@ -20,4 +20,5 @@ def build_gate(
         config.decode_max_pending_pulls,
     )
     settings = Settings(limits, config.queue_size, config.queue_timeout, config.health_interval)
-    return Gate(settings, prefill, decode, AdmissionMetrics(metrics.registry))
+    flows = AdmissionMetrics(metrics.registry, config.max_flow_labels)
+    return Gate(settings, prefill, decode, flows)

@@ -243,6 +243,24 @@ OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "replica's KV cache size in blocks (default 20000)",
     ),
     (
+        "cache_index_max_blocks",
+        "--cache-index-max-blocks",
+        "CACHE_INDEX_MAX_BLOCKS",
+        int,
+        "block-replica pairs the KV-event index keeps per role (a block held by 3 replicas "
+        "counts 3; about 150 bytes each); past it the oldest stored go, counted in "
+        "pd_proxy_cache_index_evicted_blocks_total (default 4000000)",
+    ),
+    (
+        "cache_ready_timeout",
+        "--cache-ready-timeout",
+        "CACHE_READY_TIMEOUT",
+        float,
+        "with KV events, /health answers 503 until every replica's publishers were replayed or "
+        "sent a first batch, for at most this many seconds; then the proxy serves anyway, with "
+        "a log line and pd_proxy_cache_ready_timeouts_total (0: no wait; default 30)",
+    ),
+    (
         "tokenizer",
         "--tokenizer",
         "TOKENIZER",
@@ -308,6 +326,15 @@ OPTIONS: tuple[tuple[str, str, str, Callable[[str], object], str], ...] = (
         "admission: a header naming the client's flow, set by an authenticating gateway in "
         "front (trusted as is: only for a proxy no client reaches directly; default: none, "
         "the client key names the flow)",
+    ),
+    (
+        "max_flow_labels",
+        "--max-flow-labels",
+        "MAX_FLOW_LABELS",
+        int,
+        "admission: distinct flow label values of pd_proxy_queue_depth and "
+        "pd_proxy_queue_wait_seconds; past it the rest share 'other', and a flow idle for 10 "
+        "minutes gives its label up (default 100)",
     ),
     (
         "tokenize_timeout",

@@ -104,6 +104,10 @@ class ProxyConfig:
     cache_overlap_weight: float = 4.0
     cache_max_imbalance: int = 4
     cache_approx_blocks: int = 20000
+    # The KV-event index's bound per role, in block-replica pairs (about 150 bytes each), and
+    # how long /health waits at start for every publisher's replay or first batch.
+    cache_index_max_blocks: int = 4_000_000
+    cache_ready_timeout: float = 30.0
     # The served model's tokenizer files (a folder), for token ids without a /tokenize round trip.
     tokenizer: str | None = None
     # The one limit on learning a prompt's tokens from a decode's /tokenize (pd_proxy.routing.
@@ -121,6 +125,8 @@ class ProxyConfig:
     queue_timeout: float = 60.0
     flow_header: str | None = None
     client_priority: bool = False
+    # Distinct {flow} label values of admission's series; past it the rest share "other".
+    max_flow_labels: int = 100
 
     def __post_init__(self) -> None:
         """Normalise the values and check what needs no I/O; every problem is listed at once.
@@ -227,6 +233,14 @@ class ProxyConfig:
             problems.append(f"cache_max_imbalance must be >= 0, got {self.cache_max_imbalance}")
         if self.cache_approx_blocks <= 0:
             problems.append(f"cache_approx_blocks must be > 0, got {self.cache_approx_blocks}")
+        if self.cache_index_max_blocks <= 0:
+            problems.append(
+                f"cache_index_max_blocks must be > 0, got {self.cache_index_max_blocks}"
+            )
+        if self.cache_ready_timeout < 0:
+            problems.append(
+                f"cache_ready_timeout must be >= 0 (0: no wait), got {self.cache_ready_timeout}"
+            )
         if self.tokenize_timeout <= 0:
             problems.append(f"tokenize_timeout must be > 0, got {self.tokenize_timeout}")
         if self.tokenizer is not None and not self.tokenizer.strip():
@@ -247,6 +261,8 @@ class ProxyConfig:
             problems.append(f"queue_size must be >= 0 (0: refuse when full), got {self.queue_size}")
         if self.queue_timeout <= 0:
             problems.append(f"queue_timeout must be > 0, got {self.queue_timeout}")
+        if self.max_flow_labels < 0:
+            problems.append(f"max_flow_labels must be >= 0, got {self.max_flow_labels}")
         if self.flow_header is not None and not _TOKEN.fullmatch(self.flow_header):
             problems.append(
                 f"--flow-header ({ENV_PREFIX}FLOW_HEADER) {self.flow_header!r} is not a header name"

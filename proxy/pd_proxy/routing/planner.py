@@ -134,6 +134,8 @@ def _follower(
         backend_key=backend_key,
         health_timeout=config.health_timeout,
         metrics=metrics,
+        index_capacity=config.cache_index_max_blocks,
+        ready_timeout=config.cache_ready_timeout,
     )
 
 

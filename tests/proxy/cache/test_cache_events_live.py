@@ -203,3 +203,21 @@ async def test_the_local_stacks_endpoints_stay_on_loopback_and_reach_the_proxy()
         assert elsewhere == [] and "where the proxy can reach it" in problems[0]
     finally:
         await s.close()
+
+
+async def test_a_new_subscription_catches_up_from_the_replay_alone() -> None:
+    """A proxy restarted beside an idle replica: nothing is published after it connects, yet
+    the replay buffer tells it what the replica holds, and the subscription is caught up."""
+    s = Stream()
+    try:
+        a = blocks(3)
+        s.publish(stored([b"a1", b"a2", b"a3"], None, a))
+        await s.sent()
+        s.connect()
+        await s.until(lambda: s.index.match(keys(a)) == 3, heartbeat=False)
+        assert s.sub is not None and s.sub.caught_up and s.index.health.replays == 1
+        s.publish(removed([b"a3"]))  # and the live stream goes on from there, in sequence
+        await s.until(lambda: s.index.match(keys(a)) == 2)
+        assert s.index.health.resets == 0 and s.index.health.drops == 0
+    finally:
+        await s.close()

@@ -1,7 +1,8 @@
 """The routing rules that make shared prefixes fit: requests just sent count as held where they
-went (pending, until events confirm or a TTL), new prefixes go where there is room, and the
-imbalance guard keeps a holder its prefix up to max_imbalance above the others; the cost is the
-estimated time to the first token, in prompt tokens. Pure: no proxy, no clock."""
+went (pending, until events confirm or a TTL), new prefixes go where their first block hashes
+(bent only by load), and the imbalance guard keeps a holder its prefix up to max_imbalance
+above the others; the cost is the estimated time to the first token, in prompt tokens. Pure: no
+proxy, no clock (but the last test, through the proxy)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import fields
 import pytest
 
 from pd_proxy.config import ProxyConfig
-from pd_proxy.routing.cache.keys import chain
+from pd_proxy.routing.cache.keys import chain, placement_key
 from pd_proxy.routing.cache.pending import PendingIndex
 from pd_proxy.routing.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose, cost
 
@@ -52,16 +53,51 @@ def test_pending_refreshed_by_a_later_request_lives_on() -> None:
     assert pending.match("a", prefix, now=6.0) == 2
 
 
-def test_a_new_prefix_goes_to_the_replica_with_room() -> None:
-    full = Candidate("full", cached_blocks=0, outstanding=0, held_blocks=180)
-    roomy = Candidate("roomy", cached_blocks=0, outstanding=1, held_blocks=40)
-    # Nothing cached anywhere: one request more in flight is worth the room.
-    assert choose([full, roomy], weight=4, max_imbalance=4) == Choice("roomy", 0, LOAD)
-    busy = Candidate("roomy", cached_blocks=0, outstanding=2, held_blocks=40)
-    assert choose([full, busy], weight=4, max_imbalance=4) == Choice("full", 0, LOAD)
-    # Load and fill alike: nothing tells them apart, the pool's rotation decides.
-    twin = Candidate("twin", cached_blocks=0, outstanding=0, held_blocks=180)
-    assert choose([full, twin], weight=4, max_imbalance=4) is None
+FULL = 40  # blocks each decode holds: full caches of 40 blocks
+DECODES = ("http://d0:8200", "http://d1:8200")
+
+
+def full(loads: tuple[int, int] = (0, 0)) -> list[Candidate]:
+    """Two decodes whose caches are full (equal fills) of other prompts."""
+    return [Candidate(n, 0, out, FULL) for n, out in zip(DECODES, loads, strict=True)]
+
+
+def first_keys(prefixes: int) -> list[int]:
+    return [placement_key(range(1000 * p, 1000 * p + BLOCK)) for p in range(prefixes)]
+
+
+def test_new_prefixes_spread_over_full_caches_each_to_one_home() -> None:
+    """24 new prefixes at equal loads: each goes where its first block hashes, again and again,
+    and no decode gets more than 60% of them (the fill-based rule sent them all to one)."""
+    homes = []
+    for first in first_keys(24):
+        choice = choose(full(), weight=4, max_imbalance=4, first_key=first)
+        assert choice is not None and choice.reason == LOAD and choice.cached_blocks == 0
+        assert all(choose(full(), 4, 4, first) == choice for _ in range(5))
+        homes.append(choice.name)
+    assert max(homes.count(d) for d in DECODES) <= 0.6 * 24, homes
+
+
+def test_a_burst_of_new_prefixes_is_bent_by_load_only() -> None:
+    """The same 24 prefixes sent together (each still in flight when the next comes): a home
+    more than one request above the least busy is passed over, so the burst splits evenly."""
+    loads = [0, 0]
+    for first in first_keys(24):
+        choice = choose(full((loads[0], loads[1])), 4, 4, first)
+        assert choice is not None
+        loads[DECODES.index(choice.name)] += 1
+    assert max(loads) <= 13
+    home = choose(full(), 4, 4, first_keys(1)[0])
+    assert home is not None
+    busy = (2, 0) if home.name == DECODES[0] else (0, 2)
+    bent = choose(full(busy), 4, 4, first_keys(1)[0])
+    assert bent is not None and bent.name != home.name
+
+
+def test_nothing_known_or_no_key_leaves_the_choice_to_load() -> None:
+    empty = [Candidate(n, 0, 0, 0) for n in DECODES]  # events not heard yet, or lost
+    assert choose(empty, 4, 4, first_keys(1)[0]) is None
+    assert choose(full(), 4, 4, None) is None  # a prompt shorter than a block, or unkeyable
 
 
 # The shared-prefix bench's prompts: a 512-token prefix (32 blocks of 16) and a 64-token suffix.
@@ -155,3 +191,32 @@ async def test_legs_count_their_planned_tokens_on_their_replica_while_they_run()
         holder.tokens_in_flight = 0
         after = served(s)
         assert after[0] == before[0] + 1 and after[1] == before[1]
+
+
+async def test_full_caches_through_the_proxy_spread_new_prefixes_to_stable_homes() -> None:
+    """The full-cache collapse, on fakes: both decodes' indexes full of other prompts, 24 new
+    prefixes one at a time; each lands where its first block hashes, and lands there again
+    once what the proxy sent is forgotten (no pending entry steering it)."""
+    from pd_proxy.protocol.endpoints import COMPLETIONS
+    from tests.proxy.proxy_harness import pd_stack
+
+    from .test_cache_routing import hold, served, text
+
+    async with pd_stack(decodes=2, prefix_cache_routing="events") as s:
+        hold(s, 0, text(160, start=50_000))
+        hold(s, 1, text(160, start=60_000))
+        known = s.running.pipeline.planner.cache.known
+        rounds = []
+        for _ in range(2):
+            homes = []
+            for p in range(24):
+                before = served(s)
+                body = {"prompt": f"{text(40, start=1000 * p)} q", "max_tokens": 2}
+                status, _, raw = await s.post(COMPLETIONS, body)
+                assert status == 200, raw
+                homes.append([a - b for a, b in zip(served(s), before, strict=True)].index(1))
+            rounds.append(homes)
+            for d in s.decodes:
+                known.pending.forget(d.url)
+        assert rounds[0] == rounds[1]
+        assert max(rounds[0].count(i) for i in (0, 1)) <= 0.6 * 24, rounds[0]

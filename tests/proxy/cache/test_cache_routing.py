@@ -11,6 +11,8 @@ import pytest
 from pd_proxy.protocol.endpoints import COMPLETIONS
 from pd_proxy.routing.cache.events import decode as decode_frames
 from pd_proxy.routing.cache.index import ReplicaIndex
+from pd_proxy.routing.cache.keys import placement_key
+from pd_proxy.routing.cache.scorer import rank
 from pd_proxy.testing.fake_model import tokenize
 from tests.support.waits import until
 
@@ -59,9 +61,14 @@ async def test_same_prefix_requests_land_where_the_prefix_is() -> None:
         assert served(s) == [0, 4]
         labels = {"role": "decode", "reason": "cache"}
         assert s.sample("pd_proxy_cache_choices_total", labels) == 4
-        for i in range(2):  # nothing cached anywhere: the decode with room (it holds fewer)
-            await s.post(COMPLETIONS, {"prompt": text(40, start=100 + 50 * i), "max_tokens": 2})
-        assert served(s) == [2, 4]
+        urls = [d.url for d in s.decodes]
+        for i in range(2):  # cached nowhere: where its first block hashes, loads being equal
+            prompt = text(40, start=100 + 50 * i)
+            first = placement_key(tokenize(prompt)[:BLOCK])
+            home = urls.index(max(urls, key=lambda url: rank(first, url)))
+            before = served(s)
+            await s.post(COMPLETIONS, {"prompt": prompt, "max_tokens": 2})
+            assert served(s)[home] == before[home] + 1 and sum(served(s)) == sum(before) + 1
 
 
 async def test_follow_up_turn_goes_to_decode_alone_and_a_new_prompt_goes_pd() -> None:

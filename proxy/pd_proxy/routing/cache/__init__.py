@@ -3,7 +3,8 @@
 - ``events``: vLLM's KV-event messages (ZMQ frames, msgpack) decoded into plain records;
 - ``keys``: the proxy's own key of each block chain, from token ids and each block's extra keys
   (no hash-seed agreement); ``extra``: a request's extra keys (``cache_salt``, a LoRA adapter);
-- ``index``: per-replica block sets fed by events, with sequence tracking (gaps, restarts);
+- ``index``: each event stream's blocks, with sequence tracking (gaps, restarts), kept in
+  ``holders``: one index per role, block key -> the replicas holding it, bounded in memory;
 - ``approx``: the same lookup from the proxy's own routing history, for replicas without events;
 - ``scorer``: the cost of each replica (estimated time in prompt tokens) and the choice;
   ``load``: the tokens each leg of a planned request computes, for the replicas' load;

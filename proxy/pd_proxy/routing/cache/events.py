@@ -132,6 +132,8 @@ def _extras(raw: dict[str, Any], blocks: int) -> tuple[Extra, ...] | None:
     if lora is None and raw.get("lora_id") is not None:
         lora = ("id", raw.get("lora_id"))  # no name to meet a request's model: never matches
     entries = raw.get("extra_keys")
+    if lora is None and (entries is None or (isinstance(entries, list) and not any(entries))):
+        return None  # the common case, plain blocks: no per-block work
     if not isinstance(entries, list) or len(entries) != blocks:
         if entries is not None and isinstance(entries, list) and any(e for e in entries):
             # Not one entry per block: key every block apart rather than guess which is which.

@@ -6,6 +6,12 @@ that follows replicas joining, leaving, going down and coming back.
 Event discovery: each replica's ``GET /kv_event_sources`` (vLLM 0.32's API server), looked up when
 the replica is first seen healthy and again after it was down; a replica that answers none
 (events off, an older vLLM) uses the approximate index when the mode allows it.
+
+The event indexes of a role share one ``BlockHolders`` (pd_proxy.routing.cache.holders), bounded
+by ``index_capacity`` block-replica pairs. Readiness (``not_ready``, read by ``/health``): with
+events on, the proxy knows once every healthy replica's publishers were looked up and each was
+replayed or sent a first batch, or once ``ready_timeout`` seconds have passed since it started
+following (then it serves anyway, and says so in a log line and a metric). It is decided once.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.config.key_files import BackendKey
 from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import Batch, Cleared
+from pd_proxy.routing.cache.holders import BlockHolders
 from pd_proxy.routing.cache.index import NEXT, Health, ReplicaIndex
 from pd_proxy.routing.cache.metrics import CacheMetrics
 from pd_proxy.routing.cache.pending import PendingIndex
@@ -46,6 +53,8 @@ class CacheFollower:
         backend_key: BackendKey | None,
         health_timeout: float,
         metrics: CacheMetrics,
+        index_capacity: int | None = None,
+        ready_timeout: float = 0.0,
     ) -> None:
         self.pools = pools
         self.events_on = events_on
@@ -60,9 +69,17 @@ class CacheFollower:
         self.approx = ApproxIndex(approx_blocks)
         self.pending = PendingIndex()
         self.ctx: zmq.asyncio.Context | None = None
+        self.index_capacity = index_capacity
+        self.holders: dict[str, BlockHolders] = {}  # role -> its event index
+        self._evicted: dict[str, int] = {}  # role -> evictions exported
+        self.ready_timeout = ready_timeout
+        self.ready = not events_on or ready_timeout <= 0
+        self._started: float | None = None  # monotonic time ``run`` began
+        metrics.ready.set(1 if self.ready else 0)
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Watch until cancelled; a failing round is logged, never fatal."""
+        self._started = time.monotonic()
         try:
             while True:
                 try:
@@ -97,6 +114,47 @@ class CacheFollower:
             self.metrics.blocks.labels(url, "events").set(min(len(i) for i in indexes))
         for url in self.approx.replicas:
             self.metrics.blocks.labels(url, "approx").set(self.approx.size(url))
+        for role, holders in self.holders.items():
+            evicted = holders.evicted - self._evicted.get(role, 0)
+            self._evicted[role] = holders.evicted
+            self.metrics.index_size(role, holders.pairs, evicted)
+        self.not_ready()
+
+    def not_ready(self) -> str | None:
+        """Why the proxy does not know the caches yet (``/health`` says not ready), or None."""
+        if self.ready:
+            return None
+        waiting = self.waiting()
+        if not waiting:
+            self.ready = True
+            self.metrics.ready.set(1)
+            log.info("cache-aware routing: every KV-event publisher replayed or heard; ready")
+            return None
+        if self._started is not None and time.monotonic() - self._started >= self.ready_timeout:
+            self.ready = True
+            self.metrics.ready_timeouts.inc()
+            log.warning(
+                "cache-aware routing: no replay or batch from %s within %gs "
+                "(--cache-ready-timeout); serving without knowing their caches",
+                ", ".join(waiting),
+                self.ready_timeout,
+            )
+            return None
+        return "the cache index is not ready: waiting for KV events from " + ", ".join(waiting)
+
+    def waiting(self) -> list[str]:
+        """The healthy replicas whose publishers were not looked up, replayed or heard yet."""
+        if self._started is None:
+            return ["every replica (not started)"]
+        out = []
+        for pool in self.pools:
+            for b in pool.backends:
+                if not b.healthy or b.url in self.no_events:
+                    continue
+                subs = self.subs.get(b.url)
+                if subs is None or not all(sub.caught_up for sub in subs):
+                    out.append(b.url)
+        return out
 
     async def _follow(self, session: aiohttp.ClientSession, b: Backend) -> None:
         url = b.url
@@ -145,7 +203,10 @@ class CacheFollower:
             return
         if self.ctx is None:
             self.ctx = zmq.asyncio.Context()
-        indexes = [ReplicaIndex() for _ in publishers]
+        holders = self.holders.get(b.role)
+        if holders is None:
+            holders = self.holders[b.role] = BlockHolders(self.index_capacity)
+        indexes = [ReplicaIndex(holders) for _ in publishers]
         subs = [
             Subscription(b.url, p, idx, self.ctx, REPLAY_TIMEOUT_S, self._on_batch)
             for p, idx in zip(publishers, indexes, strict=True)
@@ -177,7 +238,8 @@ class CacheFollower:
         """Drop what is known of ``url``'s cache (it left, or went down)."""
         for sub in self.subs.pop(url, []):
             await sub.close()
-        self.indexes.pop(url, None)
+        for index in self.indexes.pop(url, []):
+            index.close()
         self.approx.forget(url)
         self.pending.forget(url)
 

@@ -1,10 +1,11 @@
 """What one replica's prefix cache holds, as told by its KV events, keyed by the proxy's own keys.
 
-"Dual key": each stored block is indexed by the proxy's key (pd_proxy.routing.cache.keys) and
-remembered
-by vLLM's hash, so a ``BlockRemoved`` (which carries only vLLM hashes) can find it. A stored block
-whose parent the index does not hold is skipped: the index may under-count a replica's cache
-(a P/D request it could have served alone) but never over-counts it from a broken chain.
+"Dual key": each stored block is indexed by the proxy's key (pd_proxy.routing.cache.keys), in the
+role's ``BlockHolders`` (pd_proxy.routing.cache.holders) the router walks once per prompt, and
+remembered by vLLM's hash, so a ``BlockRemoved`` (which carries only vLLM hashes) can find it. A
+stored block whose parent the index does not hold is skipped: the index may under-count a
+replica's cache (a P/D request it could have served alone) but never over-counts it from a
+broken chain.
 
 Sequence numbers decide what the index may trust (``ReplicaIndex.accept``):
 - the next number: apply;
@@ -21,10 +22,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pd_proxy.routing.cache.events import Batch, BlockHash, Cleared, Event, Removed, Stored
+from pd_proxy.routing.cache.holders import BlockHolders
 from pd_proxy.routing.cache.keys import ROOT, Key, chain
 
 NEXT, GAP, RESET = "next", "gap", "reset"
 COUNTERS = ("batches", "events", "gaps", "replays", "drops", "resets", "orphans")
+SHORT_MASK = (1 << 60) - 1
 
 
 @dataclass
@@ -51,11 +54,16 @@ class Health:
 
 
 class ReplicaIndex:
-    """One replica's blocks. ``expected`` is the next sequence number (None before the first)."""
+    """One event stream's blocks. ``expected`` is the next sequence number (None before the
+    first). Its entries live in ``holders``, the role's index it shares with the other streams
+    (its own when none is given: a replica indexed alone)."""
 
-    def __init__(self) -> None:
-        self.refs: dict[Key, int] = {}
-        self.by_hash: dict[BlockHash, Key] = {}
+    def __init__(self, holders: BlockHolders | None = None) -> None:
+        self.holders = BlockHolders() if holders is None else holders
+        # vLLM's hash (60 bits of it) -> the proxy's key, in order of storing (the bound evicts
+        # from the front).
+        self.by_hash: dict[int, Key] = {}
+        self.slot = self.holders.join(self)
         self.block_size: int | None = None
         # LoRA adapters named in its stored blocks: a request whose model is one is keyed as it.
         self.adapters: set[str] = set()
@@ -82,6 +90,8 @@ class ReplicaIndex:
         h.batches += 1
         h.events += len(batch.events)
         h.last_ts = batch.ts
+        if self.holders.over():
+            self.holders.bound()
 
     def restart(self) -> None:
         """The publisher started again: what it held is gone; its stream starts anew."""
@@ -96,8 +106,13 @@ class ReplicaIndex:
         self.expected = resume_at
 
     def clear(self) -> None:
-        self.refs.clear()
+        self.holders.drop_slot(self.slot, list(self.by_hash.values()))
         self.by_hash.clear()
+
+    def close(self) -> None:
+        """The stream is no longer followed: its entries and slot go."""
+        self.clear()
+        self.holders.leave(self.slot)
 
     def apply_event(self, ev: Event) -> None:
         if isinstance(ev, Stored):
@@ -112,7 +127,7 @@ class ReplicaIndex:
         if ev.parent is None:
             parent = ROOT
         else:
-            known = self.by_hash.get(ev.parent)
+            known = self.by_hash.get(short_hash(ev.parent))
             if known is None:
                 self.health.orphans += len(ev.block_hashes)
                 return
@@ -123,28 +138,27 @@ class ReplicaIndex:
                 part[1] for extra in ev.extras if extra for part in extra if part[0] == "lora"
             )
         keys = chain(ev.token_ids, ev.block_size, parent, ev.extras)
+        by_hash, holders, slot = self.by_hash, self.holders, self.slot
         for h, key in zip(ev.block_hashes, keys, strict=True):
-            if h in self.by_hash:
+            h = short_hash(h)
+            if h in by_hash:
                 continue  # stored again (e.g. received over NIXL after a local copy): one entry
-            self.by_hash[h] = key
-            self.refs[key] = self.refs.get(key, 0) + 1
+            by_hash[h] = key
+            holders.add(slot, key)
 
     def _remove(self, h: BlockHash) -> None:
-        key = self.by_hash.pop(h, None)
-        if key is None:
-            return
-        left = self.refs[key] - 1
-        if left:
-            self.refs[key] = left
-        else:
-            del self.refs[key]
+        key = self.by_hash.pop(short_hash(h), None)
+        if key is not None:
+            self.holders.discard(self.slot, key)
 
     def match(self, keys: Sequence[Key]) -> int:
         """How many of ``keys`` (a request's chain, same block size) lead the replica's cache."""
-        refs = self.refs
-        n = 0
-        for key in keys:
-            if key not in refs:
-                break
-            n += 1
-        return n
+        return self.holders.holds(self.slot, keys)
+
+
+def short_hash(h: BlockHash) -> int:
+    """60 bits of a vLLM block hash: a 32-byte int in memory where the whole 64 bits take 48
+    (a collision can only under-count: the second block is taken for the first)."""
+    if isinstance(h, bytes):
+        h = int.from_bytes(h[-8:], "big")
+    return h & SHORT_MASK

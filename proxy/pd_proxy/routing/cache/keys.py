@@ -12,11 +12,15 @@ a collision only costs a worse routing choice, never a wrong answer.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
 Key = int
 ROOT: Key = 0x5EED  # the parent of a chain's first block
+# Keys keep 60 bits: a 32-byte int in memory, where 64 bits take 48 (pymalloc rounds up).
+KEY_MASK = (1 << 60) - 1
 # One block's extra keys, tagged by source: ``(("lora", name), ("salt", salt), ("other", ...))``
 # in that order, each part only when present; None for a plain block.
 Extra = tuple[tuple[Any, ...], ...] | None
@@ -34,9 +38,17 @@ def chain(
     n = 0 if extras is None else len(extras)
     for i, start in enumerate(range(0, len(tokens) - block_size + 1, block_size)):
         extra = extras[i] if i < n else None  # type: ignore[index]
-        parent = hash((parent, tuple(tokens[start : start + block_size]), extra))
+        parent = hash((parent, tuple(tokens[start : start + block_size]), extra)) & KEY_MASK
         keys.append(parent)
     return keys
+
+
+def placement_key(tokens: Sequence[int]) -> int:
+    """A prompt's first block as an int that is the same in every process and every run (the
+    chain's keys hash ``None`` by address on Python 3.11): where a new prefix is placed must not
+    depend on which ``--workers`` process routes it."""
+    digest = hashlib.blake2b(array("q", tokens).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 def block_extra(lora: str | None, salt: str | None, other: tuple[Any, ...] = ()) -> Extra:

@@ -26,6 +26,10 @@ METRIC_NAMES = (
     "pd_proxy_kv_events_total",
     "pd_proxy_kv_events_lag_seconds",
     "pd_proxy_cache_blocks",
+    "pd_proxy_cache_index_blocks",
+    "pd_proxy_cache_index_evicted_blocks_total",
+    "pd_proxy_cache_ready",
+    "pd_proxy_cache_ready_timeouts_total",
     "pd_proxy_tokenizer_requests_total",
     "pd_proxy_tokenizer_seconds",
     "pd_proxy_tokenizer_shape_trusted",
@@ -96,6 +100,38 @@ class CacheMetrics:
             registry=reg,
             multiprocess_mode="livemostrecent",
         )
+        self.index_blocks = Gauge(
+            "pd_proxy_cache_index_blocks",
+            "Block-replica pairs the KV-event index holds, by role (a block held by 3 replicas "
+            "counts 3); bounded by --cache-index-max-blocks.",
+            ("role",),
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.index_evicted = Counter(
+            "pd_proxy_cache_index_evicted_blocks",
+            "Block-replica pairs the KV-event index dropped, oldest first, to stay within "
+            "--cache-index-max-blocks, by role.",
+            ("role",),
+            registry=reg,
+        )
+        for role in ("prefill", "decode"):
+            self.index_blocks.labels(role)
+            self.index_evicted.labels(role)
+        self.ready = Gauge(
+            "pd_proxy_cache_ready",
+            "1 once every KV-event publisher found at start was replayed or sent a batch (or "
+            "events are off); 0 while /health waits for them, and after --cache-ready-timeout "
+            "ran out without them.",
+            registry=reg,
+            multiprocess_mode="livemin",
+        )
+        self.ready_timeouts = Counter(
+            "pd_proxy_cache_ready_timeouts",
+            "Starts where --cache-ready-timeout ran out before every KV-event publisher was "
+            "replayed or heard: the proxy served without knowing their caches.",
+            registry=reg,
+        )
         self.tokenizer = Counter(
             "pd_proxy_tokenizer_requests",
             "Prompts tokenized for routing, by source: local (the proxy's tokenizer), server (a "
@@ -123,23 +159,39 @@ class CacheMetrics:
             multiprocess_mode="livemostrecent",
         )
         self._seen: dict[str, Health] = {}
+        # Per replica, its series' children (a label lookup per batch cost more than the batch).
+        self._children: dict[str, tuple[list[Counter], Gauge, Gauge]] = {}
 
     def health(self, backend: str, health: Health, lag: float | None, blocks: int) -> None:
         """Export a replica's stream counters (as deltas since the last call) and gauges."""
         seen = self._seen.get(backend) or Health()
-        for kind in HEALTH_COUNTERS:
+        children = self._children.get(backend)
+        if children is None:  # every counter at 0 from the first call: "no gaps yet"
+            children = self._children[backend] = (
+                [self.events.labels(backend, kind) for kind in HEALTH_COUNTERS],
+                self.lag.labels(backend),
+                self.blocks.labels(backend, "events"),
+            )
+        counters, lag_gauge, blocks_gauge = children
+        for kind, counter in zip(HEALTH_COUNTERS, counters, strict=True):
             delta = getattr(health, kind) - getattr(seen, kind)
-            counter = self.events.labels(backend, kind)  # 0 from the first call: "no gaps yet"
             if delta > 0:
                 counter.inc(delta)
         self._seen[backend] = Health(**{k: getattr(health, k) for k in HEALTH_COUNTERS})
         if lag is not None:
-            self.lag.labels(backend).set(lag)
-        self.blocks.labels(backend, "events").set(blocks)
+            lag_gauge.set(lag)
+        blocks_gauge.set(blocks)
+
+    def index_size(self, role: str, pairs: int, evicted: int) -> None:
+        """A role index's block-replica pairs, and the pairs its bound dropped since last told."""
+        self.index_blocks.labels(role).set(pairs)
+        if evicted > 0:
+            self.index_evicted.labels(role).inc(evicted)
 
     def forget(self, backend: str) -> None:
         """A replica that left: its gauges go (counters stay, as counters should)."""
         self._seen.pop(backend, None)
+        self._children.pop(backend, None)
         for gauge, labels in (
             (self.lag, (backend,)),
             (self.blocks, (backend, "events")),

@@ -2,8 +2,10 @@
 the prefill) each role's scorer picks, the cache hit predicted there, and the path under
 ``--local-prefill-max-tokens`` (pd_proxy.routing.decider), as one ``Route``.
 
-What the replicas hold comes from pd_proxy.routing.cache.follow. Without token ids, or with nothing
-cached anywhere, the choice is by load alone (pd_proxy.scheduler). A prompt's
+What the replicas hold comes from pd_proxy.routing.cache.follow: one index per role, whose walk of
+a prompt's chain counts every replica's cached blocks at once. Without token ids, or with nothing
+known anywhere, the choice is by load alone (pd_proxy.scheduler); a prefix cached nowhere goes
+where its first block hashes (pd_proxy.routing.cache.scorer). A prompt's
 blocks are keyed with the request's extra keys (pd_proxy.routing.cache.extra): a salted request
 is predicted only from blocks stored under its own salt, in the events index, the pending
 entries and the approximate index alike; one that cannot be keyed is never predicted a hit.
@@ -22,21 +24,25 @@ from pd_proxy.routing.block_size import BlockSizes
 from pd_proxy.routing.cache import scorer
 from pd_proxy.routing.cache.extra import PLAIN, RequestKeys
 from pd_proxy.routing.cache.follow import CacheFollower
-from pd_proxy.routing.cache.keys import Key, chain, hit_tokens
+from pd_proxy.routing.cache.holders import BlockHolders
+from pd_proxy.routing.cache.index import ReplicaIndex
+from pd_proxy.routing.cache.keys import Key, chain, hit_tokens, placement_key
 from pd_proxy.routing.cache.metrics import CacheMetrics
 
 DEFAULT_BLOCK_SIZE = 16  # the prompt's block count when no replica has told its block size
 
 
 class _Keys:
-    """A prompt's block-key chains with its extra keys, computed once per block size."""
+    """A prompt's block-key chains with its extra keys, computed once per block size, and each
+    role index's walk of them (one pass for all of its replicas)."""
 
-    __slots__ = ("ids", "extra", "keys")
+    __slots__ = ("ids", "extra", "keys", "walks")
 
     def __init__(self, ids: Sequence[int], extra: RequestKeys) -> None:
         self.ids = ids
         self.extra = extra
         self.keys: dict[int, list[Key]] = {}
+        self.walks: dict[tuple[int, int], tuple[BlockHolders, list[int]]] = {}
 
 
 class CacheRouter:
@@ -161,7 +167,7 @@ class CacheRouter:
         indexes = self.known.indexes.get(backend.url)
         if indexes is not None:
             # Several engines behind one API server (DP): it picks one, so count the least.
-            known = min(i.match(keys) for i in indexes)
+            known = min(_held(i, plan, size, keys) for i in indexes)
             if known:
                 self.known.pending.confirm(backend.url, keys[:known])
             return known, max(known, self.known.pending.match(backend.url, keys, now))
@@ -169,6 +175,16 @@ class CacheRouter:
             n = self.known.approx.match(backend.url, keys)
             return n, n
         return 0, 0
+
+
+def _held(index: ReplicaIndex, plan: _Keys, size: int, keys: list[Key]) -> int:
+    """Leading blocks of ``keys`` ``index`` holds, from its role index's one walk of them."""
+    holders = index.holders
+    found = plan.walks.get((id(holders), size))
+    if found is None:
+        found = plan.walks[id(holders), size] = (holders, holders.walk(keys))
+    walk = found[1]
+    return walk[index.slot] if index.slot < len(walk) else 0
 
 
 class _PromptScore:
@@ -207,7 +223,10 @@ class _PromptScore:
             )
             for b in backends
         ]
-        self.choice = choice = scorer.choose(candidates, router.weight, router.max_imbalance)
+        first = None  # the prompt's first block: where a prefix cached nowhere goes
+        if plan.extra.keyable and len(ids) >= size:
+            first = placement_key(ids[:size])
+        self.choice = choice = scorer.choose(candidates, router.weight, router.max_imbalance, first)
         if choice is None:
             return None
         return next(b for b in backends if b.url == choice.name)

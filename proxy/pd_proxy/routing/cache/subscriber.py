@@ -7,6 +7,13 @@ is gone), the replica's entries are dropped: a lost ``BlockRemoved`` would other
 index claiming blocks the replica no longer holds. A batch that does not decode counts as a gap
 too. The first batch a subscription sees (after the proxy or the publisher started) asks for a
 replay from 0, so neither restart leaves the index blind to what came before it connected.
+
+A subscription to a stream the index has not followed yet first asks for the whole replay buffer
+(``catch_up``), so a proxy that restarts beside idle replicas learns what they hold without
+waiting for their next batch; ``caught_up`` is then true, or once a first batch is applied (the
+proxy's readiness waits for it, pd_proxy.routing.cache.follow). Batches queued on the socket are
+handled in a run, yielding the event loop every ``YIELD_EVERY_S`` so a flood of events delays
+the relay by at most about that much.
 """
 
 from __future__ import annotations
@@ -19,11 +26,15 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from pd_proxy.routing.cache.events import END_SEQ, BadBatch, Batch, decode
-from pd_proxy.routing.cache.index import GAP, RESET, ReplicaIndex
+from pd_proxy.routing.cache.events import END_SEQ, BadBatch, Batch, decode, sequence
+from pd_proxy.routing.cache.index import GAP, NEXT, RESET, ReplicaIndex
 from pd_proxy.routing.cache.publishers import Publisher
 
 log = logging.getLogger("pd_proxy.routing.cache")
+
+YIELD_EVERY_S = 0.002  # the longest run of batches handled without yielding the event loop
+CATCH_UP_YIELD = 256  # replayed batches applied between yields
+EVERYTHING = 1 << 62  # a replay's end: all the buffer holds
 
 
 class Subscription:
@@ -46,6 +57,8 @@ class Subscription:
         self.replay_timeout = replay_timeout
         self.on_batch = on_batch
         self.received_at: float | None = None  # monotonic time of the last batch
+        self.caught_up = False  # replayed at the start, or a first batch applied
+        self._replayed_to: int | None = None  # live batches up to this came in the catch-up
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.SUBSCRIBE, publisher.topic.encode())
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -65,13 +78,60 @@ class Subscription:
         self._sub.close(linger=0)
 
     async def run(self) -> None:
+        await self.catch_up()
+        await self._skip_replayed()
+        sub = self._sub
+        clock = time.perf_counter
+        began = clock()
         while True:
-            frames = await self._sub.recv_multipart()
+            # Done at once while batches are queued (pyzmq reads them without waiting): yield
+            # now and then, or the loop would run nothing else during a flood.
+            frames = await sub.recv_multipart()
             try:
                 await self.handle(frames)
             except Exception:  # one bad batch must not end the subscription
                 log.exception("kv events from %s: batch failed; entries dropped", self.replica)
                 self.index.drop(None)
+            now = clock()
+            if now - began >= YIELD_EVERY_S:
+                await asyncio.sleep(0)
+                began = clock()
+
+    async def catch_up(self) -> None:
+        """A stream new to the index: apply all the replay buffer holds before the first live
+        batch (a publisher without a replay socket is caught up at its first batch)."""
+        index = self.index
+        if index.expected is not None or index.health.batches or self.publisher.replay is None:
+            return
+        got = await self.replay(0, EVERYTHING)
+        if got is None:
+            return  # no answer: caught up at the first batch, its replay from 0
+        for i, b in enumerate(got):
+            if i and b.seq != got[i - 1].seq + 1:
+                index.drop(None)  # the buffer skipped: what came before is unknown
+                return
+            index.apply(b)
+            if i % CATCH_UP_YIELD == CATCH_UP_YIELD - 1:
+                await asyncio.sleep(0)
+        if got:
+            index.health.replays += 1
+            self._replayed_to = got[-1].seq
+            if self.on_batch is not None:
+                self.on_batch(self.replica, got[-1], NEXT)
+        self.caught_up = True
+
+    async def _skip_replayed(self) -> None:
+        """The batches queued on the socket while the catch-up ran, up to the last replayed, were
+        applied from the replay: skip them (a later one, even numbered lower, is a restart)."""
+        last, self._replayed_to = self._replayed_to, None
+        if last is None:
+            return
+        while await self._sub.poll(0):
+            frames = await self._sub.recv_multipart()
+            if len(frames) == 3 and len(frames[1]) == 8 and sequence(frames[1]) <= last:
+                continue
+            await self.handle(frames)
+            return
 
     async def handle(self, frames: list[bytes]) -> None:
         index = self.index
@@ -96,13 +156,14 @@ class Subscription:
             assert index.expected is not None
             await self._fill(index.expected, batch.seq, strict=True)
         index.apply(batch)
+        self.caught_up = True
         if self.on_batch is not None:
             self.on_batch(self.replica, batch, verdict)
 
     async def _fill(self, start: int, stop: int, strict: bool) -> None:
         """Apply the batches ``start``..``stop - 1`` from the replay socket; with ``strict`` (a
         gap in a stream the index followed), anything missing drops the replica's entries."""
-        got = await self.replay(start, stop)
+        got = await self.replay(start, stop) or []
         index = self.index
         expect = got[0].seq if got and not strict else start
         complete = bool(got) and all(b.seq == expect + i for i, b in enumerate(got))
@@ -123,10 +184,10 @@ class Subscription:
         else:
             index.expected = stop
 
-    async def replay(self, start: int, stop: int) -> list[Batch]:
-        """The batches ``start``..``stop - 1`` the publisher still buffers (empty on failure)."""
+    async def replay(self, start: int, stop: int) -> list[Batch] | None:
+        """The batches ``start``..``stop - 1`` the publisher still buffers (None on failure)."""
         if self.publisher.replay is None:
-            return []
+            return None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         out: list[Batch] = []
@@ -138,11 +199,11 @@ class Subscription:
                 left = deadline - time.monotonic()
                 if left <= 0 or not await dealer.poll(left * 1000):
                     log.warning("kv events from %s: replay timed out", self.replica)
-                    return []
+                    return None
                 # (empty delimiter, topic, sequence, payload); the end: an empty topic, seq -1
                 frames = await dealer.recv_multipart()
                 if len(frames) != 4:
-                    return []
+                    return None
                 if frames[2] == END_SEQ:
                     return out
                 batch = decode(frames[1:])
@@ -150,6 +211,6 @@ class Subscription:
                     out.append(batch)
         except (BadBatch, zmq.ZMQError) as exc:
             log.warning("kv events from %s: replay failed: %s", self.replica, exc)
-            return []
+            return None
         finally:
             dealer.close(linger=0)
