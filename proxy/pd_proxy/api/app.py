@@ -203,6 +203,7 @@ async def start(proxy: Proxy, stack: contextlib.AsyncExitStack) -> Running:
         backend_key=proxy.backend_key,
         prefill_timeout=config.prefill_timeout,
         connect_timeout=config.connect_timeout,
+        not_ready=flow.pipeline.planner.not_ready,
     )
 
     def on_result(backend: Backend, passed: bool) -> None:

@@ -29,7 +29,8 @@ CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 class SideEndpoints:
     """Bound to one app and its aiohttp ``session`` (shared with the health checks; pd_proxy.api.app
     builds both when the app starts); ``draining`` is set when the app begins to shut down.
-    ``/v1/models`` is bounded as a prefill leg is (``prefill_timeout``, ``connect_timeout``)."""
+    ``/v1/models`` is bounded as a prefill leg is (``prefill_timeout``, ``connect_timeout``);
+    ``/health`` is 503 while ``not_ready`` says why (cache-aware routing waiting for KV events)."""
 
     def __init__(
         self,
@@ -41,8 +42,10 @@ class SideEndpoints:
         backend_key: BackendKey | None,
         prefill_timeout: float,
         connect_timeout: float,
+        not_ready: Callable[[], str | None] | None = None,
     ) -> None:
         self.backend_key = backend_key
+        self.not_ready = not_ready  # the planner's: what it waits to know before serving
         self.metrics = metrics
         self.prefill_pool = prefill
         self.decode_pool = decode
@@ -107,6 +110,9 @@ class SideEndpoints:
         problems = [f"no healthy {p.role} backend" for p in pools if not p.healthy()]
         if self.draining:
             problems.append("proxy is shutting down")
+        waiting = None if self.not_ready is None else self.not_ready()
+        if waiting is not None:
+            problems.append(waiting)
         down = [url for p in pools for url in p.down()]
         body["down"] = down
         if problems:

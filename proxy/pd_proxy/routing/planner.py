@@ -59,6 +59,10 @@ class Planner:
     def jobs(self) -> list[Job]:
         return list(self._jobs)
 
+    def not_ready(self) -> str | None:
+        """Why ``/health`` should wait: cache-aware routing does not know the caches yet."""
+        return None if self.cache is None else self.cache.known.not_ready()
+
     async def plan(self, call: Call, trace: Trace) -> Route:
         counter, cache, local_max = self.counter, self.cache, self.local_max
         if counter is None:

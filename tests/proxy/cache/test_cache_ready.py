@@ -84,3 +84,39 @@ def test_no_wait_asked_or_no_events_is_ready_at_once(timeout: float, events: boo
     known, registry = follower(timeout, events)
     assert known.not_ready() is None
     assert registry.get_sample_value("pd_proxy_cache_ready") == 1
+
+
+class FakeSubscription:
+    """What the readiness reads of a subscription, and its close."""
+
+    def __init__(self, caught_up: bool) -> None:
+        self.caught_up = caught_up
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_health_is_503_until_the_cache_index_knows() -> None:
+    """Through the real app: a decode whose publisher has not been replayed or heard keeps
+    /health (the readiness probe) at 503 with the reason; once caught up, 200."""
+    import json
+
+    from tests.proxy.proxy_harness import pd_stack
+
+    async with pd_stack(decodes=2, prefix_cache_routing="events", cache_ready_timeout=60.0) as s:
+        known = s.running.pipeline.planner.cache.known
+        waiting = FakeSubscription(caught_up=False)
+        known.ready = False
+        known.subs[s.decodes[0].url] = [waiting]
+        known.no_events.pop(s.decodes[0].url, None)
+        for pool in known.pools:  # the others publish no events (the fakes answer 404)
+            for b in pool.backends:
+                if b.url != s.decodes[0].url:
+                    known.no_events.setdefault(b.url, 0.0)
+        status, raw = await s.get("/health")
+        assert status == 503, raw
+        message = json.loads(raw)["error"]["message"]
+        assert "cache index is not ready" in message and s.decodes[0].url in message
+        waiting.caught_up = True
+        status, raw = await s.get("/health")
+        assert status == 200, raw
