@@ -120,7 +120,7 @@ def test_up_brings_the_stack_up_with_each_server_on_its_own_cores(compose_stack)
         cpusets[service] = raw
     assert all(cpusets.values()), cpusets
     assert cpusets == {
-        "prefill-cpu": compose_stack.env.get("PREFILL_CPUS", "0"),
+        "prefill-cpu": compose_stack.env.get("PREFILL_CPUS", "0,1"),
         "decode-cpu": compose_stack.env.get("DECODE_CPUS", "1"),
     }, cpusets
 

@@ -9,8 +9,8 @@ prefilled some of them (counted per replica by Prometheus). A replica stopped by
 proxy's pool (requests keep answering 200) and rejoins it once started again. The stack goes back
 to one replica at the end only when a later test needs it (conftest.py).
 
-Both prefill replicas run on the prefill's cpuset (PREFILL_CPUS, core 0 by default), the decode
-keeps its own core: a decode sharing a core with spinning PCP ranks stalls (docs/cpu.md). Most of
+Both prefill replicas run on the prefill's cpuset (PREFILL_CPUS, cores 0 and 1 by default), the
+decode on core 1 beside them (their workers sleep while they wait, docs/cpu.md). Most of
 the module's time is the second prefill starting, twice (the scale-up and the rejoin).
 """
 

@@ -69,8 +69,8 @@ def test_extra_connectors_wrap_both_servers_kit_connector_first() -> None:
 def test_prefill_and_decode_differ_in_port_binding_and_side_channel() -> None:
     p = vllm_server_spec(SETTINGS, "prefill", "/m", "tiny", REPO)
     d = vllm_server_spec(SETTINGS, "decode", "/m", "tiny", REPO)
-    # .env.example: a PCP2 prefill whose ranks take turns on core 0, decode alone on core 1.
-    assert (p.env["VLLM_CPU_OMP_THREADS_BIND"], d.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0|0", "1")
+    # .env.example: a PCP2 prefill with a rank on each core, the decode beside rank 1 on core 1.
+    assert (p.env["VLLM_CPU_OMP_THREADS_BIND"], d.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0|1", "1")
     wide = vllm_server_spec(example_settings(prefill_cpus="2-5"), "prefill", "/m", "t", REPO)
     assert wide.env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3|4,5"
     assert p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
