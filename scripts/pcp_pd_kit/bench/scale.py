@@ -40,6 +40,8 @@ KEY = "sk-scale-admin"  # the flows phase's key for /metrics
 HEARTBEAT_S = 0.2  # while a proxy subscribes: its first batch asks the replay for the rest
 READY_TIMEOUT_S = 120.0
 BOUND_FLAG = "--cache-index-max-blocks"  # the index's bound, where pd-proxy has one
+# A loaded 2-core host answers a health check late now and then: no replica taken out for it.
+HEALTH = ("--health-timeout", "5", "--health-failures", "3")
 FAILED = (StackProcessError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
@@ -130,6 +132,7 @@ class Scale:
         self.total = max([*args.replicas, args.event_replicas, args.memory_replicas])
         self.session: aiohttp.ClientSession
         self.fleet: dict[str, Any] = {}
+        self.problems: list[str] = []
 
     def start(self, name: str, argv: list[str], health: str, env: dict[str, str]) -> int:
         proc = self.procs[name] = ManagedProcess(ProcessSpec(name, argv, env, health), self.out)
@@ -157,7 +160,7 @@ class Scale:
         argv = [sys.executable, "-m", "pd_proxy", "--host", "127.0.0.1", "--port",
                 url.rsplit(":", 1)[1], "--log-level", "warning",
                 "--prefill", *self.fleet["prefill"][:replicas],
-                "--decode", *self.fleet["decode"][:replicas], *flags]  # fmt: skip
+                "--decode", *self.fleet["decode"][:replicas], *HEALTH, *flags]  # fmt: skip
         return url, self.start(name, argv, f"{url}/health", self.env)
 
     def publishers(self, replicas: int) -> list[int]:
@@ -190,21 +193,26 @@ class Scale:
             raise RuntimeError(f"{url}: index not filled ({blocks} blocks) in {READY_TIMEOUT_S} s")
 
     async def routing(self) -> list[dict[str, Any]]:
-        a, bs = self.args, self.fleet["block_size"]
-        await self.call("restart")
-        held = 0
-        for length in a.prompt_tokens:
-            for p in range(a.prefixes):
-                stored = await self.call("store", tokens=report.held_prefix(length, p, bs))
-                held += stored["blocks"]
-        rows = []
+        """Per fleet size: both proxies, the prefixes stored once the events one follows every
+        publisher (live, not replayed: a cold start's replay is not what this measures)."""
+        a, bs, rows = self.args, self.fleet["block_size"], []
         for replicas in a.replicas:
+            await self.call("restart")
             try:
                 off = self.proxy("off", replicas, "--prefix-cache-routing", "off")
-                on = await self.events_proxy("on", replicas, 2 * replicas * held)
+                on = await self.events_proxy("on", replicas)
+                held = 0
+                for length in a.prompt_tokens:
+                    for p in range(a.prefixes):
+                        tokens = report.held_prefix(length, p, bs)
+                        await self.call("store", tokens=tokens, replicas=replicas)
+                        held += len(tokens) // bs
+                await self.indexed(on[0], replicas, 2 * replicas * held)
                 for length in a.prompt_tokens:
                     rows.append(await self.routing_row(replicas, length, off, on))
                     log.info("routing %s", rows[-1])
+            except FAILED as exc:
+                self.problems.append(f"routing at {replicas} replicas: {exc}")
             finally:
                 self.stop("off", "on")
         return rows
@@ -306,6 +314,7 @@ class Scale:
             sent = await load.sent(self.session, self.fleet["control"], self.publishers(replicas))
             await load.until(self.session, url, lambda t: report.total(
                 t, report.EVENTS_TOTAL, kind="events") >= sent, 30.0)  # fmt: skip
+            await asyncio.sleep(2.5)  # the index's gauges are set once a second
             text = await load.page(self.session, url)
         finally:
             self.stop("bound")
@@ -337,7 +346,7 @@ class Scale:
         return rows
 
     async def measure(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"problems": [], "phase_s": {}}
+        data: dict[str, Any] = {"problems": self.problems, "phase_s": {}}
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                          timeout=timeout) as self.session:  # fmt: skip

@@ -221,10 +221,10 @@ def goals(data: Mapping[str, Any]) -> list[dict[str, Any]]:
          f"{fmt_num(flows[counts[0]]['admission_us'])} us = "
          f"{_over(share, ADMISSION_CPU_RATIO_MAX, 'x')}",
          _within(share, ADMISSION_CPU_RATIO_MAX))  # fmt: skip
-    goal("metric series capped: no more at the most flows than at the next fewer",
-         ", ".join(f"{k} flows: {flows[k]['series']}" for k in counts) or "not measured",
-         None if len(counts) < 2 else
-         flows[counts[-1]]["series"] <= flows[counts[-2]]["series"])  # fmt: skip
+    goal("flow-labelled series capped: no more at the most flows than at the next fewer",
+         ", ".join(f"{k} flows: {flows[k]['flow_series']} of {flows[k]['series']}"
+                   for k in counts) or "not measured", None if len(counts) < 2 else
+         flows[counts[-1]]["flow_series"] <= flows[counts[-2]]["flow_series"])  # fmt: skip
     return out
 
 
