@@ -249,6 +249,7 @@ class Scale:
         try:
             url, _ = await self.events_proxy("events", replicas)
             await self.call("knobs", token_delay=a.token_delay)
+            await self.call("pump", rate=0, seconds=0, replicas=replicas)  # the rings, built now
             stream = body(range(100, 164), a.stream_tokens)
             for rate in [0, *a.event_rates]:
                 applied = -report.total(await load.page(self.session, url), report.EVENTS_TOTAL,

@@ -124,10 +124,8 @@ class Fleet:
             now = time.monotonic()
             for publisher in self.publishers:
                 publisher.serve_replays()
-            if self.pump.rate and now < self.pump.until:
+            if self.pump.rate:
                 self._pump(now)
-            elif self.pump.rate:
-                self.pump.rate = 0.0
             if self.heartbeat:
                 for publisher in self.publishers:
                     if now - publisher.last_sent >= self.heartbeat:
@@ -135,9 +133,14 @@ class Fleet:
             await asyncio.sleep(max(0.0, TICK_S - (time.monotonic() - now)))
 
     def _pump(self, now: float) -> None:
+        """What the rate owes since the last tick, spread over the publishers; all of it even
+        when this process stalled (late, in one batch each, as a stalled engine would)."""
         p = self.pump
-        due = p.rate * (now - p.last) + p.carry
-        p.last = now
+        end = min(now, p.until)
+        due = p.rate * (end - p.last) + p.carry
+        p.last = end
+        if now >= p.until:
+            p.rate = 0.0
         count = int(due)
         p.carry = due - count
         each, extra = divmod(count, len(p.targets))
@@ -181,6 +184,7 @@ class Fleet:
         return {"blocks": blocks}
 
     def do_pump(self, rate: float, seconds: float, replicas: int | None = None) -> dict[str, Any]:
+        """Start the churn (rate 0: only build the publishers' rings, ahead of a measurement)."""
         targets = self.chosen(replicas)
         for index in targets:
             if index not in self.rings:
