@@ -12,6 +12,7 @@ A subscription to a stream the index has not followed yet first asks for the who
 (``catch_up``), so a proxy that restarts beside idle replicas learns what they hold without
 waiting for their next batch; ``caught_up`` is then true, or once a first batch is applied (the
 proxy's readiness waits for it, pd_proxy.routing.cache.follow). Batches queued on the socket are
+read without the asyncio wrapper (its future per message cost more than a one-event batch) and
 handled in a run, yielding the event loop every ``YIELD_EVERY_S`` so a flood of events delays
 the relay by at most about that much.
 """
@@ -81,21 +82,27 @@ class Subscription:
         await self.catch_up()
         await self._skip_replayed()
         sub = self._sub
+        # The same socket without the asyncio wrapper: what is queued is read at a fraction of
+        # the cost of an awaited receive (the wrapper's future per message).
+        queued = zmq.Socket.shadow(sub.underlying)
         clock = time.perf_counter
         began = clock()
         while True:
-            # Done at once while batches are queued (pyzmq reads them without waiting): yield
-            # now and then, or the loop would run nothing else during a flood.
-            frames = await sub.recv_multipart()
             try:
-                await self.handle(frames)
-            except Exception:  # one bad batch must not end the subscription
-                log.exception("kv events from %s: batch failed; entries dropped", self.replica)
-                self.index.drop(None)
-            now = clock()
-            if now - began >= YIELD_EVERY_S:
-                await asyncio.sleep(0)
+                frames = queued.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                frames = await sub.recv_multipart()  # waits, or returns at once if one came
+            await self._handle_safely(frames)
+            if clock() - began >= YIELD_EVERY_S:
+                await asyncio.sleep(0)  # a flood must not hold the event loop
                 began = clock()
+
+    async def _handle_safely(self, frames: list[bytes]) -> None:
+        try:
+            await self.handle(frames)
+        except Exception:  # one bad batch must not end the subscription
+            log.exception("kv events from %s: batch failed; entries dropped", self.replica)
+            self.index.drop(None)
 
     async def catch_up(self) -> None:
         """A stream new to the index: apply all the replay buffer holds before the first live
