@@ -322,24 +322,31 @@ class Scale:
         return report.bound_check(text, cap, per * replicas, BOUND_FLAG)
 
     async def flows(self) -> list[dict[str, Any]]:
-        """Per key count: the same requests through a proxy with admission and one without."""
+        """Per key count: the same requests through a proxy with admission and one without, in
+        alternating halves (so that the host's load drifts alike over both)."""
         a, rows = self.args, []
         for count in a.flows:
             keys = [f"sk-scale-{i:05d}" for i in range(count)]
             path = self.out / f"keys-{count}"
             path.write_text(report.key_file([KEY, *keys]))
             n = max(a.flow_requests_min, a.requests_per_flow * count)
-            bodies, cpu, errors, text = [body(range(200, 264))] * n, {}, 0, ""
+            bodies, cpu, errors = [body(range(200, 264))] * n, {}, 0
             try:
-                for name, flag in (("admission", "--decode-max-inflight=8"),
-                                   ("no-admission", "--no-admission")):  # fmt: skip
-                    url, pid = self.proxy(name, 1, "--api-key-file", str(path), flag)
+                proxies = {name: self.proxy(name, 1, "--api-key-file", str(path), flag)
+                           for name, flag in (("admission", "--decode-max-inflight=8"),
+                                              ("no-admission", "--no-admission"))}  # fmt: skip
+                for url, _ in proxies.values():
                     await load.timed(self.session, url, bodies[:50], 8, [KEY])  # warm-up
-                    start = cpu_seconds(pid)
-                    _, err = await load.timed(self.session, url, bodies, a.flow_concurrency, keys)
-                    cpu[name], errors = (cpu_seconds(pid) - start) * 1e6 / n, errors + err
-                    text = text or await load.page(self.session, url, KEY)
-                    self.stop(name)
+                for half, order in enumerate((list(proxies), list(proxies)[::-1])):
+                    part = slice(half * n // 2, (half + 1) * n // 2)
+                    for name in order:
+                        url, pid = proxies[name]
+                        start = cpu_seconds(pid)
+                        _, err = await load.timed(self.session, url, bodies[part],
+                                                  a.flow_concurrency, keys)  # fmt: skip
+                        cpu[name] = cpu.get(name, 0.0) + (cpu_seconds(pid) - start) * 1e6 / n
+                        errors += err
+                text = await load.page(self.session, proxies["admission"][0], KEY)
             finally:
                 self.stop("admission", "no-admission")
             rows.append(report.flow_row(count, n, cpu, text, errors))
