@@ -66,3 +66,19 @@ def test_an_idle_flow_gives_its_label_up_to_a_new_one() -> None:
     assert metrics.flow("c") == "c"  # a was idle past the limit: its label went to c
     assert registry.get_sample_value("pd_proxy_queue_depth", {"flow": "a"}) is None
     assert registry.get_sample_value("pd_proxy_queue_depth", {"flow": "b"}) == 1
+
+
+def test_the_next_ticket_is_found_without_looking_at_every_flow() -> None:
+    """10,000 flows waiting: choosing the next one asks ``fits`` of the few heads in finish
+    order until one fits, not of every flow's head."""
+    q = FairQueue()
+    for n in range(10_000):
+        q.push(Ticket(f"key-{n}", 10 + n % 7))
+    asked: list[str] = []
+
+    def fits(t: Ticket) -> bool:
+        asked.append(t.flow)
+        return len(asked) % 3 == 0  # two heads in three wait for a full replica
+
+    order = [q.pop(fits) for _ in range(100)]
+    assert all(t is not None for t in order) and len(asked) <= 300
