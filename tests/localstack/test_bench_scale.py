@@ -223,3 +223,26 @@ def test_bad_options_fail_before_anything_starts(
     assert kinds.KINDS["scale"] == "pcp_pd_kit.bench.scale"
     assert main(["bench", "scale", *argv, "--results-dir", str(tmp_path)]) == 2
     assert needle in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+def test_the_fleet_names_publishers_the_proxy_follows_and_pumps_what_its_rate_owes() -> None:
+    from pd_proxy.routing.cache.publishers import parse_sources
+    from pd_proxy.testing.fake_fleet import Fleet
+
+    fleet = Fleet(2, 16)
+    try:
+        first = fleet.publishers[0]
+        found, problems = parse_sources(fleet.fakes[0].sources, "127.0.0.1")
+        assert problems == [] and found[0].endpoint == f"tcp://127.0.0.1:{first.port}"
+        assert found[0].replay == f"tcp://127.0.0.1:{first.replay_port}"
+        assert fleet.chosen(1) == [0, 2] and fleet.do_store(list(range(40)), 1) == {"blocks": 2}
+        assert [p.events for p in fleet.publishers] == [1, 0, 1, 0]
+        fleet.do_pump(rate=1000, seconds=1.0, replicas=2)
+        start = fleet.pump.last
+        fleet._pump(start + 0.3)
+        fleet._pump(start + 5.0)  # stalled past the end: the rest goes at once
+        assert sum(p.events for p in fleet.publishers) == 2 + 1000 and fleet.pump.rate == 0
+    finally:
+        for publisher in fleet.publishers:
+            publisher.close()
+        fleet.ctx.term()
