@@ -330,7 +330,8 @@ class Scale:
             path = self.out / f"keys-{count}"
             path.write_text(report.key_file([KEY, *keys]))
             n = max(a.flow_requests_min, a.requests_per_flow * count)
-            bodies, cpu, errors = [body(range(200, 264))] * n, {}, 0
+            bodies, errors = [body(range(200, 264))] * n, 0
+            cpu: dict[str, float] = {}
             try:
                 proxies = {name: self.proxy(name, 1, "--api-key-file", str(path), flag)
                            for name, flag in (("admission", "--decode-max-inflight=8"),
