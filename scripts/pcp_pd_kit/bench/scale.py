@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--requests", int, 100, "requests per proxy, length and round (c=1)"),
         ("--rounds", int, 2, "rounds of routing off and on, the order flipped each round"),
         ("--event-replicas", int, 32, "fleet size of the events and relay phase"),
-        ("--event-rates", int, [10000, 20000, 40000, 80000, 160000],
+        ("--event-rates", int, [10000, 20000, 40000, 80000, 160000, 320000],
          "KV events/s sent, one block each; past 40000 it stops at the first not kept up", many),
         ("--step-seconds", float, 3.0, "seconds per event rate"),
         ("--streams", int, 8, "concurrent streams through the proxy during each rate"),
