@@ -4,7 +4,7 @@ against routing off by replicas and prompt length, the KV events the proxy appli
 the relay's inter-token gap meanwhile, the index's memory per block, and admission with many
 client keys. Every process it starts is stopped by its PID's group, also on failure.
 
-    pcp-pd-kit bench scale                     # about 5 minutes on 2 cores
+    pcp-pd-kit bench scale                     # about 3 minutes on 2 cores
     pcp-pd-kit bench scale --proxy-ref HEAD    # the committed pd-proxy, whatever the tree holds
 """
 
