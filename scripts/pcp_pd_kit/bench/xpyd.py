@@ -98,16 +98,27 @@ class Stack:
         return {r["metric"]["instance"]: float(r["value"][1]) for r in self.query(SERVED)}
 
 
-def run_bench(stack: Stack, args: argparse.Namespace, out: Path) -> dict[int, dict[str, Any]]:
-    """`pcp-pd-kit bench serve` against the proxy; the per-level `vllm bench serve` results."""
-    out.mkdir(parents=True, exist_ok=True)
-    argv = [
+def serve_argv(
+    proxy_url: str, key_file: Path, args: argparse.Namespace, out: Path, replicas: int
+) -> list[str]:
+    """Pure: the `bench serve` command for one topology. Each topology gets prompts of its own (a
+    seed per replica count): the decode outlives the switch to 2P1D, and with the same prompts
+    its prefix cache (and cache-aware routing) would answer them without a prefill."""
+    return [
         sys.executable, "-m", "pcp_pd_kit", "bench", "serve",
-        "--base-url", stack.proxy_url, "--api-key-file", str(stack.key_file),
+        "--base-url", proxy_url, "--api-key-file", str(key_file),
         "--targets", "pd", "--concurrency", args.concurrency, "--prompts", str(args.prompts),
         "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-        "--results-dir", str(out),
+        "--seed", str(1000 * replicas), "--results-dir", str(out),
     ]  # fmt: skip
+
+
+def run_bench(
+    stack: Stack, args: argparse.Namespace, out: Path, replicas: int
+) -> dict[int, dict[str, Any]]:
+    """`pcp-pd-kit bench serve` against the proxy; the per-level `vllm bench serve` results."""
+    out.mkdir(parents=True, exist_ok=True)
+    argv = serve_argv(stack.proxy_url, stack.key_file, args, out, replicas)
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600)
     (out / "bench.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -163,7 +174,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                 up_s[replicas] = stack.up(replicas)
                 print(f"{replicas}P1D up and in pd-proxy's pool after {up_s[replicas]:.0f}s")
                 before = stack.served()
-                results[replicas] = run_bench(stack, args, out / f"{replicas}p1d")
+                results[replicas] = run_bench(stack, args, out / f"{replicas}p1d", replicas)
                 after = stack.served()
                 served[replicas] = [after[i] - before.get(i, 0.0) for i in after]
         finally:
