@@ -33,7 +33,9 @@ def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        graph[name] = imports_of(path)
+        # A package's __init__ taking a submodule (`from pkg import sub`) reads as pkg -> pkg:
+        # that is Python's own order of loading, not a cycle between modules.
+        graph[name] = imports_of(path) - {name}
     return graph
 
 
