@@ -163,8 +163,8 @@ def _router(
         prefill,
         decode,
         follower,
-        block_sizes,
-        metrics,
-        config.cache_overlap_weight,
-        config.cache_max_imbalance,
+        block_sizes=block_sizes,
+        metrics=metrics,
+        weight=config.cache_overlap_weight,
+        max_imbalance=config.cache_max_imbalance,
     )

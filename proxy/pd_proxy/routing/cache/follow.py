@@ -47,6 +47,7 @@ class CacheFollower:
     def __init__(
         self,
         pools: tuple[BackendPool, ...],
+        *,
         events_on: bool,
         approx_on: bool,
         approx_blocks: int,
@@ -208,7 +209,9 @@ class CacheFollower:
             holders = self.holders[b.role] = BlockHolders(self.index_capacity)
         indexes = [ReplicaIndex(holders) for _ in publishers]
         subs = [
-            Subscription(b.url, p, idx, self.ctx, REPLAY_TIMEOUT_S, self._on_batch)
+            Subscription(
+                b.url, p, idx, self.ctx, replay_timeout=REPLAY_TIMEOUT_S, on_batch=self._on_batch
+            )  # fmt: skip
             for p, idx in zip(publishers, indexes, strict=True)
         ]
         self.approx.forget(b.url)

@@ -51,6 +51,7 @@ class CacheRouter:
         prefill: BackendPool,
         decode: BackendPool,
         known: CacheFollower,
+        *,
         block_sizes: BlockSizes,
         metrics: CacheMetrics,
         weight: float,

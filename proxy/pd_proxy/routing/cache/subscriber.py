@@ -48,6 +48,7 @@ class Subscription:
         publisher: Publisher,
         index: ReplicaIndex,
         ctx: zmq.asyncio.Context,
+        *,
         replay_timeout: float,
         on_batch: Callable[[str, Batch, str], None] | None = None,
     ) -> None:

@@ -53,7 +53,7 @@ def take(ring: list[bytes], position: int, count: int) -> tuple[list[bytes], int
     return out, position
 
 
-def fill_events(replica: int, first_chain: int, blocks: int, size: int, per_event: int = 64,
+def fill_events(replica: int, first_chain: int, blocks: int, size: int, *, per_event: int = 64,
                 chain_blocks: int = 1024) -> list[bytes]:  # fmt: skip
     """``BlockStored`` events of ``blocks`` new blocks for a replica, ``per_event`` each (a
     prefill's steps), in chains of ``chain_blocks`` from ``first_chain`` on. Hashes are counters,
