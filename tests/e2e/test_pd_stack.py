@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
+from pcp_pd_kit.localstack.commands import prefill_cpus_apart_from_decode
 from pcp_pd_kit.localstack.live import (
     HttpError,
     get_json,
@@ -284,12 +285,18 @@ def test_stock_nixl_connector_leaks_the_same_request_the_kit_frees(
     `NixlConnector` answers correctly but keeps the request's KV blocks past the lease, with
     nothing counted as expired (rank 1's report is dropped, rank 0's alone never completes the
     request). Runs last (marker replaces_prefill, ordered by tests/e2e/conftest.py): it replaces
-    the kit's prefill."""
+    the kit's prefill.
+
+    The stock prefill gets only the prefill cores the decode does not use: stock NIXL's progress
+    threads busy-poll (the kit's connector gives them a delay), and on the decode's core they
+    starved it (measured on 2 cores with PREFILL_CPUS=0,1: the decode's worker took no step for
+    five minutes after the handshake; on core 0 alone the same test passed in 3 minutes)."""
     stock = dataclasses.replace(
         pd_stack.settings,
         kv_connector="NixlConnector",
         kv_connector_module_path="",
         kv_lease_s=12,
+        prefill_cpus=prefill_cpus_apart_from_decode(pd_stack.settings),
     )
     pd_stack.stop_part("prefill")
     log.info("prefill with stock NixlConnector up in %.0fs", pd_stack.start_part("prefill", stock))

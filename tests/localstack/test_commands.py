@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from pcp_pd_kit.localstack.commands import (
+    prefill_cpus_apart_from_decode,
     prefill_rank0_cpus,
     prometheus_spec,
     proxy_spec,
@@ -119,6 +120,22 @@ def test_a_server_beside_the_prefill_gets_rank_0s_cores(prefill_cpus: str, want:
     spec = vllm_server_spec(example_settings(prefill_cpus=prefill_cpus), "reference", "/m", "t",
                             REPO)  # fmt: skip
     assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == want
+
+
+@pytest.mark.parametrize(
+    ("prefill_cpus", "decode_cpus", "want"),
+    [
+        ("0,1", "1", "0"),  # 2 cores: core 0, both ranks taking turns on it
+        ("0-3", "4-5", "0,1,2,3"),  # nothing shared: all of them
+        ("0-3", "3", "0,1"),  # three left cannot split over two ranks: rank 0's
+        ("1", "1", "1"),  # nothing left: rank 0's, shared as before
+    ],
+)
+def test_a_stock_prefill_keeps_off_the_decodes_cores(
+    prefill_cpus: str, decode_cpus: str, want: str
+) -> None:
+    settings = example_settings(prefill_cpus=prefill_cpus, decode_cpus=decode_cpus)
+    assert prefill_cpus_apart_from_decode(settings) == want
 
 
 def test_prefill_runs_the_mission_topology_decode_stays_pcp1() -> None:

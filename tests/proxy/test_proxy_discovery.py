@@ -293,7 +293,7 @@ async def test_scale_down_mid_load_loses_no_request(caplog):
         leaving = HOSTS[1]
         for fake in decodes.values():
             fake.knobs.token_delay = 0.002
-        decodes[leaving].knobs.token_delay = 0.03  # its streams are surely in flight at removal
+        decodes[leaving].knobs.token_delay = 0.1  # a stream of its outlives the DNS change
         resolver = UdpResolver(server.address, timeout=ANSWER_S)
         async with proxy(resolver, prefill_dns=f"{P_NAME}:{pp}", decode_dns=f"{D_NAME}:{dp}") as s:
             pools = (s.proxy.prefill_pool, s.proxy.decode_pool)
@@ -317,7 +317,14 @@ async def test_scale_down_mid_load_loses_no_request(caplog):
                     done.append(i)
 
             async def scale_down() -> None:
-                await until(lambda: len(done) >= remove_after, "the first requests")
+                slow = decodes[leaving]
+                await until(  # removed with a stream of its in flight, whatever the host's speed
+                    lambda: (
+                        len(done) >= remove_after
+                        and len(slow.seen) > slow.completed + len(slow.cancelled)
+                    ),
+                    "the first requests, and one in flight on the leaving decode",
+                )
                 server.records[P_NAME] = [h for h in HOSTS if h != leaving]
                 server.records[D_NAME] = [h for h in HOSTS if h != leaving]
                 await until(

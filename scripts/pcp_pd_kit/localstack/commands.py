@@ -122,6 +122,20 @@ def prefill_rank0_cpus(settings: StackSettings) -> str:
     return omp_threads_bind(cores, settings.prefill_pcp_size).split("|")[0]
 
 
+def prefill_cpus_apart_from_decode(settings: StackSettings) -> str:
+    """The prefill's cores that the decode does not use, as a CPU list, for a prefill that must
+    not share the decode's cores (stock NIXL's progress threads busy-poll every core they may
+    run on); the rank-0 cores where none are left, or where they cannot be split over the PCP
+    ranks."""
+    decode = set(parse_cpu_list(settings.decode_cpus))
+    own = [core for core in parse_cpu_list(settings.prefill_cpus) if core not in decode]
+    try:
+        omp_threads_bind(own, settings.prefill_pcp_size)
+    except ValueError:
+        return prefill_rank0_cpus(settings)
+    return ",".join(str(core) for core in own)
+
+
 def vllm_server_spec(
     settings: StackSettings, role: Role, model: str, served_model_name: str, repo: Path
 ) -> ProcessSpec:
