@@ -12,6 +12,9 @@ events on loopback (the kit's command builder), pd-proxy follows them and routes
   reports ``cached_tokens``): every request served by decode alone was predicted the hit vLLM
   served, plain and salted; a salted long prompt is routed from its own salt's blocks only (P/D
   the first time although the plain prompt is cached, decode alone the second time).
+- A proxy restarted over full caches: started after each decode cached a prefix, it learns what
+  each holds from vLLM's replay buffer before it reports ready, and its first requests land where
+  a client pinning each prefix would send them, with the same hits.
 - Restart (behind ``repeat``): the decode holding a prefix restarts with an empty cache; the proxy
   forgets its index and routes that prefix by load, with the same answer.
 
@@ -44,6 +47,7 @@ pytestmark = pytest.mark.e2e
 FOLLOW_PROXY_PORT = 18546
 TWO_DECODES_PROXY_PORT = 18547
 PREDICTED_PROXY_PORT = 18548
+RESTARTED_PROXY_PORT = 18544
 SECOND_DECODE_PORTS = {
     "decode_port": 18524,
     "decode_side_channel_port": 18525,
@@ -328,6 +332,49 @@ def test_same_prefix_requests_land_on_the_decode_holding_it(
         assert hit >= 3 * (n // block - 1) * block, (url, hit, n)
     for text, got in zip(texts, answers, strict=True):
         assert got == from_scratch(two.decodes[0], COMPLETIONS, model, text)
+
+
+def test_a_restarted_proxy_routes_its_first_requests_by_what_the_decodes_hold(
+    pd_stack: Stack, two_decodes: TwoDecodes
+) -> None:
+    two, model, block = two_decodes, pd_stack.served_model_name, pd_stack.settings.block_size
+    prefill = pd_stack.urls["prefill"]
+    prefixes = [long_text(uuid.uuid4().hex[:12]) for _ in two.decodes]
+    for url, prefix in zip(two.decodes, prefixes, strict=True):
+        answer(url, COMPLETIONS, model, prefix)  # each decode caches one prefix, then goes quiet
+    spec = start_proxy(
+        pd_stack,
+        "proxy-restarted",
+        RESTARTED_PROXY_PORT,
+        ["--decode", two.decodes[1]],
+        prefix_cache_routing="events",
+    )
+    proc = running(spec, pd_stack)  # healthy = ready: every decode's publisher replayed
+    try:
+        proxy = pd_stack.settings.url(RESTARTED_PROXY_PORT)
+        # Both follow-ups of one prefix, then both of the other: routing by load would send the
+        # first two to different decodes.
+        texts = [prefixes[i // 2] + f" question {i} after the restart" for i in range(4)]
+        before = Counters.read(proxy, prefill, two.decodes)
+        answers = [answer(proxy, COMPLETIONS, model, text) for text in texts]
+        after = settled(proxy, prefill, two.decodes, len(texts), before)
+        choices = [
+            s.value
+            for s in scrape(proxy)
+            if s.name == "pd_proxy_cache_choices_total"
+            and s.labels == {"role": "decode", "reason": "cache"}
+        ]
+        assert choices == [4.0]
+        for i, url in enumerate(two.decodes):
+            served = after.decode_requests[url] - before.decode_requests[url]
+            hit = after.decode_hit[url] - before.decode_hit[url]
+            n = prompt_tokens(url, COMPLETIONS, model, prefixes[i])
+            assert served == 2, (url, served)
+            assert hit >= 2 * (n // block - 1) * block, (url, hit, n)  # a pinning client's hits
+        for text, got in zip(texts, answers, strict=True):
+            assert got == from_scratch(two.decodes[0], COMPLETIONS, model, text)
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="module")
