@@ -502,6 +502,8 @@ async def test_endpoints_file_add_remove_and_bad_edits(tmp_path, caplog):
             assert len(found) == 1, found
             write_atomically(path, endpoints_yaml([p0], [d0]))
             await until(lambda: find(pool, d1) is None, "d1 to drop once d0 is listed")
+            # d0 joins again unhealthy until a check passes (on a loaded host, after d1 left).
+            await until(lambda: getattr(find(pool, d0), "healthy", False), "d0 to pass")
             assert await complete(s) is None
 
 
