@@ -15,7 +15,7 @@ events confirm, since a pending prefix may still be computing. Pure: the caller 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pd_proxy.routing.cache.keys import Key
 
@@ -53,13 +53,32 @@ class PendingIndex:
             n += 1
         return n
 
-    def confirm(self, replica: str, keys: Sequence[Key]) -> None:
-        """The replica's events now announce these keys: they need no pending entry."""
+    def has(self, replica: str) -> bool:
+        """Whether anything routed to ``replica`` is still pending (lapsed entries included)."""
+        return replica in self.replicas
+
+    def confirm(
+        self,
+        replica: str,
+        keys: Sequence[Key],
+        count: int | None = None,
+        position: Mapping[Key, int] | None = None,
+    ) -> None:
+        """The replica's events now announce ``keys[:count]`` (all of them by default): they need
+        no pending entry. ``position`` (each of ``keys`` to its index) lets a replica with fewer
+        entries than that be checked entry by entry: the router confirms at every replica for
+        every request, and a pass over a long prompt's keys at each of them was most of
+        routing's cost per replica (64 passes over 448 keys: about 1 ms on the 2-core host)."""
         entries = self.replicas.get(replica)
         if entries is None:
             return
-        for key in keys:
-            entries.pop(key, None)
+        count = len(keys) if count is None else min(count, len(keys))
+        if position is not None and len(entries) < count:
+            for key in [k for k in entries if position.get(k, count) < count]:
+                del entries[key]
+        else:
+            for i in range(count):
+                entries.pop(keys[i], None)
         if not entries:
             del self.replicas[replica]
 

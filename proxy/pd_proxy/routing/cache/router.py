@@ -36,13 +36,21 @@ class _Keys:
     """A prompt's block-key chains with its extra keys, computed once per block size, and each
     role index's walk of them (one pass for all of its replicas)."""
 
-    __slots__ = ("ids", "extra", "keys", "walks")
+    __slots__ = ("ids", "extra", "keys", "walks", "positions")
 
     def __init__(self, ids: Sequence[int], extra: RequestKeys) -> None:
         self.ids = ids
         self.extra = extra
         self.keys: dict[int, list[Key]] = {}
         self.walks: dict[tuple[int, int], tuple[BlockHolders, list[int]]] = {}
+        self.positions: dict[int, dict[Key, int]] = {}
+
+    def position(self, size: int, keys: list[Key]) -> dict[Key, int]:
+        """Each key of the ``size`` chain to its index, built once per prompt when needed."""
+        found = self.positions.get(size)
+        if found is None:
+            found = self.positions[size] = {key: i for i, key in enumerate(keys)}
+        return found
 
 
 class CacheRouter:
@@ -169,8 +177,9 @@ class CacheRouter:
         if indexes is not None:
             # Several engines behind one API server (DP): it picks one, so count the least.
             known = min(_held(i, plan, size, keys) for i in indexes)
-            if known:
-                self.known.pending.confirm(backend.url, keys[:known])
+            pending = self.known.pending
+            if known and pending.has(backend.url):
+                pending.confirm(backend.url, keys, known, plan.position(size, keys))
             return known, max(known, self.known.pending.match(backend.url, keys, now))
         if self.known.approx_on:
             n = self.known.approx.match(backend.url, keys)
