@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import msgpack
 import pytest
 
@@ -9,6 +11,7 @@ from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import BadBatch, Cleared, Removed, Stored, decode
 from pd_proxy.routing.cache.index import GAP, NEXT, RESET, ReplicaIndex
 from pd_proxy.routing.cache.keys import chain, hit_tokens
+from pd_proxy.routing.cache.pending import PendingIndex
 from pd_proxy.routing.decider import decide
 
 from .vllm_events import BLOCK, blocks, cleared, frames, removed, stored
@@ -90,6 +93,21 @@ def test_store_match_remove_with_own_keys() -> None:
     assert index.match(keys) == 1
     feed(index, 3, cleared())
     assert index.match(keys) == 0 and len(index) == 0
+
+
+def test_stored_events_confirm_what_was_pending_there() -> None:
+    """The router's pending entries go when the replica's events announce the blocks (per
+    event, not per request), and only there."""
+    pending = PendingIndex()
+    index = ReplicaIndex(on_stored=functools.partial(pending.confirm, "a"))
+    prompt = blocks(3)
+    keys = chain(prompt, BLOCK)
+    pending.record("a", keys, now=0.0)
+    pending.record("b", keys, now=0.0)
+    feed(index, 0, stored([b"a", b"b"], None, prompt[: 2 * BLOCK]))
+    assert list(pending.replicas["a"]) == keys[2:] and list(pending.replicas["b"]) == keys
+    feed(index, 1, stored([b"c"], b"b", prompt[2 * BLOCK :]))
+    assert "a" not in pending.replicas and pending.match("b", keys, now=1.0) == 3
 
 
 def test_vllm_hash_values_do_not_matter_only_tokens_do() -> None:

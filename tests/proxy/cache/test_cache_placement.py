@@ -45,25 +45,14 @@ def test_pending_is_bounded_confirmed_and_forgotten() -> None:
     assert pending.match("a", second, now=1.0) == 0 and pending.size("a", now=1.0) == 0
 
 
-@pytest.mark.parametrize(
-    ("mine", "others"),
-    [((3, 7), 0), ((0, 2), 2), ((0, 8), 4)],  # fewer entries than confirmed keys, then more
-)
-def test_confirming_entry_by_entry_drops_exactly_the_confirmed_keys(
-    mine: tuple[int, int], others: int
-) -> None:
+def test_pending_continues_what_the_events_announced() -> None:
+    pending = PendingIndex(ttl_s=5.0, capacity=100)
     prompt = keys(8)
-    position = {key: i for i, key in enumerate(prompt)}
-    routed = prompt[mine[0] : mine[1]] + keys(others, 700)  # this prompt's and another's
-    results = []
-    for way in ({}, {"position": position}):
-        pending = PendingIndex(ttl_s=5.0, capacity=100)
-        pending.record("a", routed, now=0.0)
-        pending.confirm("a", prompt, 5, **way)  # the events announced the prompt's first 5
-        results.append(list(pending.replicas.get("a", {})))
-    want = [k for k in routed if k not in prompt[:5]]
-    assert results == [want, want] and want
-    assert pending.has("a") and not pending.has("b")
+    pending.record("a", prompt[5:], now=0.0)  # sent there; its events had announced 5
+    assert pending.match("a", prompt, now=1.0, start=5) == 8
+    assert pending.match("a", prompt, now=1.0, start=3) == 3  # 3 and 4 are neither
+    assert pending.match("a", prompt, now=1.0) == 0
+    assert pending.match("a", prompt, now=6.0, start=5) == 5  # lapsed: the events' alone
 
 
 def test_pending_refreshed_by_a_later_request_lives_on() -> None:

@@ -17,6 +17,7 @@ following (then it serves anyway, and says so in a log line and a metric). It is
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -207,7 +208,9 @@ class CacheFollower:
         holders = self.holders.get(b.role)
         if holders is None:
             holders = self.holders[b.role] = BlockHolders(self.index_capacity)
-        indexes = [ReplicaIndex(holders) for _ in publishers]
+        # Blocks its events announce need no pending entry there any more.
+        confirm = functools.partial(self.pending.confirm, b.url)
+        indexes = [ReplicaIndex(holders, on_stored=confirm) for _ in publishers]
         subs = [
             Subscription(
                 b.url, p, idx, self.ctx, replay_timeout=REPLAY_TIMEOUT_S, on_batch=self._on_batch

@@ -18,7 +18,7 @@ Pure: no I/O, no clock (the caller passes times).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pd_proxy.routing.cache.events import Batch, BlockHash, Cleared, Event, Removed, Stored
@@ -58,8 +58,14 @@ class ReplicaIndex:
     first). Its entries live in ``holders``, the role's index it shares with the other streams
     (its own when none is given: a replica indexed alone)."""
 
-    def __init__(self, holders: BlockHolders | None = None) -> None:
+    def __init__(
+        self,
+        holders: BlockHolders | None = None,
+        on_stored: Callable[[list[Key]], None] | None = None,
+    ) -> None:
         self.holders = BlockHolders() if holders is None else holders
+        # Told the keys each Stored event added (the router's pending entries for them go).
+        self.on_stored = on_stored
         # vLLM's hash (60 bits of it) -> the proxy's key, in order of storing (the bound evicts
         # from the front).
         self.by_hash: dict[int, Key] = {}
@@ -145,6 +151,8 @@ class ReplicaIndex:
                 continue  # stored again (e.g. received over NIXL after a local copy): one entry
             by_hash[h] = key
             holders.add(slot, key)
+        if self.on_stored is not None and keys:
+            self.on_stored(keys)
 
     def _remove(self, h: BlockHash) -> None:
         key = self.by_hash.pop(short_hash(h), None)

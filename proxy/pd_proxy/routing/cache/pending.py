@@ -15,7 +15,7 @@ events confirm, since a pending prefix may still be computing. Pure: the caller 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from pd_proxy.routing.cache.keys import Key
 
@@ -43,42 +43,28 @@ class PendingIndex:
         while len(entries) > self.capacity:
             entries.popitem(last=False)
 
-    def match(self, replica: str, keys: Sequence[Key], now: float) -> int:
-        """How many of ``keys`` lead what was routed to ``replica`` and has not lapsed."""
+    def match(self, replica: str, keys: Sequence[Key], now: float, start: int = 0) -> int:
+        """How many of ``keys`` lead what was routed to ``replica`` and has not lapsed, where
+        the first ``start`` are known held (its events announced them): ``start`` plus the
+        pending run after them."""
         entries = self._live(replica, now)
-        n = 0
-        for key in keys:
-            if key not in entries:
+        n = start
+        for i in range(start, len(keys)):
+            if keys[i] not in entries:
                 break
             n += 1
         return n
 
-    def has(self, replica: str) -> bool:
-        """Whether anything routed to ``replica`` is still pending (lapsed entries included)."""
-        return replica in self.replicas
-
-    def confirm(
-        self,
-        replica: str,
-        keys: Sequence[Key],
-        count: int | None = None,
-        position: Mapping[Key, int] | None = None,
-    ) -> None:
-        """The replica's events now announce ``keys[:count]`` (all of them by default): they need
-        no pending entry. ``position`` (each of ``keys`` to its index) lets a replica with fewer
-        entries than that be checked entry by entry: the router confirms at every replica for
-        every request, and a pass over a long prompt's keys at each of them was most of
-        routing's cost per replica (64 passes over 448 keys: about 1 ms on the 2-core host)."""
+    def confirm(self, replica: str, keys: Sequence[Key]) -> None:
+        """The replica's events announced these keys: they need no pending entry. Called per
+        Stored event (a few keys), not per request: confirming at each replica while routing
+        walked a long prompt's keys at every one of them (most of routing's cost at 32
+        replicas, py-spy)."""
         entries = self.replicas.get(replica)
         if entries is None:
             return
-        count = len(keys) if count is None else min(count, len(keys))
-        if position is not None and len(entries) < count:
-            for key in [k for k in entries if position.get(k, count) < count]:
-                del entries[key]
-        else:
-            for i in range(count):
-                entries.pop(keys[i], None)
+        for key in keys:
+            entries.pop(key, None)
         if not entries:
             del self.replicas[replica]
 

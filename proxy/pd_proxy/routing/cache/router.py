@@ -36,21 +36,13 @@ class _Keys:
     """A prompt's block-key chains with its extra keys, computed once per block size, and each
     role index's walk of them (one pass for all of its replicas)."""
 
-    __slots__ = ("ids", "extra", "keys", "walks", "positions")
+    __slots__ = ("ids", "extra", "keys", "walks")
 
     def __init__(self, ids: Sequence[int], extra: RequestKeys) -> None:
         self.ids = ids
         self.extra = extra
         self.keys: dict[int, list[Key]] = {}
         self.walks: dict[tuple[int, int], tuple[BlockHolders, list[int]]] = {}
-        self.positions: dict[int, dict[Key, int]] = {}
-
-    def position(self, size: int, keys: list[Key]) -> dict[Key, int]:
-        """Each key of the ``size`` chain to its index, built once per prompt when needed."""
-        found = self.positions.get(size)
-        if found is None:
-            found = self.positions[size] = {key: i for i, key in enumerate(keys)}
-        return found
 
 
 class CacheRouter:
@@ -123,10 +115,14 @@ class CacheRouter:
     def _routed(self, backend: Backend, plan: _Keys) -> None:
         """``backend`` will hold ``plan``'s blocks: the approximate index learns them (no
         events there), or they count as pending until its events announce them."""
-        if backend.url in self.known.indexes:
+        indexes = self.known.indexes.get(backend.url)
+        if indexes is not None:
             size = self._block_size(backend)
             if size is not None:
-                self.known.pending.record(backend.url, self._keys(plan, size), time.monotonic())
+                # Only what its events have not announced: a held block is no pending entry.
+                keys = self._keys(plan, size)
+                known = min(_held(i, plan, size, keys) for i in indexes)
+                self.known.pending.record(backend.url, keys[known:], time.monotonic())
         elif self.known.approx_on:
             size = self.block_sizes.known(backend)
             if size is not None:
@@ -177,10 +173,7 @@ class CacheRouter:
         if indexes is not None:
             # Several engines behind one API server (DP): it picks one, so count the least.
             known = min(_held(i, plan, size, keys) for i in indexes)
-            pending = self.known.pending
-            if known and pending.has(backend.url):
-                pending.confirm(backend.url, keys, known, plan.position(size, keys))
-            return known, max(known, self.known.pending.match(backend.url, keys, now))
+            return known, self.known.pending.match(backend.url, keys, now, start=known)
         if self.known.approx_on:
             n = self.known.approx.match(backend.url, keys)
             return n, n
