@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pd_proxy.protocol.client_fields import lax_bool, read_fields
+from pd_proxy.protocol.client_fields import is_token_ids, lax_bool, read_fields
 from pd_proxy.protocol.errors import ProxyError
 from tests.proxy.proxy_harness import pd_stack, sse_events
 
@@ -94,3 +94,20 @@ def test_read_fields_writes_json_types_back():
     assert body == {"stream": True, "n": 3, "stream_options": {"include_usage": True}}
     with pytest.raises(ProxyError):
         read_fields({"stream": ""})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ([1, 2, 3], True),
+        ([], True),
+        ([1, True, 3], False),  # JSON true is no token id
+        ([1, 2.0], False),
+        ([1, "2"], False),
+        ([[1, 2]], False),  # a batch of id lists is another shape
+        ("1 2 3", False),
+        (None, False),
+    ],
+)
+def test_token_ids_are_json_integers_only(value: object, expected: bool) -> None:
+    assert is_token_ids(value) is expected

@@ -21,6 +21,14 @@ _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 _BOOLS = ("stream",)
 _INTS = ("n",)
 _OPTION_BOOLS = ("include_usage", "continuous_usage_stats")
+_INT_TYPE = frozenset({int})
+
+
+def is_token_ids(value: Any) -> bool:
+    """Whether ``value`` is a list of token ids: JSON integers, booleans not (an empty list is).
+    One pass in C (``map(type)``), not a Python-level check per id: a routed 8k-token prompt
+    was read twice so, 15% of pd-proxy's time at 32 replicas (py-spy)."""
+    return isinstance(value, list) and set(map(type, value)) <= _INT_TYPE
 
 
 def lax_bool(value: Any, name: str) -> bool:

@@ -18,6 +18,7 @@ from typing import Any, Final, Literal
 import yaml
 
 from pd_proxy.backends.route import LOCAL, PD
+from pd_proxy.protocol.client_fields import is_token_ids
 from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 
 # The ways a shape sends a request, as one type mypy checks: pd_proxy.backends.route's two paths
@@ -136,9 +137,7 @@ MATCHERS: dict[str, Matcher] = {
         _id_prompts(body, endpoint) and not greedy_samples(body)
     ),
     "greedy_n": lambda body, endpoint: greedy_samples(body),
-    "prompt_token_ids": lambda body, endpoint: (
-        isinstance(body.get("prompt"), list) and all(_int(x) is not None for x in body["prompt"])
-    ),
+    "prompt_token_ids": lambda body, endpoint: is_token_ids(body.get("prompt")),
     "echo": _present("echo"),
     "logprobs": lambda body, endpoint: body.get("logprobs") is not None,
     "top_logprobs": lambda body, endpoint: body.get("top_logprobs") is not None,

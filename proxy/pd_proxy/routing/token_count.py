@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pd_proxy import scheduler
 from pd_proxy.http.exchange import read_whole
+from pd_proxy.protocol.client_fields import is_token_ids
 from pd_proxy.protocol.codec import dumps, loads
 from pd_proxy.protocol.endpoints import COMPLETIONS, Endpoint
 from pd_proxy.protocol.errors import ProxyError
@@ -51,7 +52,7 @@ def direct_ids(body: Mapping[str, Any], endpoint: Endpoint) -> list[int] | None:
         return None
     if len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
-    if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+    if is_token_ids(prompt):
         return list(prompt)
     return None
 
