@@ -1,6 +1,6 @@
 """The documentation stays readable in one sitting: docs/ and the README and every component README
 together at most 200 KB of prose; the committed bench summaries (docs/results/, generated records
-every figure cites) at most 72 KB of their own, so each new figure can bring its summary without
+every figure cites) at most 76 KB of their own, so each new figure can bring its summary without
 the prose paying for it, and the records still cannot pile up unread."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.support import doc_citations as dc
 from tests.support.paths import REPO
 
 LIMIT_BYTES = 200 * 1024
-RESULTS_LIMIT_BYTES = 72 * 1024
+RESULTS_LIMIT_BYTES = 76 * 1024
 
 
 def documentation(root: Path) -> list[Path]:
