@@ -303,6 +303,39 @@ def send_and_count(
     return answers, before, after
 
 
+def cache_choices(proxy: str) -> list[float]:
+    """The proxy's decode choices made by cache (a list: empty when none was counted)."""
+    return [
+        s.value
+        for s in scrape(proxy)
+        if s.name == "pd_proxy_cache_choices_total"
+        and s.labels == {"role": "decode", "reason": "cache"}
+    ]
+
+
+def assert_served_as_pinned(
+    decodes: list[str],
+    model: str,
+    block: int,
+    prefixes: list[str],
+    answers: dict[str, str],
+    before: Counters,
+    after: Counters,
+) -> None:
+    """Decode i, holding prefix i, served that prefix's follow-ups, as many as the others, with
+    a client pinning each prefix's hits (every whole block but the last); every answer is the
+    prompt's answer computed from scratch."""
+    each = len(answers) // len(prefixes)
+    for url, prefix in zip(decodes, prefixes, strict=True):
+        served = after.decode_requests[url] - before.decode_requests[url]
+        hit = after.decode_hit[url] - before.decode_hit[url]
+        n = prompt_tokens(url, COMPLETIONS, model, prefix)
+        assert served == each, (url, served)
+        assert hit >= each * (n // block - 1) * block, (url, hit, n)
+    for text, got in answers.items():
+        assert got == from_scratch(decodes[0], COMPLETIONS, model, text)
+
+
 def test_same_prefix_requests_land_on_the_decode_holding_it(
     pd_stack: Stack, two_decodes: TwoDecodes
 ) -> None:
@@ -317,21 +350,10 @@ def test_same_prefix_requests_land_on_the_decode_holding_it(
     # Interleaved follow-ups of both prefixes, through the proxy (P/D: no local prefill here).
     texts = [prefixes[i % 2] + f" question {i} about the story" for i in range(6)]
     answers, before, after = send_and_count(pd_stack, two, texts)
-    choices = [
-        s.value
-        for s in scrape(two.proxy)
-        if s.name == "pd_proxy_cache_choices_total"
-        and s.labels == {"role": "decode", "reason": "cache"}
-    ]
-    assert choices == [6.0]
-    for i, url in enumerate(two.decodes):
-        served = after.decode_requests[url] - before.decode_requests[url]
-        hit = after.decode_hit[url] - before.decode_hit[url]
-        n = prompt_tokens(url, COMPLETIONS, model, prefixes[i])
-        assert served == 3, (url, served)
-        assert hit >= 3 * (n // block - 1) * block, (url, hit, n)
-    for text, got in zip(texts, answers, strict=True):
-        assert got == from_scratch(two.decodes[0], COMPLETIONS, model, text)
+    assert cache_choices(two.proxy) == [6.0]
+    assert_served_as_pinned(
+        two.decodes, model, block, prefixes, dict(zip(texts, answers, strict=True)), before, after
+    )
 
 
 def test_a_restarted_proxy_routes_its_first_requests_by_what_the_decodes_hold(
@@ -358,21 +380,16 @@ def test_a_restarted_proxy_routes_its_first_requests_by_what_the_decodes_hold(
         before = Counters.read(proxy, prefill, two.decodes)
         answers = [answer(proxy, COMPLETIONS, model, text) for text in texts]
         after = settled(proxy, prefill, two.decodes, len(texts), before)
-        choices = [
-            s.value
-            for s in scrape(proxy)
-            if s.name == "pd_proxy_cache_choices_total"
-            and s.labels == {"role": "decode", "reason": "cache"}
-        ]
-        assert choices == [4.0]
-        for i, url in enumerate(two.decodes):
-            served = after.decode_requests[url] - before.decode_requests[url]
-            hit = after.decode_hit[url] - before.decode_hit[url]
-            n = prompt_tokens(url, COMPLETIONS, model, prefixes[i])
-            assert served == 2, (url, served)
-            assert hit >= 2 * (n // block - 1) * block, (url, hit, n)  # a pinning client's hits
-        for text, got in zip(texts, answers, strict=True):
-            assert got == from_scratch(two.decodes[0], COMPLETIONS, model, text)
+        assert cache_choices(proxy) == [4.0]
+        assert_served_as_pinned(
+            two.decodes,
+            model,
+            block,
+            prefixes,
+            dict(zip(texts, answers, strict=True)),
+            before,
+            after,
+        )
     finally:
         proc.stop()
 
