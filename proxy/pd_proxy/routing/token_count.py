@@ -87,9 +87,7 @@ def ids_from_answer(data: bytes) -> list[int]:
     """The ``tokens`` of a ``/tokenize`` answer; ``ValueError`` when it has none."""
     obj = loads(data)
     tokens = obj.get("tokens") if isinstance(obj, dict) else None
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tokens
-    ):
+    if not is_token_ids(tokens):
         raise ValueError("/tokenize answer without token ids")
     return tokens
 
