@@ -238,7 +238,7 @@ class Pipeline:
                 trace.status,
                 trace.path,
                 "-" if route is None else route.reason,
-                "-" if route is None or route.token_ids is None else route.decode_hit,
+                "-" if route is None or route.prompt_tokens is None else route.decode_hit,
                 trace.prefill,
                 trace.decode,
                 _ms(trace.prefill_s),

@@ -268,8 +268,8 @@ def route_attributes(route: Route) -> dict[str, Any]:
         out["pd.route.prefill"] = route.prefill.url
     if route.decode is not None:
         out["pd.route.decode"] = route.decode.url
-    if route.token_ids is not None:
-        out["pd.route.prompt_tokens"] = len(route.token_ids)
+    if route.prompt_tokens is not None:
+        out["pd.route.prompt_tokens"] = route.prompt_tokens
         out["pd.route.decode_hit_tokens"] = route.decode_hit
         out["pd.route.prefill_hit_tokens"] = route.prefill_hit
     uncached = route.uncached_tokens

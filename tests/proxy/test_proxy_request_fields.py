@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -111,3 +112,19 @@ def test_read_fields_writes_json_types_back():
 )
 def test_token_ids_are_json_integers_only(value: object, expected: bool) -> None:
     assert is_token_ids(value) is expected
+
+
+def test_a_prompt_checked_twice_is_read_once_and_no_other_list_rides_on_it() -> None:
+    """The request shape and the token count both ask of one prompt: the second asks free."""
+
+    class Reads(list[int]):
+        times = 0
+
+        def __iter__(self) -> Iterator[int]:
+            Reads.times += 1
+            return super().__iter__()
+
+    ids = Reads([5, 6, 7])
+    assert is_token_ids(ids) and is_token_ids(ids) and Reads.times == 1
+    assert not is_token_ids([5, 6.0]) and not is_token_ids([True]) and not is_token_ids(None)
+    assert is_token_ids([5, 6]) and is_token_ids(ids) and Reads.times == 2

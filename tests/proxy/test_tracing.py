@@ -64,7 +64,7 @@ def test_an_unknown_protocol_is_named() -> None:
 
 
 def test_route_attributes_say_what_was_decided() -> None:
-    route = Route(PD, "long", token_ids=(1, 2, 3, 4), decode_hit=2, prefill_hit=1)
+    route = Route(PD, "long", prompt_tokens=4, decode_hit=2, prefill_hit=1)
     attrs = route_attributes(route)
     assert attrs["pd.route.path"] == "pd" and attrs["pd.route.reason"] == "long"
     assert attrs["pd.route.prompt_tokens"] == 4 and attrs["pd.route.uncached_tokens"] == 3

@@ -27,8 +27,9 @@ class Route:
 
     ``path`` is ``LOCAL`` or ``PD``; ``reason`` says why (pd_proxy.routing.decider's reasons, or a
     request shape's name). ``decode`` and ``prefill`` are the replicas chosen ahead (None: the
-    pool picks when the leg starts). ``token_ids`` are the prompt's ids when they were needed
-    (None: unknown or not asked for); ``decode_hit`` and ``prefill_hit`` the prompt tokens
+    pool picks when the leg starts). ``prompt_tokens`` counts the prompt's ids when they were
+    needed (None: unknown or not asked for; the count, not a copy of an 8k-token prompt's ids:
+    nothing after the plan reads them); ``decode_hit`` and ``prefill_hit`` the prompt tokens
     predicted to be in each chosen replica's prefix cache.
     """
 
@@ -36,13 +37,9 @@ class Route:
     reason: str
     decode: Backend | None = None
     prefill: Backend | None = None
-    token_ids: tuple[int, ...] | None = None
+    prompt_tokens: int | None = None
     decode_hit: int = 0
     prefill_hit: int = 0
-
-    @property
-    def prompt_tokens(self) -> int | None:
-        return None if self.token_ids is None else len(self.token_ids)
 
     def placed(self, decode: Backend | None, prefill: Backend | None) -> Route:
         """This route with its replicas settled (admission's choice where the plan left it)."""
@@ -53,7 +50,7 @@ class Route:
             self.reason,
             decode,
             prefill,
-            self.token_ids,
+            self.prompt_tokens,
             self.decode_hit,
             self.prefill_hit,
         )
@@ -61,10 +58,11 @@ class Route:
     @property
     def uncached_tokens(self) -> int | None:
         """Prompt tokens the path's first replica must compute (the prefill's on P/D)."""
-        if self.token_ids is None:
+        tokens = self.prompt_tokens
+        if tokens is None:
             return None
         hit = self.prefill_hit if self.path == PD else self.decode_hit
-        return len(self.token_ids) - min(hit, len(self.token_ids))
+        return tokens - min(hit, tokens)
 
 
 # Routes that need no planning: every shape that goes one fixed way.

@@ -75,7 +75,7 @@ class Planner:
                 route = cache.route(ids, local_max, request_keys(call.client_body))
             else:
                 path, reason = decider.decide(None if ids is None else len(ids), 0, local_max)
-                route = Route(path, reason, token_ids=None if ids is None else tuple(ids))
+                route = Route(path, reason, prompt_tokens=None if ids is None else len(ids))
         if self.metrics is not None:
             self.metrics.decisions.labels(route.path, route.reason).inc()
         return route

@@ -53,7 +53,7 @@ def direct_ids(body: Mapping[str, Any], endpoint: Endpoint) -> list[int] | None:
     if len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
     if is_token_ids(prompt):
-        return list(prompt)
+        return prompt  # read, never changed: no copy of a long prompt
     return None
 
 

@@ -43,6 +43,28 @@ def test_one_walk_counts_every_replica_as_its_own_match() -> None:
     assert [walk[i.slot] for i in replicas] == [0, 2, 4, 6, 8, 3]
 
 
+def test_the_walk_equals_each_replicas_match_on_random_fleets() -> None:
+    """Random fleets: whole prefixes held by every replica (the walk's fast path), chains
+    broken mid-way by a removal, replicas holding nothing, a first block nobody holds."""
+    rng = random.Random(11)
+    for trial in range(200):
+        holders = BlockHolders()
+        replicas = [ReplicaIndex(holders) for _ in range(rng.randint(1, 9))]
+        prompt = tokens(rng.randint(0, 24), 7 * trial)
+        blocks = len(prompt) // BLOCK
+        uniform = rng.random() < 0.4
+        same = rng.randint(0, blocks)
+        for index in replicas:
+            held = same if uniform else rng.randint(0, blocks)
+            store(index, 0, [rng.getrandbits(64) for _ in range(held)], prompt[: held * BLOCK])
+            if held and not uniform and rng.random() < 0.5:
+                victim = list(index.by_hash)[rng.randrange(held)]
+                index.apply(Batch(1, 0.0, (Removed((victim,)),), 0))
+        keys = chain(prompt, BLOCK)
+        walk = holders.walk(keys)
+        assert [walk[i.slot] for i in replicas] == [i.match(keys) for i in replicas], trial
+
+
 def test_the_walk_reads_each_block_once_whatever_the_replicas() -> None:
     """32 replicas holding the same 512 blocks: 512 dict lookups, not 32 x 512."""
 

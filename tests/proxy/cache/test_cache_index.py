@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 
 import msgpack
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import BadBatch, Cleared, Removed, Stored, decode
 from pd_proxy.routing.cache.index import GAP, NEXT, RESET, ReplicaIndex
-from pd_proxy.routing.cache.keys import chain, hit_tokens
+from pd_proxy.routing.cache.keys import KEY_MASK, ROOT, chain, hit_tokens
 from pd_proxy.routing.cache.pending import PendingIndex
 from pd_proxy.routing.decider import decide
 
@@ -108,6 +109,29 @@ def test_stored_events_confirm_what_was_pending_there() -> None:
     assert list(pending.replicas["a"]) == keys[2:] and list(pending.replicas["b"]) == keys
     feed(index, 1, stored([b"c"], b"b", prompt[2 * BLOCK :]))
     assert "a" not in pending.replicas and pending.match("b", keys, now=1.0) == 3
+
+
+def test_a_chain_key_is_its_parent_and_its_block_whatever_the_lengths() -> None:
+    """``chain`` against its definition, block by block: key i hashes key i-1, block i's token
+    ids and block i's extra keys; a trailing part has no key; a chain split anywhere on a
+    block boundary and continued from its last key gives the same keys (as events do)."""
+    rng = random.Random(3)
+    for _ in range(100):
+        size = rng.choice([1, 2, 16, 17])
+        ids = [rng.randrange(50_000) for _ in range(rng.randint(0, 5 * size + 3))]
+        blocks = len(ids) // size
+        extras = [rng.choice([None, (("salt", "s"),), (("lora", "a"),)]) for _ in range(blocks)]
+        extras = extras[: rng.randint(0, blocks)]  # shorter: the rest plain
+        expected, parent = [], ROOT
+        for i in range(blocks):
+            extra = extras[i] if i < len(extras) else None
+            parent = hash((parent, tuple(ids[i * size : (i + 1) * size]), extra)) & KEY_MASK
+            expected.append(parent)
+        assert chain(ids, size, extras=extras or None) == expected
+        cut = rng.randint(0, blocks)
+        head = chain(ids[: cut * size], size, extras=extras[:cut] or None)
+        tail = chain(ids[cut * size :], size, head[-1] if head else ROOT, extras[cut:] or None)
+        assert head + tail == expected
 
 
 def test_vllm_hash_values_do_not_matter_only_tokens_do() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import islice
-from typing import Protocol
+from typing import Protocol, cast
 
 from pd_proxy.routing.cache.keys import Key
 
@@ -106,27 +106,33 @@ class BlockHolders:
 
     def walk(self, keys: Sequence[Key]) -> list[int]:
         """Per slot, how many of ``keys`` lead what it holds: one pass over the chain, each
-        slot's count settled when the chain leaves it."""
+        slot's count settled when the chain leaves it. The masks are fetched in C (``map``),
+        and a run of blocks held by the same slots (the common case: a prefix every holder
+        holds whole) costs one comparison each."""
         out = [0] * len(self.streams)
-        held = self.held
-        alive = 0
+        found = list(map(self.held.get, keys))
+        try:
+            end = found.index(None)
+        except ValueError:
+            end = len(found)
+        if not end:
+            return out
+        masks = cast(list[int], found if end == len(found) else found[:end])
+        alive = masks[0]
+        if masks.count(alive) == end:
+            _settle(out, alive, end)
+            return out
         n = 0
-        for key in keys:
-            mask = held.get(key)
-            if mask is None:
-                break
-            if n:
+        for mask in masks:
+            if mask != alive:
                 ended = alive & ~mask
                 if ended:
                     _settle(out, ended, n)
                     alive &= mask
                     if not alive:
                         return out
-            else:
-                alive = mask
             n += 1
-        if alive:
-            _settle(out, alive, n)
+        _settle(out, alive, n)
         return out
 
     def over(self) -> bool:

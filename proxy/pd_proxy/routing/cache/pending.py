@@ -14,8 +14,9 @@ events confirm, since a pending prefix may still be computing. Pure: the caller 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pd_proxy.routing.cache.keys import Key
 
@@ -30,6 +31,10 @@ class PendingIndex:
         self.ttl_s = ttl_s
         self.capacity = capacity
         self.replicas: dict[str, OrderedDict[Key, float]] = {}
+        # No entry lapses before this time: until then a read sweeps nothing (the router reads
+        # every replica's entries per request; looking for lapsed ones at each cost more than
+        # the match at 32 replicas).
+        self.next_expiry = math.inf
 
     def record(self, replica: str, keys: Sequence[Key], now: float) -> None:
         """The proxy sent a prompt of these keys to ``replica`` at ``now``."""
@@ -37,6 +42,7 @@ class PendingIndex:
             return
         entries = self.replicas.setdefault(replica, OrderedDict())
         expiry = now + self.ttl_s
+        self.next_expiry = min(self.next_expiry, expiry)
         for key in keys:
             entries[key] = expiry
             entries.move_to_end(key)
@@ -47,13 +53,7 @@ class PendingIndex:
         """How many of ``keys`` lead what was routed to ``replica`` and has not lapsed, where
         the first ``start`` are known held (its events announced them): ``start`` plus the
         pending run after them."""
-        entries = self._live(replica, now)
-        n = start
-        for i in range(start, len(keys)):
-            if keys[i] not in entries:
-                break
-            n += 1
-        return n
+        return run(self.live(replica, now), keys, start)
 
     def confirm(self, replica: str, keys: Sequence[Key]) -> None:
         """The replica's events announced these keys: they need no pending entry. Called per
@@ -69,23 +69,40 @@ class PendingIndex:
             del self.replicas[replica]
 
     def size(self, replica: str, now: float) -> int:
-        return len(self._live(replica, now))
+        return len(self.live(replica, now))
 
     def forget(self, replica: str) -> None:
         self.replicas.pop(replica, None)
 
-    def _live(self, replica: str, now: float) -> OrderedDict[Key, float]:
-        """``replica``'s entries, the lapsed ones dropped (recorded in order, so from the front;
-        a key recorded again moves to the back with its new expiry)."""
-        entries = self.replicas.get(replica)
-        if entries is None:
-            return OrderedDict()
-        while entries:
-            key, expiry = next(iter(entries.items()))
-            if expiry > now:
+    def live(self, replica: str, now: float) -> Mapping[Key, float]:
+        """``replica``'s entries that have not lapsed (empty: none); read them, never write."""
+        if now >= self.next_expiry:
+            self._sweep(now)
+        return self.replicas.get(replica, _NONE)
+
+    def _sweep(self, now: float) -> None:
+        """Drop every replica's lapsed entries (recorded in order, so from the front: a key
+        recorded again moves to the back with its new expiry)."""
+        soonest = math.inf
+        for replica, entries in list(self.replicas.items()):
+            while entries and next(iter(entries.values())) <= now:
+                entries.popitem(last=False)
+            if entries:
+                soonest = min(soonest, next(iter(entries.values())))
+            else:
+                del self.replicas[replica]
+        self.next_expiry = soonest
+
+
+def run(entries: Mapping[Key, float], keys: Sequence[Key], start: int) -> int:
+    """``start`` plus how many of ``keys`` after the first ``start`` are in ``entries``."""
+    n = start
+    if entries:
+        for i in range(start, len(keys)):
+            if keys[i] not in entries:
                 break
-            entries.popitem(last=False)
-        if not entries:
-            del self.replicas[replica]
-            return OrderedDict()
-        return entries
+            n += 1
+    return n
+
+
+_NONE: OrderedDict[Key, float] = OrderedDict()  # never written: read as "no entries"

@@ -21,7 +21,7 @@ from pd_proxy.backends.pool import Backend, BackendPool
 from pd_proxy.backends.route import PD, Route
 from pd_proxy.routing import decider
 from pd_proxy.routing.block_size import BlockSizes
-from pd_proxy.routing.cache import scorer
+from pd_proxy.routing.cache import pending, scorer
 from pd_proxy.routing.cache.extra import PLAIN, RequestKeys
 from pd_proxy.routing.cache.follow import CacheFollower
 from pd_proxy.routing.cache.holders import BlockHolders
@@ -42,6 +42,8 @@ class _Keys:
         self.ids = ids
         self.extra = extra
         self.keys: dict[int, list[Key]] = {}
+        # (role index, chain) by identity -> that index's walk of that chain; the entry keeps
+        # the index alive and the plan its chains, so neither identity is reused meanwhile.
         self.walks: dict[tuple[int, int], tuple[BlockHolders, list[int]]] = {}
 
 
@@ -93,7 +95,7 @@ class CacheRouter:
             self.metrics.predicted.labels(role).inc(hit)
             if backend is not None and extra.keyable:
                 self._routed(backend, plan)
-        return Route(path, reason, decode, prefill, tuple(ids), decode_hit, prefill_hit)
+        return Route(path, reason, decode, prefill, len(ids), decode_hit, prefill_hit)
 
     def choose(
         self, pool: BackendPool, ids: Sequence[int], plan: _Keys
@@ -121,19 +123,12 @@ class CacheRouter:
             if size is not None:
                 # Only what its events have not announced: a held block is no pending entry.
                 keys = self._keys(plan, size)
-                known = min(_held(i, plan, size, keys) for i in indexes)
+                known = min(_held(i, plan, keys) for i in indexes)
                 self.known.pending.record(backend.url, keys[known:], time.monotonic())
         elif self.known.approx_on:
             size = self.block_sizes.known(backend)
             if size is not None:
                 self.known.approx.record(backend.url, self._keys(plan, size))
-
-    def _fill(self, backend: Backend, now: float) -> int:
-        """The blocks ``backend`` holds in all (pending ones included), as far as known."""
-        indexes = self.known.indexes.get(backend.url)
-        if indexes is not None:
-            return min(len(i) for i in indexes) + self.known.pending.size(backend.url, now)
-        return self.known.approx.size(backend.url) if self.known.approx_on else 0
 
     def _keys(self, plan: _Keys, size: int) -> list[Key]:
         keys = plan.keys.get(size)
@@ -149,7 +144,9 @@ class CacheRouter:
     def _block_size(self, backend: Backend) -> int | None:
         indexes = self.known.indexes.get(backend.url)
         if indexes is not None:
-            told = next((i.block_size for i in indexes if i.block_size), None)
+            told = indexes[0].block_size  # one engine behind the server: the common case
+            if told is None and len(indexes) > 1:
+                told = next((i.block_size for i in indexes if i.block_size), None)
             if told is not None:
                 return told
             # No block stored since the proxy subscribed: its /metrics tell the size, so the
@@ -161,31 +158,42 @@ class CacheRouter:
             return size
         return None
 
-    def _cached_blocks(
-        self, backend: Backend, plan: _Keys, size: int | None, now: float
-    ) -> tuple[int, int]:
-        """Leading blocks of the prompt ``backend`` holds: (confirmed, for routing), where
-        routing also counts what the proxy sent there and its events have not announced yet."""
-        if size is None or not plan.extra.keyable:
-            return 0, 0
-        keys = self._keys(plan, size)
-        indexes = self.known.indexes.get(backend.url)
+    def _counts(
+        self, backend: Backend, plan: _Keys, keys: list[Key] | None, now: float
+    ) -> tuple[int, int, int]:
+        """What ``backend`` holds, as far as known: the leading blocks of the prompt's ``keys``
+        (None: not keyable; confirmed, for the path, and for routing with what the proxy sent
+        there that its events have not announced yet) and its blocks in all (pending ones
+        included). One read per replica, few calls: the router makes 64 per request at 32
+        replicas."""
+        known = self.known
+        url = backend.url
+        indexes = known.indexes.get(url)
         if indexes is not None:
-            # Several engines behind one API server (DP): it picks one, so count the least.
-            known = min(_held(i, plan, size, keys) for i in indexes)
-            return known, self.known.pending.match(backend.url, keys, now, start=known)
-        if self.known.approx_on:
-            n = self.known.approx.match(backend.url, keys)
-            return n, n
-        return 0, 0
+            if len(indexes) == 1:
+                fill = len(indexes[0])
+                held = 0 if keys is None else _held(indexes[0], plan, keys)
+            else:
+                # Several engines behind one API server (DP): it picks one, so count the least.
+                fill = min(len(i) for i in indexes)
+                held = 0 if keys is None else min(_held(i, plan, keys) for i in indexes)
+            entries = known.pending.live(url, now)
+            if keys is None:
+                return 0, 0, fill + len(entries)
+            return held, pending.run(entries, keys, held), fill + len(entries)
+        if known.approx_on:
+            n = 0 if keys is None else known.approx.match(url, keys)
+            return n, n, known.approx.size(url)
+        return 0, 0, 0
 
 
-def _held(index: ReplicaIndex, plan: _Keys, size: int, keys: list[Key]) -> int:
-    """Leading blocks of ``keys`` ``index`` holds, from its role index's one walk of them."""
+def _held(index: ReplicaIndex, plan: _Keys, keys: list[Key]) -> int:
+    """Leading blocks of ``keys`` (one of ``plan``'s chains) ``index`` holds, from its role
+    index's one walk of them."""
     holders = index.holders
-    found = plan.walks.get((id(holders), size))
+    found = plan.walks.get((id(holders), id(keys)))
     if found is None:
-        found = plan.walks[id(holders), size] = (holders, holders.walk(keys))
+        found = plan.walks[id(holders), id(keys)] = (holders, holders.walk(keys))
     walk = found[1]
     return walk[index.slot] if index.slot < len(walk) else 0
 
@@ -209,23 +217,29 @@ class _PromptScore:
         if not backends:
             return None
         router, ids, plan = self.router, self.ids, self.plan
+        total = len(ids)
         sizes = self.sizes = {b.url: router._block_size(b) for b in backends}
         size = self.size = next((s for s in sizes.values() if s), DEFAULT_BLOCK_SIZE)
         now = time.monotonic()
-        held = self.held = {
-            b.url: router._cached_blocks(b, plan, sizes[b.url], now) for b in backends
-        }
-        candidates = [
-            scorer.Candidate(
-                b.url,
-                held[b.url][1],
-                b.outstanding,
-                router._fill(b, now),
-                len(ids) - hit_tokens(held[b.url][1], sizes[b.url] or size, len(ids)),
-                b.tokens_in_flight,
+        held = self.held
+        keyable = plan.extra.keyable
+        candidates = []
+        for b in backends:  # one pass, one index read per replica
+            url = b.url
+            bs = sizes[url]
+            keys = None if bs is None or not keyable else router._keys(plan, bs)
+            confirmed, routed, fill = router._counts(b, plan, keys, now)
+            held[url] = (confirmed, routed)
+            candidates.append(
+                scorer.Candidate(
+                    url,
+                    routed,
+                    b.outstanding,
+                    fill,
+                    total - hit_tokens(routed, sizes[url] or size, total),
+                    b.tokens_in_flight,
+                )
             )
-            for b in backends
-        ]
         first = None  # the prompt's first block: where a prefix cached nowhere goes
         if plan.extra.keyable and len(ids) >= size:
             first = placement_key(ids[:size])
