@@ -63,6 +63,7 @@ PLANNING_HELPERS = {
     "pd_proxy.routing.cache.approx",
     "pd_proxy.routing.cache.keys",
     "pd_proxy.routing.cache.extra",
+    "pd_proxy.routing.cache.pending",
 }
 
 # (calling module or None, module entered, the modules on the stack below the caller)

@@ -112,9 +112,10 @@ def test_stored_events_confirm_what_was_pending_there() -> None:
 
 
 def test_a_chain_key_is_its_parent_and_its_block_whatever_the_lengths() -> None:
-    """``chain`` against its definition, block by block: key i hashes key i-1, block i's token
-    ids and block i's extra keys; a trailing part has no key; a chain split anywhere on a
-    block boundary and continued from its last key gives the same keys (as events do)."""
+    """``chain`` against its definition, block by block: key i hashes key i-1 with the hash of
+    block i's token ids (and block i's extra keys, when it has any); a trailing part has no key;
+    a chain split anywhere on a block boundary and continued from its last key gives the same
+    keys (as events do)."""
     rng = random.Random(3)
     for _ in range(100):
         size = rng.choice([1, 2, 16, 17])
@@ -125,7 +126,8 @@ def test_a_chain_key_is_its_parent_and_its_block_whatever_the_lengths() -> None:
         expected, parent = [], ROOT
         for i in range(blocks):
             extra = extras[i] if i < len(extras) else None
-            parent = hash((parent, tuple(ids[i * size : (i + 1) * size]), extra)) & KEY_MASK
+            block = hash(tuple(ids[i * size : (i + 1) * size]))
+            parent = hash((parent, block) if extra is None else (parent, block, extra)) & KEY_MASK
             expected.append(parent)
         assert chain(ids, size, extras=extras or None) == expected
         cut = rng.randint(0, blocks)

@@ -12,7 +12,7 @@ import pytest
 
 from pd_proxy.config import ProxyConfig
 from pd_proxy.routing.cache.keys import chain, placement_key
-from pd_proxy.routing.cache.pending import PendingIndex
+from pd_proxy.routing.cache.pending import SWEEP_EVERY_S, PendingIndex
 from pd_proxy.routing.cache.scorer import CACHE, GUARD, LOAD, Candidate, Choice, choose, cost
 
 BLOCK = 4
@@ -53,6 +53,21 @@ def test_pending_continues_what_the_events_announced() -> None:
     assert pending.match("a", prompt, now=1.0, start=3) == 3  # 3 and 4 are neither
     assert pending.match("a", prompt, now=1.0) == 0
     assert pending.match("a", prompt, now=6.0, start=5) == 5  # lapsed: the events' alone
+
+
+def test_pending_lapses_are_swept_when_due_and_at_most_one_sweep_interval_late() -> None:
+    """Reading every replica's entries per request, the sweep for lapsed ones runs when one is
+    due and at most every SWEEP_EVERY_S: an entry may count up to that long past its TTL."""
+    pending = PendingIndex(ttl_s=5.0, capacity=100)
+    a, b, c = keys(1), keys(1, 300), keys(1, 600)
+    pending.record("r", a, now=0.0)
+    pending.record("r", b, now=4.8)
+    assert pending.match("r", a, now=5.0) == 0 and pending.match("r", b, now=5.0) == 1
+    pending.record("r", c, now=5.1)  # lapses at 10.1
+    assert pending.match("r", b, now=9.9) == 0  # swept at 9.9: the next not before 10.4
+    assert pending.match("r", c, now=10.2) == 1  # lapsed 0.1 s ago: within the slack
+    assert pending.match("r", c, now=9.9 + SWEEP_EVERY_S) == 0
+    assert "r" not in pending.replicas
 
 
 def test_pending_refreshed_by_a_later_request_lives_on() -> None:

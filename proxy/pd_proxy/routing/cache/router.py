@@ -14,7 +14,7 @@ entries and the approximate index alike; one that cannot be keyed is never predi
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pd_proxy import scheduler
 from pd_proxy.backends.pool import Backend, BackendPool
@@ -30,13 +30,14 @@ from pd_proxy.routing.cache.keys import Key, chain, hit_tokens, placement_key
 from pd_proxy.routing.cache.metrics import CacheMetrics
 
 DEFAULT_BLOCK_SIZE = 16  # the prompt's block count when no replica has told its block size
+_NONE: Mapping[Key, float] = {}  # a replica with no pending entries (never written)
 
 
 class _Keys:
     """A prompt's block-key chains with its extra keys, computed once per block size, and each
     role index's walk of them (one pass for all of its replicas)."""
 
-    __slots__ = ("ids", "extra", "keys", "walks")
+    __slots__ = ("ids", "extra", "keys", "walks", "_last")
 
     def __init__(self, ids: Sequence[int], extra: RequestKeys) -> None:
         self.ids = ids
@@ -45,6 +46,19 @@ class _Keys:
         # (role index, chain) by identity -> that index's walk of that chain; the entry keeps
         # the index alive and the plan its chains, so neither identity is reused meanwhile.
         self.walks: dict[tuple[int, int], tuple[BlockHolders, list[int]]] = {}
+        self._last: tuple[BlockHolders, list[Key], list[int]] | None = None
+
+    def walk(self, holders: BlockHolders, keys: list[Key]) -> list[int]:
+        """``holders``' walk of ``keys`` (one of these chains), walked once: every replica of a
+        role reads the same walk, so the last one is kept at hand."""
+        last = self._last
+        if last is not None and last[0] is holders and last[1] is keys:
+            return last[2]
+        found = self.walks.get((id(holders), id(keys)))
+        if found is None:
+            found = self.walks[id(holders), id(keys)] = (holders, holders.walk(keys))
+        self._last = (holders, keys, found[1])
+        return found[1]
 
 
 class CacheRouter:
@@ -159,25 +173,28 @@ class CacheRouter:
         return None
 
     def _counts(
-        self, backend: Backend, plan: _Keys, keys: list[Key] | None, now: float
+        self,
+        backend: Backend,
+        plan: _Keys,
+        keys: list[Key] | None,
+        entries: Mapping[Key, float],
     ) -> tuple[int, int, int]:
         """What ``backend`` holds, as far as known: the leading blocks of the prompt's ``keys``
-        (None: not keyable; confirmed, for the path, and for routing with what the proxy sent
-        there that its events have not announced yet) and its blocks in all (pending ones
-        included). One read per replica, few calls: the router makes 64 per request at 32
-        replicas."""
+        (None: not keyable; confirmed, for the path, and for routing with its pending
+        ``entries``: what the proxy sent there that its events have not announced yet) and its
+        blocks in all (pending ones included). One read per replica, few calls: the router
+        makes 64 per request at 32 replicas."""
         known = self.known
         url = backend.url
         indexes = known.indexes.get(url)
         if indexes is not None:
             if len(indexes) == 1:
-                fill = len(indexes[0])
+                fill = len(indexes[0].by_hash)
                 held = 0 if keys is None else _held(indexes[0], plan, keys)
             else:
                 # Several engines behind one API server (DP): it picks one, so count the least.
                 fill = min(len(i) for i in indexes)
                 held = 0 if keys is None else min(_held(i, plan, keys) for i in indexes)
-            entries = known.pending.live(url, now)
             if keys is None:
                 return 0, 0, fill + len(entries)
             return held, pending.run(entries, keys, held), fill + len(entries)
@@ -190,11 +207,7 @@ class CacheRouter:
 def _held(index: ReplicaIndex, plan: _Keys, keys: list[Key]) -> int:
     """Leading blocks of ``keys`` (one of ``plan``'s chains) ``index`` holds, from its role
     index's one walk of them."""
-    holders = index.holders
-    found = plan.walks.get((id(holders), id(keys)))
-    if found is None:
-        found = plan.walks[id(holders), id(keys)] = (holders, holders.walk(keys))
-    walk = found[1]
+    walk = plan.walk(index.holders, keys)
     return walk[index.slot] if index.slot < len(walk) else 0
 
 
@@ -223,12 +236,20 @@ class _PromptScore:
         now = time.monotonic()
         held = self.held
         keyable = plan.extra.keyable
+        live = router.known.pending.swept(now)
         candidates = []
+        chain_size, chain_keys = 0, None  # the last block size's chain (one size, mostly)
         for b in backends:  # one pass, one index read per replica
             url = b.url
             bs = sizes[url]
-            keys = None if bs is None or not keyable else router._keys(plan, bs)
-            confirmed, routed, fill = router._counts(b, plan, keys, now)
+            if bs is None or not keyable:
+                keys = None
+            elif bs == chain_size:
+                keys = chain_keys
+            else:
+                chain_size, keys = bs, router._keys(plan, bs)
+                chain_keys = keys
+            confirmed, routed, fill = router._counts(b, plan, keys, live.get(url, _NONE))
             held[url] = (confirmed, routed)
             candidates.append(
                 scorer.Candidate(
