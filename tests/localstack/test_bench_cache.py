@@ -416,3 +416,84 @@ def test_waiting_for_events_ends_when_the_index_holds_the_warm_up(
     assert pages == ["http://proxy"] * 3 and not caplog.records
     cache.wait_for_events("http://proxy", 8, timeout_s=0.0)  # never enough: a warning, no hang
     assert "fewer than 8 blocks from KV events" in caplog.text
+
+
+def test_the_full_cache_part_warms_nothing_and_restarts_the_proxy_before_each_kit_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = cache_plan.CachePlan(prefixes=4, per_prefix=2, prefix_len=32, suffix_len=8,
+                                shared_rounds=2)  # fmt: skip
+    urls = {"decode-a": "http://a", "decode-b": "http://b", "proxy-events": "http://proxy"}
+    events: list[str] = []
+    lock = threading.Lock()
+
+    def fake_ttft(url: str, body: dict[str, Any]) -> float:
+        with lock:
+            events.append(url)
+        return 0.01
+
+    monkeypatch.setattr(cache, "ttft_s", fake_ttft)
+    monkeypatch.setattr(cache, "reset_prefix_cache", lambda url: events.append(f"reset {url}"))
+    monkeypatch.setattr(cache, "snapshot", lambda sources: {k: {} for k in sources})
+    monkeypatch.setattr(cache.time, "sleep", lambda s: None)
+    monkeypatch.setattr(cache, "wait_for_events", lambda url, n: events.append("wait"))
+    runs = cache.run_held(urls, "m", plan, 16, fresh=lambda: events.append("fresh"))
+    assert [(r["arm"], r["round"]) for r in runs] == [
+        ("kit", 1), ("pinned", 1), ("pinned", 2), ("kit", 2)]  # fmt: skip
+    assert "wait" not in events  # no warm-up to wait for
+    runs_at = [i for i, e in enumerate(events) if e == "reset http://a"]
+    first = events[runs_at[0] : runs_at[0] + 4]
+    assert first == ["reset http://a", "reset http://b", "fresh", "http://proxy"]
+    assert events.count("fresh") == 2 and events.count("http://proxy") == 16
+
+
+def _full(arm: str, rnd: int, hits: float, a: int, b: int) -> dict[str, Any]:
+    def grown(n: int) -> dict[str, float]:
+        return {"vllm:prefix_cache_hits_total": hits * n / (a + b),
+                "vllm:request_success_total": n}  # fmt: skip
+
+    return {"arm": arm, "round": rnd, "ttft_s": [0.02] * (a + b),
+            "decodes": {"decode-a": grown(a), "decode-b": grown(b)}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kit_hits", "kit_split", "hits_met", "spread_met"),
+    [
+        (1000, (12, 12), True, True),
+        (995, (14, 10), True, True),  # 0.995 of the pinning client's: within 0.01 of ideal
+        (980, (12, 12), False, True),  # a run 0.02 short of the pinning client
+        (1100, (20, 4), True, False),  # more hits, but one decode took 83%
+    ],
+)
+def test_full_cache_goals_compare_each_run_with_the_pinning_client_and_cap_one_decodes_share(
+    kit_hits: float, kit_split: tuple[int, int], hits_met: bool, spread_met: bool
+) -> None:
+    runs = [_full("pinned", 1, 1000, 12, 12), _full("kit", 1, 1000, 12, 12),
+            _full("kit", 2, kit_hits, *kit_split), _full("pinned", 2, 1000, 12, 12)]  # fmt: skip
+    rows = cache_report.full_rows(runs, 1000)
+    assert [r["largest_share"] for r in rows[:2]] == [0.5, 0.5]
+    hits, spread = cache_report.full_goals(rows)
+    assert (hits.met, spread.met) == (hits_met, spread_met)
+    assert "2/2 runs within" in hits.measured if hits_met else "1/2 runs within" in hits.measured
+    text = cache_report.format_full(rows, PLAN)
+    assert "client pinning each prefix" in text and "| 2 | pd-proxy, cache-aware (events)" in text
+    assert [g.met for g in cache_report.full_goals([])] == [None, None]
+
+
+def test_the_full_cache_part_renders_its_rows_and_goals() -> None:
+    data = {"plan": PLAN.as_dict(), "errors": [],
+            "full": [_full("kit", 1, 64, 5, 3), _full("pinned", 1, 64, 4, 4)]}  # fmt: skip
+    outcome = cache.render(data, PLAN, 16)
+    assert "Full caches" in outcome.table and "largest share" in outcome.table
+    assert "full caches: no decode gets > 60% of the requests (kit)" in outcome.table
+    assert len(outcome.summary["full_rows"]) == 2
+
+
+def test_the_decodes_max_model_len_is_a_flag_checked_against_the_kv_blocks() -> None:
+    parser = argparse.ArgumentParser()
+    cache.add_arguments(parser)
+    flags = "--kv-blocks 43 --max-model-len 688 --prefixes 24 --prefix-len 600 --skip short"
+    args = parser.parse_args(flags.split())
+    assert cache.plan_from_args(args).shared_max_model_len == 688 and cache.check(args) is None
+    args.max_model_len = 704  # 43 blocks x 16 = 688 tokens: vLLM would refuse it
+    assert "below the decodes' --max-model-len 704" in (cache.check(args) or "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -76,12 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--shared-rounds", int, c.shared_rounds, f"runs per routing {d}"),
         ("--shared-concurrency", int, c.shared_concurrency, f"shared and held parts {d}"),
         ("--kv-blocks", int, c.kv_blocks, f"each decode's KV cache {d}"),
-        ("--skip", str, "", "comma-separated parts not to run: multi-turn,short,shared,held"),
+        ("--max-model-len", int, c.shared_max_model_len,
+         f"the two decodes' (at most --kv-blocks x the block size) {d}"),
+        ("--skip", str, "", "comma-separated parts not to run: multi-turn,short,shared,held,full"),
         ("--port-base", int, spec.DEFAULT_PORT_BASE, d),
     ])  # fmt: skip
 
 
-SKIPPABLE = ("multi-turn", "short", "shared", "held")
+SKIPPABLE = ("multi-turn", "short", "shared", "held", "full")
+TWO_DECODE_PARTS = {"shared", "held", "full"}
 
 
 def plan_from_args(args: argparse.Namespace) -> cp.CachePlan:
@@ -89,7 +93,8 @@ def plan_from_args(args: argparse.Namespace) -> cp.CachePlan:
     same = ("conversations", "context", "new", "think_ms", "short_requests", "prefix_len",
             "suffix_len", "prefixes", "per_prefix", "shared_rounds", "shared_concurrency",
             "kv_blocks")  # fmt: skip
-    return cp.CachePlan(levels=levels, local_max=args.local_max_tokens, **knobs(args, *same))
+    return cp.CachePlan(levels=levels, local_max=args.local_max_tokens,
+                        shared_max_model_len=args.max_model_len, **knobs(args, *same))  # fmt: skip
 
 
 def skipped(args: argparse.Namespace) -> set[str]:
@@ -318,22 +323,30 @@ def wait_for_events(proxy: str, blocks: int, timeout_s: float = 20.0) -> None:
 
 
 def run_held(
-    urls: dict[str, str], model: str, plan: cp.CachePlan, block_size: int
-) -> list[dict[str, Any]]:
+    urls: dict[str, str], model: str, plan: cp.CachePlan, block_size: int,
+    fresh: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Caches holding every prefix (prefix i warmed on decode i % 2), then the same requests
-    through the cache-aware proxy and from a client sending each prefix to its holder itself."""
+    through the cache-aware proxy and from a client sending each prefix to its holder itself.
+    With ``fresh`` (the full-cache part): no warm-up, each run starts on empty caches and,
+    for the proxy, a fresh proxy (``fresh`` restarts it): where new prefixes are placed, and
+    whether they stay there while the caches thrash, decides the hits."""
     decodes = {"decode-a": urls["decode-a"], "decode-b": urls["decode-b"]}
     holders = list(decodes.values())
     blocks = plan.prefixes * cp.prefix_blocks(plan.prefix_len, block_size, 0)  # the warm-up's
+    part = "held" if fresh is None else "full"
     runs = []
     for rnd in range(plan.shared_rounds):
         requests = cp.held_requests(plan, rnd)
         for arm in cp.rotation(list(cp.HELD_ARMS), rnd):
             for url in holders:
                 reset_prefix_cache(url)
-            for i in range(plan.prefixes):
-                ttft_s(holders[i % 2], request_body(model, cp.held_prefix(plan, i), None))
-            wait_for_events(urls["proxy-events"], blocks)  # the proxy has heard the warm-up
+            if fresh is None:
+                for i in range(plan.prefixes):
+                    ttft_s(holders[i % 2], request_body(model, cp.held_prefix(plan, i), None))
+                wait_for_events(urls["proxy-events"], blocks)  # the proxy has heard the warm-up
+            elif arm == "kit":
+                fresh()
 
             def one(req: tuple[int, list[int]], arm: str = arm) -> float:
                 url = urls["proxy-events"] if arm == "kit" else holders[req[0] % 2]
@@ -346,8 +359,15 @@ def run_held(
             runs.append({"arm": arm, "round": rnd + 1, "ttft_s": ttfts,
                          "concurrency": plan.shared_concurrency,
                          "decodes": counter_growth(before, snapshot(decodes))})  # fmt: skip
-            log.info("held-%d-%s: TTFT median %.1f ms", rnd + 1, arm, report.median_ms(ttfts))
+            log.info("%s-%d-%s: TTFT median %.1f ms", part, rnd + 1, arm,
+                     report.median_ms(ttfts))  # fmt: skip
     return runs
+
+
+def restart(proc: ManagedProcess, timeout_s: float) -> None:
+    """A fresh process in place of ``proc`` (its own index, pending entries and rotation)."""
+    proc.stop(grace_s=10)
+    start_all([proc], timeout_s)
 
 
 # --- the kind ---------------------------------------------------------------------------------
@@ -382,7 +402,7 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
             if "short" not in skip:
                 data["short"] = run_short(urls, model.served_name, plan)
             stop_all(extras)
-        if not {"shared", "held"} <= skip:
+        if not TWO_DECODE_PARTS <= skip:
             for part in set(stack.parts) - {"prefill"}:
                 stack.stop_part(part)
             urls.update(
@@ -406,6 +426,10 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
                 data["shared"] = run_shared(urls, model, plan, out)
             if "held" not in skip:
                 data["held"] = run_held(urls, model.served_name, plan, settings.block_size)
+            if "full" not in skip:
+                proxy = next(p for p in extras if p.name == "proxy-events")
+                fresh = functools.partial(restart, proxy, settings.startup_timeout_s)
+                data["full"] = run_held(urls, model.served_name, plan, settings.block_size, fresh)
     except Exception as exc:
         log.error("bench cache failed: %s", exc)
         data["errors"].append(f"{type(exc).__name__}: {exc}")
@@ -421,8 +445,9 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
     added = int(data.get("added_special_tokens", 1))
     ideal = cp.ideal_hit_tokens(plan, block_size, added)
     shared = report.shared_rows(data.get("shared", []), ideal)
+    full = report.full_rows(data.get("full", []), cp.held_ideal(plan, block_size))
     held = report.held_rows(data.get("held", []), cp.held_ideal(plan, block_size))
-    found = report.goals(multi, short, shared, held)
+    found = report.goals(multi, short, shared, held, full)
     text = ["## prefix caching: the kit against a single vLLM", ""]
     if multi:
         text += [report.format_multi_turn(multi, plan.context, plan.new), ""]
@@ -441,6 +466,8 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
         text += [report.format_shared(shared, ideal, description, prompts), ""]
     if held:
         text += [report.format_held(held, plan), ""]
+    if full:
+        text += [report.format_full(full, plan), ""]
     text += [report.format_goals(found)]
     errors = list(data.get("errors", []))
     failed = [r for r in data.get("shared", []) if r.get("returncode") != 0]
@@ -449,7 +476,8 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
         text += ["", "errors:", *(f"- {e}" for e in errors)]
     goals = [{**dataclasses.asdict(g), "verdict": g.verdict} for g in found]
     result = {**data, "multi_turn_rows": multi, "short_rows": short, "shared_rows": shared,
-              "held_rows": held, "ideal_hit_tokens": ideal, "goals": goals}  # fmt: skip
+              "held_rows": held, "full_rows": full, "ideal_hit_tokens": ideal,
+              "goals": goals}  # fmt: skip
     # The summary keeps the figures, not every request's TTFT.
     figures = {k: v for k, v in result.items() if k.endswith("_rows") or k in SUMMARY_KEYS}
     figures["errors"] = errors

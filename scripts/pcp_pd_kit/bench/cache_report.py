@@ -54,6 +54,8 @@ TARGET_TITLES = {
 MODE_TITLES = {"events": "cache-aware (events)", "off": "least outstanding (off)"}
 HELD_TITLES = {"kit": "pd-proxy, cache-aware (events)", "pinned": "client pinning each prefix"}
 HELD_MARGIN_MS = 5.0  # TTFT median, kit - pinning client
+FULL_HIT_MARGIN = 0.01  # full caches: each run's hits of ideal, pinning client - kit, at most
+FULL_SHARE_LIMIT = 0.6  # full caches: the most requests one decode gets, of the kit's
 
 
 def median_ms(seconds: Sequence[float]) -> float | None:
@@ -245,12 +247,74 @@ def format_held(rows: Sequence[Mapping[str, Any]], plan: CachePlan) -> str:
     )
 
 
+# --- full caches: new prefixes placed by the kit, against a client pinning each prefix ----------
+def full_rows(runs: Sequence[Mapping[str, Any]], ideal: int) -> list[dict[str, Any]]:
+    """Per run (arm and round): TTFT median, hit tokens of ideal, requests per decode and the
+    largest share of them one decode got."""
+    rows = []
+    for run in runs:
+        hits = sum(counter(g, HITS) for g in run["decodes"].values())
+        per = {k: counter(g, SUCCESS) for k, g in run["decodes"].items()}
+        total = sum(per.values())
+        rows.append({"arm": run["arm"], "round": run["round"],
+                     "ttft_ms": median_ms(run["ttft_s"]),
+                     "hit_fraction": hits / ideal if ideal else None,
+                     "requests_per_decode": per,
+                     "largest_share": max(per.values()) / total if total else None,
+                     "concurrency": run.get("concurrency", 4)})  # fmt: skip
+    return rows
+
+
+def full_goals(rows: Sequence[Mapping[str, Any]]) -> list[Goal]:
+    """In every round, the kit's hits at least the pinning client's less FULL_HIT_MARGIN, and
+    no decode given more than FULL_SHARE_LIMIT of the kit's requests (the worst round shown)."""
+    hits_text = f"full caches: each run's hits >= pinning client's - {FULL_HIT_MARGIN:g}"
+    share_text = f"full caches: no decode gets > {FULL_SHARE_LIMIT:.0%} of the requests (kit)"
+    kit = {r["round"]: r for r in rows if r["arm"] == "kit"}
+    pinned = {r["round"]: r for r in rows if r["arm"] == "pinned"}
+    rounds = sorted(set(kit) & set(pinned))
+    if not rounds:
+        return [Goal(hits_text, "events", 4, "not run", None),
+                Goal(share_text, "events", 4, "not run", None)]  # fmt: skip
+    c = kit[rounds[0]]["concurrency"]
+    gaps = {n: (kit[n]["hit_fraction"] or 0.0) - (pinned[n]["hit_fraction"] or 0.0) for n in rounds}
+    worst = min(rounds, key=lambda n: gaps[n])
+    within = sum(gaps[n] >= -FULL_HIT_MARGIN for n in rounds)
+    measured = (f"worst run {worst}: {kit[worst]['hit_fraction']:.3f} vs "
+                f"{pinned[worst]['hit_fraction']:.3f} ({gaps[worst]:+.3f}); "
+                f"{within}/{len(rounds)} runs within")  # fmt: skip
+    hits = Goal(hits_text, "events", c, measured, gaps[worst] >= -FULL_HIT_MARGIN)
+    shares = [kit[n]["largest_share"] or 0.0 for n in rounds]
+    most = max(shares)
+    spread = Goal(share_text, "events", c, f"largest share {most:.0%} (run "
+                  f"{rounds[shares.index(most)]})", most <= FULL_SHARE_LIMIT)  # fmt: skip
+    return [hits, spread]
+
+
+def format_full(rows: Sequence[Mapping[str, Any]], plan: CachePlan) -> str:
+    table = markdown_table(
+        ["run", "client", "TTFT p50 (ms)", "hits of ideal", "per decode", "largest share"],
+        [[r["round"], HELD_TITLES[r["arm"]], fmt_num(r["ttft_ms"]),
+          f"{r['hit_fraction']:.3f}" if r["hit_fraction"] is not None else "-",
+          " / ".join(f"{v:.0f}" for v in r["requests_per_decode"].values()),
+          f"{r['largest_share']:.0%}" if r["largest_share"] is not None else "-"]
+         for r in rows],
+    )  # fmt: skip
+    return (
+        f"Full caches ({plan.kv_blocks} KV blocks per decode, each run on empty caches and, for "
+        f"the kit, a fresh proxy; {plan.prefixes} x {plan.prefix_len} token ids, "
+        f"{plan.per_prefix} requests each with a {plan.suffix_len}-id suffix, max_tokens 1, "
+        f"c={plan.shared_concurrency}; the client sends prefix i to decode i % 2):\n\n{table}"
+    )
+
+
 # --- goals -------------------------------------------------------------------------------------
 def goals(
     multi: Sequence[Mapping[str, Any]],
     short: Sequence[Mapping[str, Any]],
     shared: Sequence[Mapping[str, Any]],
     held: Sequence[Mapping[str, Any]] = (),
+    full: Sequence[Mapping[str, Any]] = (),
 ) -> list[Goal]:
     """The cache goals; reported, never a failure."""
     out: list[Goal] = []
@@ -277,7 +341,7 @@ def goals(
     found = versus(None if why else local["ttft_ms"], single.get("ttft_ms"), SHORT_LIMIT, None, why)
     text = f"short prompts <= {SHORT_LIMIT:g}x single (local tokenizer)"
     out.append(Goal(text, "tokenizer", 1, *found, SHORT_LIMIT))
-    return [*out, held_goal(held)]
+    return [*out, held_goal(held), *full_goals(full)]
 
 
 def format_goals(found: Sequence[Goal]) -> str:
