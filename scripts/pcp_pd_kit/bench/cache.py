@@ -328,9 +328,8 @@ def run_held(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Caches holding every prefix (prefix i warmed on decode i % 2), then the same requests
     through the cache-aware proxy and from a client sending each prefix to its holder itself.
-    With ``fresh`` (the full-cache part): no warm-up, each run starts on empty caches and,
-    for the proxy, a fresh proxy (``fresh`` restarts it): where new prefixes are placed, and
-    whether they stay there while the caches thrash, decides the hits."""
+    With ``fresh`` (full caches): no warm-up, empty caches, and ``fresh`` restarts the proxy
+    before its runs: where new prefixes go, and stay while the caches thrash, decides the hits."""
     decodes = {"decode-a": urls["decode-a"], "decode-b": urls["decode-b"]}
     holders = list(decodes.values())
     blocks = plan.prefixes * cp.prefix_blocks(plan.prefix_len, block_size, 0)  # the warm-up's

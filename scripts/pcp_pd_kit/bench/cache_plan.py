@@ -77,7 +77,7 @@ class CachePlan:
                 f"--context {self.context} must exceed --local-max-tokens {self.local_max}: "
                 "a first turn must go P/D"
             )
-        held = self.kv_blocks * block_size
+        held = (self.kv_blocks - 1) * block_size  # vLLM keeps one block back (its null block)
         every = self.prefixes * prefix_blocks(self.prefix_len, block_size, 1)
         if self.kv_blocks >= every:
             out.append(
@@ -86,7 +86,8 @@ class CachePlan:
             )
         if held < self.shared_max_model_len:
             out.append(
-                f"--kv-blocks {self.kv_blocks} x block {block_size} = {held} tokens is below "
+                f"--kv-blocks {self.kv_blocks} less vLLM's null block, x block {block_size} = "
+                f"{held} tokens, is below "
                 f"the decodes' --max-model-len {self.shared_max_model_len}: vLLM refuses it"
             )
         longest = self.prefix_len + self.suffix_len + self.shared_output + 1

@@ -256,10 +256,8 @@ def full_rows(runs: Sequence[Mapping[str, Any]], ideal: int) -> list[dict[str, A
         hits = sum(counter(g, HITS) for g in run["decodes"].values())
         per = {k: counter(g, SUCCESS) for k, g in run["decodes"].items()}
         total = sum(per.values())
-        rows.append({"arm": run["arm"], "round": run["round"],
-                     "ttft_ms": median_ms(run["ttft_s"]),
-                     "hit_fraction": hits / ideal if ideal else None,
-                     "requests_per_decode": per,
+        rows.append({"arm": run["arm"], "round": run["round"], "ttft_ms": median_ms(run["ttft_s"]),
+                     "hit_fraction": hits / ideal if ideal else None, "requests_per_decode": per,
                      "largest_share": max(per.values()) / total if total else None,
                      "concurrency": run.get("concurrency", 4)})  # fmt: skip
     return rows
@@ -274,21 +272,18 @@ def full_goals(rows: Sequence[Mapping[str, Any]]) -> list[Goal]:
     pinned = {r["round"]: r for r in rows if r["arm"] == "pinned"}
     rounds = sorted(set(kit) & set(pinned))
     if not rounds:
-        return [Goal(hits_text, "events", 4, "not run", None),
-                Goal(share_text, "events", 4, "not run", None)]  # fmt: skip
+        return [Goal(text, "events", 4, "not run", None) for text in (hits_text, share_text)]
     c = kit[rounds[0]]["concurrency"]
     gaps = {n: (kit[n]["hit_fraction"] or 0.0) - (pinned[n]["hit_fraction"] or 0.0) for n in rounds}
     worst = min(rounds, key=lambda n: gaps[n])
     within = sum(gaps[n] >= -FULL_HIT_MARGIN for n in rounds)
-    measured = (f"worst run {worst}: {kit[worst]['hit_fraction']:.3f} vs "
-                f"{pinned[worst]['hit_fraction']:.3f} ({gaps[worst]:+.3f}); "
-                f"{within}/{len(rounds)} runs within")  # fmt: skip
-    hits = Goal(hits_text, "events", c, measured, gaps[worst] >= -FULL_HIT_MARGIN)
-    shares = [kit[n]["largest_share"] or 0.0 for n in rounds]
-    most = max(shares)
-    spread = Goal(share_text, "events", c, f"largest share {most:.0%} (run "
-                  f"{rounds[shares.index(most)]})", most <= FULL_SHARE_LIMIT)  # fmt: skip
-    return [hits, spread]
+    k, p = kit[worst]["hit_fraction"] or 0.0, pinned[worst]["hit_fraction"] or 0.0
+    measured = f"worst run {worst}: {k:.4f} vs {p:.4f}; {within}/{len(rounds)} runs within"
+    most = max(rounds, key=lambda n: kit[n]["largest_share"] or 0.0)
+    share = kit[most]["largest_share"] or 0.0
+    return [Goal(hits_text, "events", c, measured, gaps[worst] >= -FULL_HIT_MARGIN),
+            Goal(share_text, "events", c, f"largest share {share:.0%} (run {most})",
+                 share <= FULL_SHARE_LIMIT)]  # fmt: skip
 
 
 def format_full(rows: Sequence[Mapping[str, Any]], plan: CachePlan) -> str:
@@ -300,12 +295,10 @@ def format_full(rows: Sequence[Mapping[str, Any]], plan: CachePlan) -> str:
           f"{r['largest_share']:.0%}" if r["largest_share"] is not None else "-"]
          for r in rows],
     )  # fmt: skip
-    return (
-        f"Full caches ({plan.kv_blocks} KV blocks per decode, each run on empty caches and, for "
-        f"the kit, a fresh proxy; {plan.prefixes} x {plan.prefix_len} token ids, "
-        f"{plan.per_prefix} requests each with a {plan.suffix_len}-id suffix, max_tokens 1, "
-        f"c={plan.shared_concurrency}; the client sends prefix i to decode i % 2):\n\n{table}"
-    )
+    return (f"Full caches ({plan.kv_blocks} KV blocks per decode, empty at each run, and for the "
+            f"kit a fresh proxy; {plan.prefixes} x {plan.prefix_len} token ids, {plan.per_prefix} "
+            f"requests each with a {plan.suffix_len}-id suffix, max_tokens 1, c="
+            f"{plan.shared_concurrency}; prefix i pinned to decode i % 2):\n\n{table}")  # fmt: skip
 
 
 # --- goals -------------------------------------------------------------------------------------
