@@ -30,6 +30,7 @@ from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import Batch, Cleared
 from pd_proxy.routing.cache.holders import BlockHolders
 from pd_proxy.routing.cache.index import NEXT, Health, ReplicaIndex
+from pd_proxy.routing.cache.loop_share import LoopShare
 from pd_proxy.routing.cache.metrics import CacheMetrics
 from pd_proxy.routing.cache.pending import PendingIndex
 from pd_proxy.routing.cache.publishers import parse_sources
@@ -70,6 +71,7 @@ class CacheFollower:
         self.was_down: set[str] = set()
         self.approx = ApproxIndex(approx_blocks)
         self.pending = PendingIndex()
+        self.share = LoopShare()  # the event loop's slice all subscriptions draw on
         self.ctx: zmq.asyncio.Context | None = None
         self.index_capacity = index_capacity
         self.holders: dict[str, BlockHolders] = {}  # role -> its event index
@@ -213,7 +215,13 @@ class CacheFollower:
         indexes = [ReplicaIndex(holders, on_stored=confirm) for _ in publishers]
         subs = [
             Subscription(
-                b.url, p, idx, self.ctx, replay_timeout=REPLAY_TIMEOUT_S, on_batch=self._on_batch
+                b.url,
+                p,
+                idx,
+                self.ctx,
+                replay_timeout=REPLAY_TIMEOUT_S,
+                on_batch=self._on_batch,
+                share=self.share,
             )  # fmt: skip
             for p, idx in zip(publishers, indexes, strict=True)
         ]

@@ -13,8 +13,8 @@ A subscription to a stream the index has not followed yet first asks for the who
 waiting for their next batch; ``caught_up`` is then true, or once a first batch is applied (the
 proxy's readiness waits for it, pd_proxy.routing.cache.follow). Batches queued on the socket are
 read without the asyncio wrapper (its future per message cost more than a one-event batch) and
-handled in a run, yielding the event loop every ``YIELD_EVERY_S`` so a flood of events delays
-the relay by at most about that much.
+handled in a run while the subscriptions' shared slice of the event loop lasts
+(pd_proxy.routing.cache.loop_share), so a flood of events delays a relay by about one slice.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import zmq.asyncio
 
 from pd_proxy.routing.cache.events import END_SEQ, BadBatch, Batch, decode, sequence
 from pd_proxy.routing.cache.index import GAP, NEXT, RESET, ReplicaIndex
+from pd_proxy.routing.cache.loop_share import LoopShare
 from pd_proxy.routing.cache.publishers import Publisher
 
 log = logging.getLogger("pd_proxy.routing.cache")
 
-YIELD_EVERY_S = 0.002  # the longest run of batches handled without yielding the event loop
 CATCH_UP_YIELD = 256  # replayed batches applied between yields
 EVERYTHING = 1 << 62  # a replay's end: all the buffer holds
 
@@ -51,8 +51,10 @@ class Subscription:
         *,
         replay_timeout: float,
         on_batch: Callable[[str, Batch, str], None] | None = None,
+        share: LoopShare | None = None,
     ) -> None:
         self.replica = replica
+        self.share = LoopShare() if share is None else share  # the follower's, for all of them
         self.publisher = publisher
         self.index = index
         self.ctx = ctx
@@ -86,17 +88,14 @@ class Subscription:
         # The same socket without the asyncio wrapper: what is queued is read at a fraction of
         # the cost of an awaited receive (the wrapper's future per message).
         queued = zmq.Socket.shadow(sub.underlying)
-        clock = time.perf_counter
-        began = clock()
+        share = self.share
         while True:
             try:
                 frames = queued.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 frames = await sub.recv_multipart()  # waits, or returns at once if one came
+            await share.turn(self)  # a flood must not hold the event loop
             await self._handle_safely(frames)
-            if clock() - began >= YIELD_EVERY_S:
-                await asyncio.sleep(0)  # a flood must not hold the event loop
-                began = clock()
 
     async def _handle_safely(self, frames: list[bytes]) -> None:
         try:
