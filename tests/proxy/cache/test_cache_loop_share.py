@@ -20,7 +20,7 @@ async def interleaving(share: LoopShare, batches: int = 6) -> list[str]:
 
     async def subscription(name: str, share: LoopShare) -> None:
         for _ in range(batches):
-            await share.turn(name)
+            await share.turn()
             order.append(name)
             now[0] += 0.6  # the batch's work
 
@@ -56,8 +56,8 @@ async def test_one_share_lets_the_relay_in_after_about_one_slice_whatever_the_su
 
 async def test_a_waiting_subscription_cancelled_leaves_the_others_waiting_for_the_pass():
     share = LoopShare(seconds=1.0, clock=lambda: 5.0)  # the slice has run out
-    first = asyncio.create_task(share.turn("a"))
-    second = asyncio.create_task(share.turn("b"))
+    first = asyncio.create_task(share.turn())
+    second = asyncio.create_task(share.turn())
     await asyncio.sleep(0)
     first.cancel()
     await asyncio.wait_for(second, timeout=1.0)  # the pass came: it goes on

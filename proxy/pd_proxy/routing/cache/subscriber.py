@@ -94,7 +94,7 @@ class Subscription:
                 frames = queued.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 frames = await sub.recv_multipart()  # waits, or returns at once if one came
-            await share.turn(self)  # a flood must not hold the event loop
+            await share.turn()  # a flood must not hold the event loop
             await self._handle_safely(frames)
 
     async def _handle_safely(self, frames: list[bytes]) -> None:
