@@ -366,27 +366,39 @@ def test_held_goal_wants_the_pinning_clients_ttft_within_5_ms_and_its_hits(
     assert cache_report.held_goal([]).met is None
 
 
-def test_run_held_warms_each_prefix_on_its_holder_and_pins_only_the_pinning_client(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+HELD_URLS = {"decode-a": "http://a", "decode-b": "http://b", "proxy-events": "http://proxy"}
+
+
+def fake_held_servers(
+    monkeypatch: pytest.MonkeyPatch, rounds: int
+) -> tuple[cache_plan.CachePlan, list[tuple[Any, ...]]]:
+    """A small plan of ``rounds`` and ``run_held``'s servers faked; every call in order:
+    ``("ttft", url, prompt ids)``, ``("reset", url)``, ``("wait", url, blocks)``."""
     plan = cache_plan.CachePlan(prefixes=4, per_prefix=2, prefix_len=32, suffix_len=8,
-                                shared_rounds=1)  # fmt: skip
-    urls = {"decode-a": "http://a", "decode-b": "http://b", "proxy-events": "http://proxy"}
-    sent: list[tuple[str, list[int]]] = []
+                                shared_rounds=rounds)  # fmt: skip
+    calls: list[tuple[Any, ...]] = []
     lock = threading.Lock()
 
     def fake_ttft(url: str, body: dict[str, Any]) -> float:
         with lock:
-            sent.append((url, list(body["prompt"])))
+            calls.append(("ttft", url, list(body["prompt"])))
         return 0.01
 
     monkeypatch.setattr(cache, "ttft_s", fake_ttft)
-    monkeypatch.setattr(cache, "reset_prefix_cache", lambda url: None)
+    monkeypatch.setattr(cache, "reset_prefix_cache", lambda url: calls.append(("reset", url)))
     monkeypatch.setattr(cache, "snapshot", lambda sources: {k: {} for k in sources})
     monkeypatch.setattr(cache.time, "sleep", lambda s: None)
-    waits: list[tuple[str, int]] = []
-    monkeypatch.setattr(cache, "wait_for_events", lambda url, n: waits.append((url, n)))
-    runs = cache.run_held(urls, "m", plan, 16)
+    monkeypatch.setattr(cache, "wait_for_events", lambda url, n: calls.append(("wait", url, n)))
+    return plan, calls
+
+
+def test_run_held_warms_each_prefix_on_its_holder_and_pins_only_the_pinning_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan, calls = fake_held_servers(monkeypatch, rounds=1)
+    runs = cache.run_held(HELD_URLS, "m", plan, 16)
+    sent = [(c[1], c[2]) for c in calls if c[0] == "ttft"]
+    waits = [(c[1], c[2]) for c in calls if c[0] == "wait"]
     assert waits == [("http://proxy", 4 * 2)] * 2  # 4 prefixes of 2 blocks, before each run
     assert [r["arm"] for r in runs] == ["kit", "pinned"]
     holder = {tuple(cache_plan.held_prefix(plan, i)): ("http://a", "http://b")[i % 2]
@@ -421,26 +433,12 @@ def test_waiting_for_events_ends_when_the_index_holds_the_warm_up(
 def test_the_full_cache_part_warms_nothing_and_restarts_the_proxy_before_each_kit_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    plan = cache_plan.CachePlan(prefixes=4, per_prefix=2, prefix_len=32, suffix_len=8,
-                                shared_rounds=2)  # fmt: skip
-    urls = {"decode-a": "http://a", "decode-b": "http://b", "proxy-events": "http://proxy"}
-    events: list[str] = []
-    lock = threading.Lock()
-
-    def fake_ttft(url: str, body: dict[str, Any]) -> float:
-        with lock:
-            events.append(url)
-        return 0.01
-
-    monkeypatch.setattr(cache, "ttft_s", fake_ttft)
-    monkeypatch.setattr(cache, "reset_prefix_cache", lambda url: events.append(f"reset {url}"))
-    monkeypatch.setattr(cache, "snapshot", lambda sources: {k: {} for k in sources})
-    monkeypatch.setattr(cache.time, "sleep", lambda s: None)
-    monkeypatch.setattr(cache, "wait_for_events", lambda url, n: events.append("wait"))
-    runs = cache.run_held(urls, "m", plan, 16, fresh=lambda: events.append("fresh"))
+    plan, calls = fake_held_servers(monkeypatch, rounds=2)
+    runs = cache.run_held(HELD_URLS, "m", plan, 16, fresh=lambda: calls.append(("fresh",)))
+    events = [" ".join(c[:2]) if c[0] != "ttft" else c[1] for c in calls]
     assert [(r["arm"], r["round"]) for r in runs] == [
         ("kit", 1), ("pinned", 1), ("pinned", 2), ("kit", 2)]  # fmt: skip
-    assert "wait" not in events  # no warm-up to wait for
+    assert not [c for c in calls if c[0] == "wait"]  # no warm-up to wait for
     runs_at = [i for i, e in enumerate(events) if e == "reset http://a"]
     first = events[runs_at[0] : runs_at[0] + 4]
     assert first == ["reset http://a", "reset http://b", "fresh", "http://proxy"]
