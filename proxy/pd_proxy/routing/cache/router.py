@@ -238,17 +238,10 @@ class _PromptScore:
         keyable = plan.extra.keyable
         live = router.known.pending.swept(now)
         candidates = []
-        chain_size, chain_keys = 0, None  # the last block size's chain (one size, mostly)
         for b in backends:  # one pass, one index read per replica
             url = b.url
             bs = sizes[url]
-            if bs is None or not keyable:
-                keys = None
-            elif bs == chain_size:
-                keys = chain_keys
-            else:
-                chain_size, keys = bs, router._keys(plan, bs)
-                chain_keys = keys
+            keys = None if bs is None or not keyable else router._keys(plan, bs)
             confirmed, routed, fill = router._counts(b, plan, keys, live.get(url, _NONE))
             held[url] = (confirmed, routed)
             candidates.append(
