@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--shared-concurrency", int, c.shared_concurrency, f"shared and held parts {d}"),
         ("--kv-blocks", int, c.kv_blocks, f"each decode's KV cache {d}"),
         ("--max-model-len", int, c.shared_max_model_len,
-         f"the two decodes' (at most --kv-blocks x the block size) {d}"),
+         f"the two decodes' (at most (--kv-blocks - 1) x the block size) {d}"),
         ("--skip", str, "", "comma-separated parts not to run: multi-turn,short,shared,held,full"),
         ("--port-base", int, spec.DEFAULT_PORT_BASE, d),
     ])  # fmt: skip
@@ -444,8 +444,9 @@ def render(data: dict[str, Any], plan: cp.CachePlan, block_size: int) -> Outcome
     added = int(data.get("added_special_tokens", 1))
     ideal = cp.ideal_hit_tokens(plan, block_size, added)
     shared = report.shared_rows(data.get("shared", []), ideal)
-    full = report.full_rows(data.get("full", []), cp.held_ideal(plan, block_size))
-    held = report.held_rows(data.get("held", []), cp.held_ideal(plan, block_size))
+    held_ideal = cp.held_ideal(plan, block_size)
+    full = report.full_rows(data.get("full", []), held_ideal)
+    held = report.held_rows(data.get("held", []), held_ideal)
     found = report.goals(multi, short, shared, held, full)
     text = ["## prefix caching: the kit against a single vLLM", ""]
     if multi:

@@ -80,7 +80,7 @@ class PendingIndex:
 
     def live(self, replica: str, now: float) -> Mapping[Key, float]:
         """``replica``'s entries that have not lapsed (empty: none); read them, never write."""
-        return self.swept(now).get(replica, _NONE)
+        return self.swept(now).get(replica, NONE)
 
     def swept(self, now: float) -> Mapping[str, Mapping[Key, float]]:
         """Every replica's entries that have not lapsed (read them, never write): one lookup
@@ -114,4 +114,4 @@ def run(entries: Mapping[Key, float], keys: Sequence[Key], start: int) -> int:
     return n
 
 
-_NONE: OrderedDict[Key, float] = OrderedDict()  # never written: read as "no entries"
+NONE: Mapping[Key, float] = {}  # a replica without entries (never written)

@@ -30,7 +30,6 @@ from pd_proxy.routing.cache.keys import Key, chain, hit_tokens, placement_key
 from pd_proxy.routing.cache.metrics import CacheMetrics
 
 DEFAULT_BLOCK_SIZE = 16  # the prompt's block count when no replica has told its block size
-_NONE: Mapping[Key, float] = {}  # a replica with no pending entries (never written)
 
 
 class _Keys:
@@ -242,7 +241,7 @@ class _PromptScore:
             url = b.url
             bs = sizes[url]
             keys = None if bs is None or not keyable else router._keys(plan, bs)
-            confirmed, routed, fill = router._counts(b, plan, keys, live.get(url, _NONE))
+            confirmed, routed, fill = router._counts(b, plan, keys, live.get(url, pending.NONE))
             held[url] = (confirmed, routed)
             candidates.append(
                 scorer.Candidate(
