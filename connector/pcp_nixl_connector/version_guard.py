@@ -56,6 +56,7 @@ REQUIRED_MEMBERS: dict[str, tuple[str, ...]] = {
         "xfer_handshake_metadata",
         "get_transfer_results",
         "get_kv_connector_stats",
+        "_read_blocks",
     ),
 }
 

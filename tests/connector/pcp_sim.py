@@ -125,6 +125,9 @@ class StubPcpWorker:
         else:
             self.awaiting_read.update(reqs_to_send)
 
+    def _read_blocks(self, *args: Any, **kwargs: Any) -> bool:
+        raise AssertionError("a producer's worker never posts a read")
+
     def decode_read(self, req_id: str) -> None:
         self.awaiting_read.remove(req_id)
         self.done.add(req_id)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pcp_nixl_connector.amx import AmxStatus, cpu_has_amx
+from pcp_nixl_connector.metric_names import HANDOVER_SECONDS
 from pcp_pd_kit.localstack.commands import prefill_cpus_apart_from_decode
 from pcp_pd_kit.localstack.live import (
     HttpError,
@@ -49,6 +50,7 @@ log = logging.getLogger("pcp_pd_kit.localstack")
 CASE_BY_NAME = {case.name: case for case in CASES}
 KV_USAGE = "vllm:kv_cache_usage_perc"
 EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
+HANDOVER_COUNT = f"{HANDOVER_SECONDS}_count"
 
 
 def _pd(stack: Stack, name: str, fresh: bool = False) -> Output:
@@ -162,7 +164,9 @@ def test_decode_metrics_prove_kv_came_over_nixl(
     references: dict[str, Output], pd_stack: Stack
 ) -> None:
     """One P/D request's change on decode: prompt tokens from NIXL, none computed locally, none
-    from decode's prefix cache (the request carries a unique cache_salt: a full transfer).
+    from decode's prefix cache (the request carries a unique cache_salt: a full transfer), and
+    its handover stamped on both sides of the read (the worker's stamp rides on vLLM's own
+    ``_read_blocks``: if vLLM stopped calling it, the phases would stop counting).
 
     Deltas, not totals: the same decode also serves decode-alone requests (conditional
     disaggregation, request shapes), which compute their prompts locally by design.
@@ -173,6 +177,8 @@ def test_decode_metrics_prove_kv_came_over_nixl(
         (by_source, {"source": "local_compute"}),
         ("vllm:nixl_xfer_time_seconds_count", {}),
         (by_source, {"source": "local_cache_hit"}),
+        (HANDOVER_COUNT, {"phase": "admitted_to_read_posted"}),
+        (HANDOVER_COUNT, {"phase": "read_posted_to_transfer_done"}),
     )
 
     def counts() -> list[float]:
@@ -184,9 +190,12 @@ def test_decode_metrics_prove_kv_came_over_nixl(
 
     def changed() -> list[float] | None:
         delta = [a - b for a, b in zip(counts(), before, strict=True)]
-        return delta if delta[0] > 0 and delta[2] > 0 else None
+        return delta if delta[0] > 0 and delta[2] > 0 and min(delta[4:]) > 0 else None
 
-    external, local, _, cached = wait_until(changed, 10, "decode's NIXL counters to move", 0.2)
+    external, local, _, cached, *phases = wait_until(
+        changed, 10, "decode's NIXL and handover counters to move", 0.2
+    )
+    assert phases == [1, 1], f"one request, handover phases counted {phases}"
     assert local == 0, f"a P/D request computed {local} prompt tokens on decode"
     assert cached == 0, f"a salted P/D request took {cached} prompt tokens from decode's cache"
     assert external > 0

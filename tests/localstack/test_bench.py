@@ -662,6 +662,9 @@ def test_remote_mode_sends_the_key_and_starts_nothing(
         if path.is_file():
             assert API_KEY not in path.read_text(errors="replace"), path
     assert "TTFT median" in out and "not run" in out  # no single: its column is n/a
+    # no goal could be measured without single: none listed, the count said instead
+    assert "TTFT median P/D/single" not in out.split("== goals ==")[1]
+    assert "none measured" in out and "6 more not run" in out
 
 
 @pytest.mark.vllm

@@ -157,6 +157,7 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
                 )
             self.connector_scheduler = None
             self.connector_worker = worker
+            self._stamp_reads(worker)
             if self.cpu_knobs.early_kv_load:
                 self._early_kv_load = is_cpu_platform()
                 if not self._early_kv_load:
@@ -343,12 +344,20 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
     def _post_loads(self, forward_context: ForwardContext | None, **kwargs: Any) -> None:
         # NixlPullConnector.start_load_kv reads only the bound metadata, never the context.
         super().start_load_kv(cast("ForwardContext", forward_context), **kwargs)
-        metadata = self._connector_metadata
-        to_recv = getattr(metadata, "reqs_to_recv", None)
-        if to_recv:
-            now = time.monotonic()
-            events = [handover.stamp(rid, handover.READ_POSTED, now) for rid in to_recv]
-            self._stats().record_handover(events)
+
+    def _stamp_reads(self, worker: NixlPullConnectorWorker) -> None:
+        """Stamp a request's ``read_posted`` as its read is handed to NIXL (vLLM's worker posts
+        each read through ``_read_blocks``, at once or once the peer's handshake is done), not
+        after ``start_load_kv`` returns: with host memory UCX copies the blocks (cma) inside the
+        post call, so that stamp put the copy itself in the wait before the read."""
+        post = worker._read_blocks
+
+        def stamped_post(*args: Any, **kwargs: Any) -> Any:
+            request_id = kwargs["request_id"] if "request_id" in kwargs else args[2]
+            self._stats().record_handover([handover.stamp(request_id, handover.READ_POSTED)])
+            return post(*args, **kwargs)
+
+        worker._read_blocks = stamped_post  # type: ignore[method-assign]
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         assert self.connector_worker is not None
