@@ -120,8 +120,7 @@ class Run:
 
 
 def hit_rate(counters: Mapping[str, float] | None) -> float | None:
-    """hits / queries of vLLM's prefix-cache counters grown over a run; None: not read or none
-    looked up."""
+    """hits / queries of the prefix-cache counters grown over a run (None: unread, no query)."""
     queries = (counters or {}).get(PREFIX_QUERIES)
     return None if not queries else (counters or {}).get(PREFIX_HITS, 0.0) / queries
 
@@ -375,14 +374,11 @@ def render(
         title = f"== where TTFT goes, {name} workload, c={chosen[0].level} (means) =="
         text += ["", title, format_breakdown(chosen)]
     found = goals(by)
-    ran = [g for g in found if g["measured"] != "not run"]  # the rest stay in result.json
-    rows = [[g["goal"], g["measured"], VERDICT[g["met"]]] for g in ran]
+    ran = [g for g in found if g["measured"] != "not run"]  # all of them in result.json
+    rows = [[g["goal"], g["measured"], VERDICT[g["met"]]] for g in ran] or [["none measured"] * 3]
+    more = [f"{len(found) - len(ran)} more not run (their targets or levels were not run)"]
     head = ["goal (reported, never a failure)", "measured", "result"]
-    text += ["", "== goals ==", markdown_table(head, rows) if ran else "none measured"]
-    if len(ran) < len(found):
-        text.append(
-            f"{len(found) - len(ran)} more not run: their targets or levels were not in this run"
-        )
+    text += ["", "== goals ==", markdown_table(head, rows), *more[: len(found) - len(ran)]]
     if errors:
         text += ["", "errors (their cells read n/a):", *(f"- {e}" for e in errors)]
     checks = [{"run": r.name, **asdict(c)} for r in runs if (c := check(r)) is not None]
