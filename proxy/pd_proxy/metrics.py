@@ -234,15 +234,6 @@ class ProxyMetrics:
             ("outcome", "reason"),
             registry=reg,
         )
-        self.prompt_ids = Counter(
-            "pd_proxy_decode_prompt_ids",
-            "P/D requests by how their decode leg got the prompt: forwarded (the token ids the "
-            "prefill computed), text (the client's own; outcome reason: not_eligible, an echo, "
-            "a suffix, media or several prompts; not_answered, the prefill answered none or "
-            "no KV).",
-            ("outcome", "reason"),
-            registry=reg,
-        )
         self.refused = Counter(
             "pd_proxy_refused",
             "Requests refused before any backend was touched, by the shape that P/D cannot "

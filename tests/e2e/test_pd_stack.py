@@ -166,8 +166,7 @@ def test_decode_metrics_prove_kv_came_over_nixl(
     """One P/D request's change on decode: prompt tokens from NIXL, none computed locally, none
     from decode's prefix cache (the request carries a unique cache_salt: a full transfer), and
     its handover stamped on both sides of the read (the worker's stamp rides on vLLM's own
-    ``_read_blocks``: if vLLM stopped calling it, the phases would stop counting). The decode got
-    the prompt as the prefill's token ids (pd-proxy's decode-side token reuse).
+    ``_read_blocks``: if vLLM stopped calling it, the phases would stop counting).
 
     Deltas, not totals: the same decode also serves decode-alone requests (conditional
     disaggregation, request shapes), which compute their prompts locally by design.
@@ -186,14 +185,8 @@ def test_decode_metrics_prove_kv_came_over_nixl(
         decode = scrape(pd_stack.urls["decode"])
         return [total(decode, name, **labels) or 0.0 for name, labels in series]
 
-    def forwarded() -> float:
-        proxy = scrape(pd_stack.urls["proxy"])
-        return total(proxy, "pd_proxy_decode_prompt_ids_total", outcome="forwarded") or 0.0
-
-    before, ids_before = counts(), forwarded()
+    before = counts()
     assert _pd(pd_stack, "short", fresh=True) == references["short"]
-    # the decode took the prompt as the prefill's token ids, and answered the same
-    assert forwarded() - ids_before == 1
 
     def changed() -> list[float] | None:
         delta = [a - b for a, b in zip(counts(), before, strict=True)]

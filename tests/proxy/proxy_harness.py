@@ -6,7 +6,6 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -14,7 +13,7 @@ from multidict import CIMultiDict
 
 from pd_proxy.api.app import PROXY_KEY, RUNNING_KEY, build_app, build_metrics_app, make_runner
 from pd_proxy.config import ProxyConfig
-from pd_proxy.testing.fake_model import DECODE, PREFILL, render_chat, tokenize
+from pd_proxy.testing.fake_model import DECODE, PREFILL
 from pd_proxy.testing.fake_vllm import FakeVLLM
 from tests.support.net import closed_port_url
 
@@ -154,37 +153,3 @@ def sse_events(raw: bytes) -> list[str]:
         if block.startswith("data: "):
             events.append(block[len("data: ") :])
     return events
-
-
-def forwards_ids(path: str, client: dict[str, Any]) -> bool:
-    """Whether the normal flow sends this test body's prompt to decode as token ids: one text
-    prompt, or chat messages of text, without echo (the bodies these tests send)."""
-    if client.get("echo") or client.get("return_prompt_text"):
-        return False
-    if path == "/v1/completions":
-        prompt = client.get("prompt")
-        prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
-        return isinstance(prompt, str) and client.get("suffix") is None
-    contents = [m.get("content") for m in client.get("messages", [])]
-    parts = [p for c in contents if isinstance(c, list) for p in c]
-    return all(p == {"type": "text", "text": p.get("text")} for p in parts)
-
-
-def prefill_leg_of(path: str, client: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
-    """``expected`` (the one-token prefill body) plus ``return_token_ids`` where ids go on."""
-    return {**expected, "return_token_ids": True} if forwards_ids(path, client) else expected
-
-
-def decode_leg_of(path: str, client: dict[str, Any], kv: dict[str, Any]) -> dict[str, Any]:
-    """The decode leg of the normal flow: the client body and the prefill's KV, the prompt as
-    the fake's token ids where they are forwarded (completions: ``prompt``; chat: vLLM's
-    ``kv_transfer_params.prompt_token_ids``)."""
-    body = {**client, "kv_transfer_params": kv}
-    if not forwards_ids(path, client):
-        return body
-    if path == "/v1/completions":
-        prompt = client["prompt"]
-        body["prompt"] = tokenize(prompt[0] if isinstance(prompt, list) else prompt)
-    else:
-        body["kv_transfer_params"] = {**kv, "prompt_token_ids": tokenize(render_chat(client))}
-    return body

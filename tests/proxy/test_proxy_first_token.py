@@ -18,14 +18,7 @@ import pytest
 from pd_proxy.config import ConfigError, load_config
 from pd_proxy.modes.first_token import FirstTokenMode
 from pd_proxy.testing.fake_model import GEN_BASE, render_chat, tokenize
-from tests.proxy.proxy_harness import (
-    EXPECTED_PREFILL_KV,
-    Stack,
-    decode_leg_of,
-    forwards_ids,
-    pd_stack,
-    sse_events,
-)
+from tests.proxy.proxy_harness import EXPECTED_PREFILL_KV, Stack, pd_stack, sse_events
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 FIRST = {"first_token_from_prefill": True}
@@ -338,10 +331,8 @@ async def test_requests_the_continuation_cannot_reproduce_take_the_normal_flow(
         status, headers, raw = await s.post(path, body)
         assert status == 200, raw
         [p], [d] = s.prefill.seen, s.decode.seen
-        # the normal flow's legs (the prompt as ids where they are forwarded)
-        asked = p.body.get("return_token_ids")
-        assert bool(asked) == (forwards_ids(path, body) or bool(fields.get("return_token_ids")))
-        assert d.body == decode_leg_of(path, body, s.prefill.issued[headers["X-Request-Id"]])
+        assert "return_token_ids" not in p.body or fields.get("return_token_ids")
+        assert d.body == {**body, "kv_transfer_params": s.prefill.issued[headers["X-Request-Id"]]}
         assert outcome(s, "normal", reason) == 1
         assert outcome(s, "continued") == 0
 
@@ -572,8 +563,7 @@ async def test_off_by_default_the_legs_are_the_normal_ones():
     async with pd_stack() as s:
         status, _, _ = await s.post(COMPLETIONS, body_for(COMPLETIONS, max_tokens=2))
         assert status == 200
-        # the normal flow asks for the prompt's ids (for the decode), not for token 1's
-        assert isinstance(s.decode.seen[0].body["prompt"], list)
+        assert "return_token_ids" not in s.prefill.seen[0].body
         assert not isinstance(s.running.pipeline.pd, FirstTokenMode)
         text = s.metrics.render().decode()
         assert "# TYPE pd_proxy_first_token_requests_total counter" in text

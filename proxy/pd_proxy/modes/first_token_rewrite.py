@@ -29,7 +29,7 @@ from typing import Any, TypeGuard
 
 from pd_proxy.protocol.codec import dumps, loads
 from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
-from pd_proxy.protocol.pd_bodies import prefill_body, text_only, usage, usage_options
+from pd_proxy.protocol.pd_bodies import prefill_body, usage, usage_options
 from pd_proxy.protocol.sse import DONE, EventSplitter, event, event_json, events
 
 # vLLM's CompletionRequest.max_tokens default (chat has none: the context decides).
@@ -138,9 +138,25 @@ def request_fallback(endpoint: Endpoint, body: dict[str, Any]) -> str | None:
             prompt = prompt[0]  # a batch of one prompt is one choice
         if not ((isinstance(prompt, str) and prompt) or _is_int_list(prompt)):
             return "prompt"  # several prompts: several choices
-    elif not text_only(body.get("messages")):
+    elif not _text_only(body.get("messages")):
         return "messages"  # media: decode re-renders the messages and ignores forwarded ids
     return None
+
+
+def _text_only(messages: Any) -> bool:
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if not isinstance(message, dict):
+            return False
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or part.get("type", "text") != "text":
+                    return False
+                if set(part) - {"type", "text"}:
+                    return False
+    return True
 
 
 def prefill_body_first_token(body: dict[str, Any]) -> dict[str, Any]:

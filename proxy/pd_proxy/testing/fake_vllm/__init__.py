@@ -409,14 +409,7 @@ class FakeVLLM:
         return resp
 
     def _json(self, a: Answer, kv: dict[str, Any] | None) -> web.Response:
-        data = completion_body(a, kv, self.model)
-        if self.answers is not None and self.role == PREFILL:
-            # Answering GSM8K needs the prompt's text on decode, and the fake's word ids do
-            # not spell it back: this prefill withholds them (the proxy then sends the text).
-            data["prompt_token_ids"] = None
-            for choice in data["choices"]:
-                choice["prompt_token_ids"] = None
-        payload = json.dumps(data).encode()
+        payload = json.dumps(completion_body(a, kv, self.model)).encode()
         if self.record:
             self.sent[a.rid] = payload
         return web.Response(body=payload, content_type="application/json")
