@@ -1,9 +1,9 @@
 """The documentation stays readable in one sitting: docs/ and the README and every component README
 together at most 200 KB of prose; the committed bench summaries (docs/results/, generated records
-every figure cites) at most 88 KB of their own, so each new figure can bring its summary without
+every figure cites) at most 92 KB of their own, so each new figure can bring its summary without
 the prose paying for it, and the records still cannot pile up unread. (88: the fleet bench's
 events runs, alternated three times with the code before because one run's p99 moves with the
-host.)"""
+host; 92: the serve run behind the handover's read-posted stamp.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.support import doc_citations as dc
 from tests.support.paths import REPO
 
 LIMIT_BYTES = 200 * 1024
-RESULTS_LIMIT_BYTES = 88 * 1024
+RESULTS_LIMIT_BYTES = 92 * 1024
 
 
 def documentation(root: Path) -> list[Path]:
@@ -40,7 +40,7 @@ def test_the_documentation_totals_at_most_200_kb() -> None:
     assert size <= LIMIT_BYTES, f"the docs total {size} bytes (limit {LIMIT_BYTES}); largest: {top}"
 
 
-def test_the_committed_bench_summaries_total_at_most_88_kb() -> None:
+def test_the_committed_bench_summaries_total_at_most_92_kb() -> None:
     size = total_bytes(summaries(REPO))
     assert 0 < size <= RESULTS_LIMIT_BYTES, f"docs/results holds {size} bytes"
 

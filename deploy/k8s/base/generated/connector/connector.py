@@ -15,7 +15,6 @@ stock vLLM. Importing this module registers the class with vLLM's connector fact
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -357,7 +356,7 @@ class PcpCanonicalNixlConnector(NixlPullConnector):
             self._stats().record_handover([handover.stamp(request_id, handover.READ_POSTED)])
             return post(*args, **kwargs)
 
-        worker._read_blocks = stamped_post  # type: ignore[method-assign]
+        worker._read_blocks = stamped_post
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         assert self.connector_worker is not None
