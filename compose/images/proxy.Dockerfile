@@ -24,8 +24,17 @@ RUN set -eu; \
     fi; \
     mv /kit/wheels-all/proxy /kit/wheels 2>/dev/null || mkdir -p /kit/wheels; \
     python3 -m venv /opt/venv; \
+    # A C compiler (and Python's headers where the base lacks them) for pd-proxy's block-key
+    # chain in C, removed again once it is built; the build fails if the chain is not native.
+    build_deps="gcc libc6-dev"; \
+    python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+      || build_deps="$build_deps python3-dev"; \
+    apt-get update -qq; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $build_deps >/dev/null; \
     /opt/venv/bin/pip install -q ${PIP_INSTALL_ARGS} -c /kit/constraints.txt /kit/proxy; \
-    rm -rf /kit; \
+    /opt/venv/bin/python -c 'from pd_proxy.routing.cache import keys; assert keys.NATIVE, "the C chain was not built"'; \
+    apt-get purge -y -qq --auto-remove $build_deps >/dev/null; \
+    apt-get clean; rm -rf /var/lib/apt/lists/* /kit; \
     useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin pdproxy
 USER 10001
 EXPOSE 8000

@@ -254,3 +254,30 @@ def test_unknown_option_is_refused(machine: Machine) -> None:
     assert res.returncode == 1
     assert "unknown option '--colder'" in res.stderr
     assert machine.calls() == []
+
+
+def test_the_inputs_tag_follows_the_proxys_c_source(machine: Machine) -> None:
+    """The proxy image compiles pd-proxy's C chain: an edit to it (or to a module) is a new
+    inputs-* tag, so the warm path rebuilds instead of keeping an image built from the old one;
+    a compiled object in the tree (``make install`` builds it in place) changes nothing."""
+    cache = machine.root / "proxy" / "pd_proxy" / "routing" / "cache"
+    cache.mkdir(parents=True)
+    source = cache / "_chain.c"
+    source.write_text("/* one */\n")
+    probe = f'source "{machine.root}/scripts/images.sh"; cd "$ROOT"; build_inputs_tag local\n'
+
+    def tag() -> str:
+        res = subprocess.run(
+            ["bash", "-c", probe], env=machine.env, capture_output=True, text=True, timeout=60
+        )
+        assert res.returncode == 0 and res.stdout.startswith("inputs-"), res.stdout + res.stderr
+        return res.stdout.strip()
+
+    first = tag()
+    (cache / "_chain.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    assert tag() == first
+    source.write_text("/* two */\n")
+    second = tag()
+    assert second != first
+    (cache / "keys.py").write_text("NATIVE = True\n")
+    assert tag() not in (first, second)

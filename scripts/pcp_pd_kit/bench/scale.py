@@ -38,6 +38,7 @@ log = logging.getLogger("pcp_pd_kit.bench")
 PHASES = ("routing", "events", "memory", "flows")
 KEY = "sk-scale-admin"  # the flows phase's key for /metrics
 HEARTBEAT_S = 0.2  # while a proxy subscribes: its first batch asks the replay for the rest
+TURN = 10  # routing: requests per proxy per turn, off and on alternating (docs/bench.md: why)
 READY_TIMEOUT_S = 120.0
 BOUND_FLAG = "--cache-index-max-blocks"  # the index's bound, where pd-proxy has one
 # A loaded 2-core host answers a health check late now and then: no replica taken out for it.
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--prompt-tokens", int, [1024, 8192, 32768], "prompt lengths", many),
         ("--prefixes", int, 2, "prompts of each length, 7/8 of each held by every replica"),
         ("--requests", int, 100, "requests per proxy, length and round (c=1)"),
-        ("--rounds", int, 2, "rounds of routing off and on, the order flipped each round"),
+        ("--rounds", int, 2, f"rounds of --requests per proxy, in turns of {TURN} alternating"),
         ("--event-replicas", int, 32, "fleet size of the events and relay phase"),
         ("--event-rates", int, [10000, 20000, 40000, 80000, 160000, 320000],
          "KV events/s sent, one block each; past 40000 it stops at the first not kept up", many),
@@ -83,8 +84,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def proxy_source(ref: str, out: Path) -> tuple[dict[str, str], str]:
-    """pd-proxy as committed at ``ref``, unpacked under ``out``: the environment that runs it
-    (PYTHONPATH, ahead of the editable install) and the commit."""
+    """pd-proxy at ``ref`` unpacked under ``out``: its environment (PYTHONPATH) and commit."""
 
     def git(*argv: str) -> bytes:
         done = subprocess.run(["git", *argv], cwd=repo_root(), check=True, capture_output=True)
@@ -92,6 +92,8 @@ def proxy_source(ref: str, out: Path) -> tuple[dict[str, str], str]:
 
     commit = git("rev-parse", ref).decode().strip()
     subprocess.run(["tar", "-x", "-C", str(out)], input=git("archive", commit, "proxy"), check=True)
+    build = [sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_ext"]
+    subprocess.run([*build, "--inplace"], cwd=out / "proxy", check=True)  # its C chain, in place
     return {"PYTHONPATH": str(out / "proxy")}, commit
 
 
@@ -114,10 +116,8 @@ def cpu_seconds(pid: int) -> float:
 
 def rss_mb(pid: int) -> float:
     """Resident memory of a process (MB), from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next((int(x.split()[1]) / 1024 for x in lines if x.startswith("VmRSS:")), 0.0)
 
 
 class Scale:
@@ -219,7 +219,7 @@ class Scale:
 
     async def routing_row(self, replicas: int, length: int, off: tuple[str, int],
                           on: tuple[str, int]) -> dict[str, Any]:  # fmt: skip
-        """Both proxies in alternating rounds of the same prompts, one request at a time."""
+        """Both proxies in alternating turns (``TURN``) of the same prompts, one at a time."""
         a, bs, n = self.args, self.fleet["block_size"], self.args.requests
         bodies = [body(report.prompt(length, i % a.prefixes, i, bs)) for i in range(n * a.rounds)]
         runs = {"off": off, "events": on}
@@ -227,14 +227,13 @@ class Scale:
             await load.timed(self.session, url, bodies[:4])
         got: dict[str, list[Any]] = {m: [[], 0.0, 0] for m in runs}
         hits = -report.total(await load.page(self.session, on[0]), report.PREDICTED, role="decode")
-        for r in range(a.rounds):
-            for mode in list(runs)[:: 1 if r % 2 == 0 else -1]:
+        for r in range(0, n * a.rounds, TURN):
+            for mode in list(runs)[:: 1 if r // TURN % 2 == 0 else -1]:
                 url, pid = runs[mode]
                 cpu = cpu_seconds(pid)
-                lat, errors = await load.timed(self.session, url, bodies[r * n : (r + 1) * n])
-                got[mode][0] += lat
-                got[mode][1] += cpu_seconds(pid) - cpu
-                got[mode][2] += errors
+                lat, errors = await load.timed(self.session, url, bodies[r : r + TURN])
+                done = got[mode]
+                done[:] = done[0] + lat, done[1] + cpu_seconds(pid) - cpu, done[2] + errors
         hits += report.total(await load.page(self.session, on[0]), report.PREDICTED, role="decode")
         timed = {m: report.timing(lat, cpu, n * a.rounds, e) for m, (lat, cpu, e) in got.items()}
         share = hits / (n * a.rounds * length)

@@ -11,7 +11,7 @@ import pytest
 from pd_proxy.routing.cache.approx import ApproxIndex
 from pd_proxy.routing.cache.events import BadBatch, Cleared, Removed, Stored, decode
 from pd_proxy.routing.cache.index import GAP, NEXT, RESET, ReplicaIndex
-from pd_proxy.routing.cache.keys import KEY_MASK, ROOT, chain, hit_tokens
+from pd_proxy.routing.cache.keys import KEY_MASK, ROOT, chain, hit_tokens, python_chain
 from pd_proxy.routing.cache.pending import PendingIndex
 from pd_proxy.routing.decider import decide
 
@@ -112,7 +112,8 @@ def test_stored_events_confirm_what_was_pending_there() -> None:
 
 
 def test_a_chain_key_is_its_parent_and_its_block_whatever_the_lengths() -> None:
-    """``chain`` against its definition, block by block: key i hashes key i-1 with the hash of
+    """The Python ``chain`` (pd-proxy's fallback where its C one is not built) against its
+    definition, block by block: key i hashes key i-1 with the hash of
     block i's token ids (and block i's extra keys, when it has any); a trailing part has no key;
     a chain split anywhere on a block boundary and continued from its last key gives the same
     keys (as events do)."""
@@ -129,10 +130,10 @@ def test_a_chain_key_is_its_parent_and_its_block_whatever_the_lengths() -> None:
             block = hash(tuple(ids[i * size : (i + 1) * size]))
             parent = hash((parent, block) if extra is None else (parent, block, extra)) & KEY_MASK
             expected.append(parent)
-        assert chain(ids, size, extras=extras or None) == expected
+        assert python_chain(ids, size, extras=extras or None) == expected
         cut = rng.randint(0, blocks)
-        head = chain(ids[: cut * size], size, extras=extras[:cut] or None)
-        tail = chain(ids[cut * size :], size, head[-1] if head else ROOT, extras[cut:] or None)
+        head = python_chain(ids[: cut * size], size, extras=extras[:cut] or None)
+        tail = python_chain(ids[cut * size :], size, head[-1] if head else ROOT, extras[cut:] or None)
         assert head + tail == expected
 
 

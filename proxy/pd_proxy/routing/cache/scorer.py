@@ -124,14 +124,15 @@ def choose(
     best = cheapest = candidates[0]
     best_key = cheapest_key = None
     most = 0
-    for c in candidates:
-        key = (cost(c, weight), -c.cached_blocks, c.held_blocks)
+    for c in candidates:  # cost() inline: 64 candidates per request at 32 replicas
+        _, cached, outstanding, held, uncached, in_flight = c
+        key = (weight * uncached + in_flight + outstanding, -cached, held)
         if cheapest_key is None or key < cheapest_key:
             cheapest, cheapest_key = c, key
-        if c.outstanding <= limit and (best_key is None or key < best_key):
+        if outstanding <= limit and (best_key is None or key < best_key):
             best, best_key = c, key
-        if c.cached_blocks > most:
-            most = c.cached_blocks
+        if cached > most:
+            most = cached
     if best.cached_blocks < cheapest.cached_blocks:
         reason = GUARD  # by cost alone, a busier replica holding more would have won
     elif best.cached_blocks and best.cached_blocks == most:
