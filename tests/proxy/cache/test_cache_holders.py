@@ -7,6 +7,10 @@ from __future__ import annotations
 import random
 import tracemalloc
 
+import pytest
+
+from pd_proxy.routing.cache import holders as holders_module
+from pd_proxy.routing.cache._chain import runs
 from pd_proxy.routing.cache.events import Batch, Removed, Stored
 from pd_proxy.routing.cache.holders import BlockHolders
 from pd_proxy.routing.cache.index import ReplicaIndex
@@ -25,7 +29,14 @@ def store(index: ReplicaIndex, seq: int, hashes: list[int], ids: tuple[int, ...]
     index.apply(Batch(seq, 0.0, (Stored(tuple(hashes), None, ids, BLOCK, None),), 0))
 
 
-def test_one_walk_counts_every_replica_as_its_own_match() -> None:
+@pytest.fixture(params=["c", "python"])
+def walk_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The walk's lookups in the C part (``runs``, what pd-proxy uses) or in Python."""
+    monkeypatch.setattr(holders_module, "_runs", runs if request.param == "c" else None)
+    return str(request.param)
+
+
+def test_one_walk_counts_every_replica_as_its_own_match(walk_path: str) -> None:
     rng = random.Random(5)
     holders = BlockHolders()
     replicas = [ReplicaIndex(holders) for _ in range(6)]
@@ -43,7 +54,7 @@ def test_one_walk_counts_every_replica_as_its_own_match() -> None:
     assert [walk[i.slot] for i in replicas] == [0, 2, 4, 6, 8, 3]
 
 
-def test_the_walk_equals_each_replicas_match_on_random_fleets() -> None:
+def test_the_walk_equals_each_replicas_match_on_random_fleets(walk_path: str) -> None:
     """Random fleets: whole prefixes held by every replica (the walk's fast path), chains
     broken mid-way by a removal, replicas holding nothing, a first block nobody holds."""
     rng = random.Random(11)
@@ -65,8 +76,11 @@ def test_the_walk_equals_each_replicas_match_on_random_fleets() -> None:
         assert [walk[i.slot] for i in replicas] == [i.match(keys) for i in replicas], trial
 
 
-def test_the_walk_reads_each_block_once_whatever_the_replicas() -> None:
-    """32 replicas holding the same 512 blocks: 512 dict lookups, not 32 x 512."""
+def test_the_walk_reads_each_block_once_whatever_the_replicas(
+    walk_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """32 replicas holding the same 512 blocks: 512 dict lookups, not 32 x 512 (in C: one
+    call of ``runs`` over the 512 keys)."""
 
     class Counting(dict):
         reads = 0
@@ -75,6 +89,12 @@ def test_the_walk_reads_each_block_once_whatever_the_replicas() -> None:
             Counting.reads += 1
             return super().get(key, default)
 
+    def counted_runs(held: dict, keys: list) -> list:
+        Counting.reads += len(keys)
+        return runs(held, keys)
+
+    if walk_path == "c":
+        monkeypatch.setattr(holders_module, "_runs", counted_runs)
     holders = BlockHolders()
     prompt = tokens(512, 0)
     replicas = [ReplicaIndex(holders) for _ in range(32)]
@@ -83,6 +103,16 @@ def test_the_walk_reads_each_block_once_whatever_the_replicas() -> None:
     holders.held = Counting(holders.held)
     walk = holders.walk(chain(prompt, BLOCK))
     assert walk == [512] * 32 and Counting.reads == 512
+
+
+def test_runs_are_the_held_values_in_runs_up_to_the_first_missing_key() -> None:
+    a, b = 1 << 40, 3
+    held = {1: a, 2: a, 3: b, 4: b + 0, 5: a, 7: b}
+    assert runs(held, [1, 2, 3, 4, 5, 6, 7]) == [(a, 2), (b, 2), (a, 1)]
+    assert runs(held, [6, 1]) == [] and runs(held, []) == []
+    assert runs(held, (k for k in [7, 3])) == [(b, 2)]
+    with pytest.raises(TypeError):
+        runs(held, [[1]])  # an unhashable key is an error, not a miss
 
 
 def test_a_replica_that_goes_takes_its_entries_and_frees_its_slot() -> None:

@@ -133,7 +133,9 @@ def test_a_chain_key_is_its_parent_and_its_block_whatever_the_lengths() -> None:
         assert python_chain(ids, size, extras=extras or None) == expected
         cut = rng.randint(0, blocks)
         head = python_chain(ids[: cut * size], size, extras=extras[:cut] or None)
-        tail = python_chain(ids[cut * size :], size, head[-1] if head else ROOT, extras[cut:] or None)
+        tail = python_chain(
+            ids[cut * size :], size, head[-1] if head else ROOT, extras[cut:] or None
+        )
         assert head + tail == expected
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from pd_proxy.routing.cache import keys
+from pd_proxy.routing.cache import holders, keys
 from pd_proxy.routing.cache._chain import chain as native_chain
 from pd_proxy.routing.cache.index import ReplicaIndex
 from pd_proxy.routing.cache.keys import KEY_MASK, ROOT, Extra, Key, python_chain
@@ -44,9 +44,10 @@ def _random_prompt(rng: random.Random) -> tuple[list[int], int, list[Extra]]:
 
 
 def test_pd_proxy_uses_the_c_chain() -> None:
-    """``keys.chain`` is the C one: its keys are the C function's, not the Python ones."""
+    """``keys.chain`` is the C one: its keys are the C function's, not the Python ones; the
+    role index's walk reads its masks in C too."""
     ids = blocks(3)
-    assert keys.NATIVE
+    assert keys.NATIVE and holders._runs is not None
     assert keys.chain(ids, BLOCK) == native_chain(ids, BLOCK, ROOT, None)
     assert keys.chain(ids, BLOCK) != python_chain(ids, BLOCK)
 

@@ -102,9 +102,66 @@ fail:
     return NULL;
 }
 
+/* The runs of equal values that ``held`` maps the leading ``keys`` to, up to the first key it
+   lacks: a list of (value, run length). The walk of a role's index (holders.py) settles each
+   replica's count per run; in Python its lookups and the list they filled were 28 us of a
+   512-block prompt. Equal means the same object or equal ints (a mask shared by its slot). */
+static PyObject *runs(PyObject *self, PyObject *args) {
+    PyObject *held, *keys;
+    if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &held, &keys)) return NULL;
+    PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), length = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *current = NULL; /* borrowed from held: the dict is not changed meanwhile */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyDict_GetItemWithError(held, items[i]);
+        if (value == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        if (current != NULL && value != current) {
+            int same = PyObject_RichCompareBool(value, current, Py_EQ);
+            if (same < 0) goto fail;
+            if (!same) {
+                PyObject *run = Py_BuildValue("(On)", current, length);
+                if (run == NULL || PyList_Append(out, run) < 0) {
+                    Py_XDECREF(run);
+                    goto fail;
+                }
+                Py_DECREF(run);
+                length = 0;
+            }
+        }
+        current = value;
+        length++;
+    }
+    if (current != NULL) {
+        PyObject *run = Py_BuildValue("(On)", current, length);
+        if (run == NULL || PyList_Append(out, run) < 0) {
+            Py_XDECREF(run);
+            goto fail;
+        }
+        Py_DECREF(run);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"chain", chain, METH_VARARGS,
      "chain(tokens, block_size, parent, extras=None) -> the keys of tokens' whole blocks"},
+    {"runs", runs, METH_VARARGS,
+     "runs(held, keys) -> [(value, length)] of held's values for the leading keys it holds"},
     {NULL, NULL, 0, NULL},
 };
 

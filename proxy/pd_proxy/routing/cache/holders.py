@@ -14,11 +14,17 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Protocol, cast
 
 from pd_proxy.routing.cache.keys import Key
+
+_runs: Callable[[dict[Key, int], Sequence[Key]], list[tuple[int, int]]] | None
+try:  # the walk's lookups in C where pd-proxy's C part is built (_chain.c), else ``map``
+    from pd_proxy.routing.cache._chain import runs as _runs
+except ImportError:
+    _runs = None
 
 
 class Stream(Protocol):
@@ -106,10 +112,12 @@ class BlockHolders:
 
     def walk(self, keys: Sequence[Key]) -> list[int]:
         """Per slot, how many of ``keys`` lead what it holds: one pass over the chain, each
-        slot's count settled when the chain leaves it. The masks are fetched in C (``map``),
-        and a run of blocks held by the same slots (the common case: a prefix every holder
-        holds whole) costs one comparison each."""
+        slot's count settled when the chain leaves it. The masks are fetched in C (the C
+        part's ``runs``, else ``map``), and a run of blocks held by the same slots (the common
+        case: a prefix every holder holds whole) costs one comparison each."""
         out = [0] * len(self.streams)
+        if _runs is not None:
+            return _walk_runs(out, _runs(self.held, keys))
         found = list(map(self.held.get, keys))
         try:
             end = found.index(None)
@@ -157,6 +165,24 @@ class BlockHolders:
                 dropped += before - self.pairs
         self.evicted += dropped
         return dropped
+
+
+def _walk_runs(out: list[int], runs: list[tuple[int, int]]) -> list[int]:
+    """``walk`` from the C part's runs of equal masks (each slot's count settled where the
+    chain leaves it, as in the Python walk; within a run nothing changes)."""
+    if not runs:
+        return out
+    alive, n = runs[0]
+    for mask, length in runs[1:]:
+        ended = alive & ~mask
+        if ended:
+            _settle(out, ended, n)
+            alive &= mask
+            if not alive:
+                return out
+        n += length
+    _settle(out, alive, n)
+    return out
 
 
 def _settle(out: list[int], mask: int, n: int) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Key = int
@@ -57,6 +57,7 @@ def python_chain(
     return keys
 
 
+_native_chain: Callable[[Sequence[int], int, Key, Sequence[Extra] | None], list[Key]] | None
 try:
     from pd_proxy.routing.cache._chain import chain as _native_chain
 except ImportError:  # no C compiler where the package was built: the Python chain
