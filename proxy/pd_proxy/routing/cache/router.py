@@ -130,8 +130,8 @@ class CacheRouter:
             self._choices[pool.role, scorer.LOAD].inc()
             return backend, 0
         self._choices[pool.role, score.choice.reason].inc()
-        bs = score.sizes[backend.url] or score.size
-        return backend, hit_tokens(score.held[backend.url][0], bs, len(ids))
+        i = score.backends.index(backend)  # the scorer's rows are in the order of its backends
+        return backend, hit_tokens(score.confirmed[i], score.sizes[i] or score.size, len(ids))
 
     def _routed(self, backend: Backend, plan: _Keys) -> None:
         """``backend`` will hold ``plan``'s blocks: the approximate index learns them (no
@@ -218,23 +218,26 @@ def _held(index: ReplicaIndex, plan: _Keys, keys: list[Key]) -> int:
 
 class _PromptScore:
     """The scheduler's score for one prompt: the cache scorer's choice among the healthy
-    replicas (None: nothing tells them apart, the scheduler goes by load), kept for the hit."""
+    replicas (None: nothing tells them apart, the scheduler goes by load), kept for the hit:
+    each backend's block size and confirmed blocks, in the order of ``backends``."""
 
-    __slots__ = ("router", "ids", "plan", "choice", "sizes", "size", "held")
+    __slots__ = ("router", "ids", "plan", "choice", "backends", "sizes", "size", "confirmed")
 
     def __init__(self, router: CacheRouter, ids: Sequence[int], plan: _Keys) -> None:
         self.router = router
         self.ids = ids
         self.plan = plan
         self.choice: scorer.Choice | None = None
-        self.sizes: dict[str, int | None] = {}
+        self.backends: Sequence[Backend] = ()
+        self.sizes: list[int | None] = []
         self.size = DEFAULT_BLOCK_SIZE
-        self.held: dict[str, tuple[int, int]] = {}
+        self.confirmed: list[int] = []
 
     def best(self, backends: Sequence[Backend]) -> Backend | None:
         if not backends:
             return None
         router, ids, plan = self.router, self.ids, self.plan
+        self.backends = backends
         total = len(ids)
         # The block size of a replica that has not told one: the first that has (usually the
         # first replica's; sizes differ only in a mixed fleet).
@@ -242,7 +245,7 @@ class _PromptScore:
             (s for s in map(router._block_size, backends) if s), DEFAULT_BLOCK_SIZE
         )
         cap = hit_tokens(total, size, total)  # the most a replica of ``size`` can hit
-        sizes, held = self.sizes, self.held
+        sizes, confirmed_of = self.sizes, self.confirmed
         keyable = plan.extra.keyable
         live = router.known.pending.swept(time.monotonic())
         indexes_of = router.known.indexes
@@ -260,7 +263,7 @@ class _PromptScore:
             bs = index.block_size if index is not None else None
             if bs is None:
                 bs = router._block_size(b)
-            sizes[url] = bs
+            sizes.append(bs)
             if bs is None or not keyable:
                 keys = None
             elif bs != keys_size:
@@ -280,7 +283,7 @@ class _PromptScore:
                     routed, fill = confirmed, len(index.by_hash)
             else:
                 confirmed, routed, fill = router._counts(b, plan, keys, entries or pending.NONE)
-            held[url] = (confirmed, routed)
+            confirmed_of.append(confirmed)
             if bs is None or bs == size:
                 hit = routed * size
                 if hit > cap:
