@@ -5,6 +5,7 @@ checked before anything starts."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from pcp_pd_kit.bench.scale_report import (
 from pcp_pd_kit.cli import main
 from pd_proxy.config.key_files import read_key_file
 from pd_proxy.testing import kv_publisher as kv
-from pd_proxy.testing.fake_fleet import workload
+from pd_proxy.testing.fake_fleet import Fleet, workload
 
 METRICS = """# HELP pd_proxy_kv_events_total x
 pd_proxy_kv_events_total{backend="http://a",kind="events"} 10.0
@@ -227,7 +228,6 @@ def test_bad_options_fail_before_anything_starts(
 
 def test_the_fleet_names_publishers_the_proxy_follows_and_pumps_what_its_rate_owes() -> None:
     from pd_proxy.routing.cache.publishers import parse_sources
-    from pd_proxy.testing.fake_fleet import Fleet
 
     fleet = Fleet(2, 16)
     try:
@@ -246,3 +246,32 @@ def test_the_fleet_names_publishers_the_proxy_follows_and_pumps_what_its_rate_ow
         for publisher in fleet.publishers:
             publisher.close()
         fleet.ctx.term()
+
+
+def test_the_fleets_control_binds_before_its_fakes_and_answers_503_until_they_serve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control port (chosen free by the bench) is bound before the fakes' 2R servers take
+    ports of the kernel's choosing, so none of them can take it first; and `GET /fleet`, the
+    bench's health check, answers 503 until every fake serves (their URLs are not known before)."""
+    fleet = Fleet(2, 16)
+    kind = type(fleet.fakes[0])
+    original = kind.start
+    seen: list[tuple[bool, int]] = []
+
+    async def start(self, host: str, port: int) -> None:
+        assert fleet._runner is not None
+        seen.append((bool(fleet._runner.addresses), (await fleet._describe(None)).status))
+        await original(self, host, port)
+
+    monkeypatch.setattr(kind, "start", start)
+
+    async def run() -> int:
+        try:
+            await fleet.start(0)
+            return (await fleet._describe(None)).status
+        finally:
+            await fleet.stop()
+
+    assert asyncio.run(run()) == 200
+    assert seen == [(True, 503)] * 4

@@ -83,6 +83,7 @@ class Fleet:
         self.pump = Pump()
         self.control_url = ""
         self._runner: web.AppRunner | None = None
+        self.started = False  # every fake serving: /fleet answers 503 until then
 
     def chosen(self, replicas: int | None) -> list[int]:
         """Publisher indexes of the first ``replicas`` prefills and decodes (None: all)."""
@@ -90,8 +91,8 @@ class Fleet:
         return [*range(n), *range(self.replicas, self.replicas + n)]
 
     async def start(self, port: int = 0) -> dict[str, Any]:
-        for fake in self.fakes:
-            await fake.start(self.host, 0)
+        """The control API first: bound after the fakes, its port (chosen free by the caller)
+        was now and then taken by one of their 128 servers on port 0 meanwhile."""
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_get("/fleet", self._describe)
         app.router.add_get("/fleet/stats", self._stats)
@@ -100,6 +101,9 @@ class Fleet:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, port).start()
+        for fake in self.fakes:
+            await fake.start(self.host, 0)
+        self.started = True
         bound = self._runner.addresses[0]
         self.control_url = f"http://{bound[0]}:{bound[1]}"
         return self.describe()
@@ -154,6 +158,8 @@ class Fleet:
 
     # ------------------------------------------------------------------ control
     async def _describe(self, request: web.Request) -> web.Response:
+        if not self.started:
+            return web.json_response({"error": "starting"}, status=503)
         return web.json_response(self.describe())
 
     async def _stats(self, request: web.Request) -> web.Response:
