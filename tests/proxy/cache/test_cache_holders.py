@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import tracemalloc
+from collections.abc import Callable
 
 import pytest
 
@@ -105,14 +106,15 @@ def test_the_walk_reads_each_block_once_whatever_the_replicas(
     assert walk == [512] * 32 and Counting.reads == 512
 
 
-def test_runs_are_the_held_values_in_runs_up_to_the_first_missing_key() -> None:
+@pytest.mark.parametrize("of", [runs, holders_module._python_runs], ids=["c", "python"])
+def test_runs_are_the_held_values_in_runs_up_to_the_first_missing_key(of: Callable) -> None:
     a, b = 1 << 40, 3
-    held = {1: a, 2: a, 3: b, 4: b + 0, 5: a, 7: b}
-    assert runs(held, [1, 2, 3, 4, 5, 6, 7]) == [(a, 2), (b, 2), (a, 1)]
-    assert runs(held, [6, 1]) == [] and runs(held, []) == []
-    assert runs(held, (k for k in [7, 3])) == [(b, 2)]
+    held = {1: a, 2: a, 3: b, 4: int("3"), 5: a, 7: b}
+    assert of(held, [1, 2, 3, 4, 5, 6, 7]) == [(a, 2), (b, 2), (a, 1)]
+    assert of(held, [6, 1]) == [] and of(held, []) == []
+    assert of(held, [7, 3]) == [(b, 2)]
     with pytest.raises(TypeError):
-        runs(held, [[1]])  # an unhashable key is an error, not a miss
+        of(held, [[1]])  # an unhashable key is an error, not a miss
 
 
 def test_a_replica_that_goes_takes_its_entries_and_frees_its_slot() -> None:

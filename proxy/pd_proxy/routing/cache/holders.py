@@ -15,7 +15,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import islice
+from itertools import groupby, islice
 from typing import Protocol, cast
 
 from pd_proxy.routing.cache.keys import Key
@@ -112,34 +112,22 @@ class BlockHolders:
 
     def walk(self, keys: Sequence[Key]) -> list[int]:
         """Per slot, how many of ``keys`` lead what it holds: one pass over the chain, each
-        slot's count settled when the chain leaves it. The masks are fetched in C (the C
-        part's ``runs``, else ``map``), and a run of blocks held by the same slots (the common
-        case: a prefix every holder holds whole) costs one comparison each."""
+        slot's count settled when the chain leaves it. The masks come in runs of blocks held
+        by the same slots (the C part's ``runs``, else ``_python_runs``): the common case, a
+        prefix every holder holds whole, is one run."""
+        runs = (_runs or _python_runs)(self.held, keys)
         out = [0] * len(self.streams)
-        if _runs is not None:
-            return _walk_runs(out, _runs(self.held, keys))
-        found = list(map(self.held.get, keys))
-        try:
-            end = found.index(None)
-        except ValueError:
-            end = len(found)
-        if not end:
+        if not runs:
             return out
-        masks = cast(list[int], found if end == len(found) else found[:end])
-        alive = masks[0]
-        if masks.count(alive) == end:
-            _settle(out, alive, end)
-            return out
-        n = 0
-        for mask in masks:
-            if mask != alive:
-                ended = alive & ~mask
-                if ended:
-                    _settle(out, ended, n)
-                    alive &= mask
-                    if not alive:
-                        return out
-            n += 1
+        alive, n = runs[0]
+        for mask, length in runs[1:]:
+            ended = alive & ~mask
+            if ended:
+                _settle(out, ended, n)
+                alive &= mask
+                if not alive:
+                    return out
+            n += length
         _settle(out, alive, n)
         return out
 
@@ -167,22 +155,15 @@ class BlockHolders:
         return dropped
 
 
-def _walk_runs(out: list[int], runs: list[tuple[int, int]]) -> list[int]:
-    """``walk`` from the C part's runs of equal masks (each slot's count settled where the
-    chain leaves it, as in the Python walk; within a run nothing changes)."""
-    if not runs:
-        return out
-    alive, n = runs[0]
-    for mask, length in runs[1:]:
-        ended = alive & ~mask
-        if ended:
-            _settle(out, ended, n)
-            alive &= mask
-            if not alive:
-                return out
-        n += length
-    _settle(out, alive, n)
-    return out
+def _python_runs(held: dict[Key, int], keys: Sequence[Key]) -> list[tuple[int, int]]:
+    """The C part's ``runs`` in Python: the masks of the leading held keys, as (mask, length)
+    runs of equal ones."""
+    found = list(map(held.get, keys))
+    try:
+        found = found[: found.index(None)]
+    except ValueError:
+        pass
+    return [(mask, sum(1 for _ in run)) for mask, run in groupby(cast(list[int], found))]
 
 
 def _settle(out: list[int], mask: int, n: int) -> None:
