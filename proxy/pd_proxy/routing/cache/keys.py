@@ -11,7 +11,7 @@ a collision only costs a worse routing choice, never a wrong answer.
 
 ``chain`` is the C one (``_chain.c``, built with the package) where it was built, else
 ``python_chain``: the same contract with another hash. Both sides of a process call ``chain``, so
-its keys never meet the other's. ``NATIVE`` says which (pd-proxy logs it at start).
+its keys never meet the other's. ``NATIVE`` says which.
 """
 
 from __future__ import annotations
