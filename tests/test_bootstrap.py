@@ -5,13 +5,13 @@ error where it cannot. Nothing is installed and nothing of the repository is wri
 from __future__ import annotations
 
 import shutil
-import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.support.fake_bin import write_executable
 from tests.support.paths import REPO
 
 SCRIPT = REPO / "scripts" / "bootstrap.sh"
@@ -23,11 +23,6 @@ esac
 """
 RECORD = '#!/bin/bash\nprintf "%s %s\\n" "$(basename "$0")" "$*" >>"$FAKE_DIR/calls"\n'
 SUDO = RECORD + 'exec "$@"\n'
-
-
-def _executable(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
 @dataclass
@@ -54,14 +49,14 @@ def host(tmp_path: Path, *, uid: int, cc: bool, headers: bool, apt: bool, sudo: 
         found = shutil.which(tool)
         assert found is not None
         (fake / tool).symlink_to(found)
-    _executable(fake / "id", f"#!/bin/bash\necho {uid}\n")
-    _executable(fake / "python", FAKE_PYTHON.replace("__HEADERS__", "0" if headers else "1"))
+    write_executable(fake / "id", f"#!/bin/bash\necho {uid}\n")
+    write_executable(fake / "python", FAKE_PYTHON.replace("__HEADERS__", "0" if headers else "1"))
     if cc:
-        _executable(fake / "cc", "#!/bin/bash\n")
+        write_executable(fake / "cc", "#!/bin/bash\n")
     if apt:
-        _executable(fake / "apt-get", RECORD)
+        write_executable(fake / "apt-get", RECORD)
     if sudo:
-        _executable(fake / "sudo", SUDO)
+        write_executable(fake / "sudo", SUDO)
     return Host(fake, tmp_path / "calls")
 
 

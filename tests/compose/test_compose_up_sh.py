@@ -6,7 +6,6 @@ needed; the live cases are in tests/compose_live/test_bad_input.py."""
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_bin import write_executable
 from tests.support.paths import REPO
 
 SCRIPT = REPO / "scripts" / "compose_up.sh"
@@ -92,9 +92,7 @@ def run_script(
 ) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    docker = bin_dir / "docker"
-    docker.write_text(FAKE_DOCKER.replace("__SERVICES__", " ".join(SERVICES)))
-    docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
+    write_executable(bin_dir / "docker", FAKE_DOCKER.replace("__SERVICES__", " ".join(SERVICES)))
     (tmp_path / "states").write_text(states)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_DIR=str(tmp_path))
     env.pop("KEEP_ON_FAILURE", None)

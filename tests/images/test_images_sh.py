@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_bin import write_executable
 from tests.support.paths import REPO
 
 SCRIPT = REPO / "scripts" / "images.sh"
@@ -102,11 +102,6 @@ exec __PYTHON__ "$@"
 """
 
 
-def _executable(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
 @dataclass
 class Machine:
     """A checkout copy and a fake engine that has never built anything."""
@@ -150,10 +145,10 @@ def machine(tmp_path: Path) -> Machine:
     (root / "proxy" / "pd_proxy" / "__init__.py").write_text("")
     docker = FAKE_DOCKER.replace("__IMAGES__", " ".join((*KIT_IMAGES, VLLM_IMAGE)))
     docker = docker.replace("__VLLM__", VLLM_IMAGE).replace("__KIT__", " ".join(KIT_IMAGES))
-    _executable(bin_dir / "docker", docker)
-    _executable(bin_dir / "debootstrap", FAKE_DEBOOTSTRAP)
-    _executable(bin_dir / "id", FAKE_ID)
-    _executable(bin_dir / "python", FAKE_PYTHON.replace("__PYTHON__", sys.executable))
+    write_executable(bin_dir / "docker", docker)
+    write_executable(bin_dir / "debootstrap", FAKE_DEBOOTSTRAP)
+    write_executable(bin_dir / "id", FAKE_ID)
+    write_executable(bin_dir / "python", FAKE_PYTHON.replace("__PYTHON__", sys.executable))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "DOCKER_", "COMPOSE_"))}
     env |= {
         "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
@@ -200,7 +195,7 @@ def test_second_run_finds_the_images_current(machine: Machine) -> None:
 def test_debootstrap_failure_cleans_up_and_says_so(machine: Machine) -> None:
     failing = '#!/usr/bin/env bash\necho "$3" >"$FAKE_DIR/debootstrap-dir"\nmkdir -p "$3"\n'
     failing += "echo 'E: Failed getting release file' >&2\nexit 1\n"
-    _executable(Path(machine.env["PATH"].split(os.pathsep)[0]) / "debootstrap", failing)
+    write_executable(Path(machine.env["PATH"].split(os.pathsep)[0]) / "debootstrap", failing)
     res = machine.run()
     assert res.returncode == 1, res.stderr
     assert "debootstrap failed" in res.stderr and "KIT_DEBIAN_MIRROR" in res.stderr, res.stderr

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.fake_bin import write_executable
 from tests.support.net import free_ports
 from tests.support.paths import REPO
 
@@ -86,11 +86,6 @@ def gpu_rows(*models: tuple[str, int, str], driver: str = "580.95.05") -> list[s
 
 def uuid_of(index: int) -> str:
     return f"GPU-{index:08d}-aaaa-bbbb-cccc-{index:012d}"
-
-
-def write_executable(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
 def cache_model(cache: Path, model: str, config: dict[str, Any], blob_bytes: int = 0) -> Path:

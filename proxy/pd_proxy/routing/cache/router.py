@@ -187,8 +187,8 @@ class CacheRouter:
         """What ``backend`` holds, as far as known: the leading blocks of the prompt's ``keys``
         (None: not keyable; confirmed, for the path, and for routing with its pending
         ``entries``: what the proxy sent there that its events have not announced yet) and its
-        blocks in all (pending ones included). One read per replica, few calls: the router
-        makes 64 per request at 32 replicas."""
+        blocks in all (pending ones included). ``_PromptScore.best`` inlines the common case
+        (one engine, keys known) and calls this for the rest: several engines, no keys, approx."""
         known = self.known
         url = backend.url
         indexes = known.indexes.get(url)
