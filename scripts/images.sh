@@ -176,7 +176,7 @@ build_inputs_tag() {  # BASE
   # Everything the builds read (the wheels follow constraints.txt); a change to any of it rebuilds.
   local hash
   hash="$( { echo "$1"; find compose.yaml constraints.txt compose/images proxy/pyproject.toml proxy/pd_proxy \
-    -type f \( -name '*.py' -o -name '*.c' -o -name '*.toml' -o -name '*.txt' -o -name '*Dockerfile' -o -name '*.crt' \
+    -type f \( -name '*.py' -o -name '*.c' -o -name '*.h' -o -name '*.toml' -o -name '*.txt' -o -name '*Dockerfile' -o -name '*.crt' \
     -o -name '*.yaml' \) -not -path '*/wheels/*' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
   echo "inputs-$hash"
 }

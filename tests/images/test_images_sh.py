@@ -252,9 +252,10 @@ def test_unknown_option_is_refused(machine: Machine) -> None:
 
 
 def test_the_inputs_tag_follows_the_proxys_c_source(machine: Machine) -> None:
-    """The proxy image compiles pd-proxy's C chain: an edit to it (or to a module) is a new
-    inputs-* tag, so the warm path rebuilds instead of keeping an image built from the old one;
-    a compiled object in the tree (``make install`` builds it in place) changes nothing."""
+    """The proxy image compiles pd-proxy's C part: an edit to it (a source, a header, a module)
+    is a new inputs-* tag, so the warm path rebuilds instead of keeping an image built from the
+    old one; a compiled object in the tree (``make install`` builds it in place) changes
+    nothing."""
     cache = machine.root / "proxy" / "pd_proxy" / "routing" / "cache"
     cache.mkdir(parents=True)
     source = cache / "_chain.c"
@@ -275,4 +276,7 @@ def test_the_inputs_tag_follows_the_proxys_c_source(machine: Machine) -> None:
     second = tag()
     assert second != first
     (cache / "keys.py").write_text("NATIVE = True\n")
-    assert tag() not in (first, second)
+    third = tag()
+    assert third not in (first, second)
+    (cache / "_block_table.h").write_text("/* a header */\n")
+    assert tag() not in (first, second, third)

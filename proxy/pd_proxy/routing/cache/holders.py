@@ -15,10 +15,11 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import groupby, islice
+from itertools import groupby
 from typing import Protocol, cast
 
 from pd_proxy.routing.cache.keys import Key
+from pd_proxy.routing.cache.table import Table
 
 _runs: Callable[[dict[Key, int], Sequence[Key]], list[tuple[int, int]]] | None
 try:  # the walk's lookups in C where pd-proxy's C part is built (_chain.c), else ``map``
@@ -30,7 +31,7 @@ except ImportError:
 class Stream(Protocol):
     """What the bound needs of a slot's stream: its entries in order of storing."""
 
-    by_hash: dict[int, Key]
+    by_hash: Table
 
 
 class BlockHolders:
@@ -147,7 +148,7 @@ class BlockHolders:
                 continue
             share = -(-need * len(stream.by_hash) // total)  # rounded up: at least one
             entries = stream.by_hash
-            for h in list(islice(entries, share)):
+            for h in entries.oldest(share):
                 before = self.pairs
                 self.discard(slot, entries.pop(h))
                 dropped += before - self.pairs

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pd_proxy.routing.cache.events import Batch, BlockHash, Cleared, Event, Removed, Stored
 from pd_proxy.routing.cache.holders import BlockHolders
 from pd_proxy.routing.cache.keys import ROOT, Key, chain
+from pd_proxy.routing.cache.table import new_table
 
 NEXT, GAP, RESET = "next", "gap", "reset"
 COUNTERS = ("batches", "events", "gaps", "replays", "drops", "resets", "orphans")
@@ -79,8 +80,8 @@ class ReplicaIndex:
         # Told the keys each Stored event added (the router's pending entries for them go).
         self.on_stored = on_stored
         # vLLM's hash (60 bits of it) -> the proxy's key, in order of storing (the bound evicts
-        # from the front).
-        self.by_hash: dict[int, Key] = {}
+        # from the front): in C where built (pd_proxy.routing.cache.table).
+        self.by_hash = new_table()
         self.slot = self.holders.join(self)
         self.block_size: int | None = None
         # LoRA adapters named in its stored blocks: a request whose model is one is keyed as it.
