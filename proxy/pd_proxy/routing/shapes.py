@@ -18,8 +18,8 @@ from typing import Any, Final, Literal
 import yaml
 
 from pd_proxy.backends.route import LOCAL, PD
-from pd_proxy.protocol.client_fields import is_token_ids
 from pd_proxy.protocol.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
+from pd_proxy.routing.token_ids import is_token_ids
 
 # The ways a shape sends a request, as one type mypy checks: pd_proxy.backends.route's two paths
 # (LOCAL, PD), one P/D request per choice (FANOUT), or a 400 (REFUSE).

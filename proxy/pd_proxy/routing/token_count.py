@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pd_proxy import scheduler
 from pd_proxy.http.exchange import read_whole
-from pd_proxy.protocol.client_fields import is_token_ids
 from pd_proxy.protocol.codec import dumps, loads
 from pd_proxy.protocol.endpoints import COMPLETIONS, Endpoint
 from pd_proxy.protocol.errors import ProxyError
+from pd_proxy.routing.token_ids import is_token_ids
 
 if TYPE_CHECKING:
     from pd_proxy.backends.pool import BackendPool

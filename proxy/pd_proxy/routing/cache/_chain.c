@@ -5,7 +5,7 @@ parent key, the block's token ids and the hash of its extra keys. Keys are only 
 one process (the events index and the router call the same chain), so the two need not agree,
 and keys.py uses this one whenever it is built. In Python the chain of an 8k-token prompt took
 about 110 us (tuple per block, hash, a loop step per block): a third of a route at 32 replicas.
-The module also holds the index's BlockTable (_block_table.c).
+The module also holds the index's BlockTable (_block_table.c) and the check of a prompt's ids.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -46,6 +46,18 @@ static int token_word(PyObject *item, uint64_t *out) {
     }
     *out = (uint64_t)v;
     return 0;
+}
+
+/* Whether ``value`` is a list of JSON integers: every item exactly an int (a bool is not). The
+   same answer as ``set(map(type, value)) <= {int}``, which took about 150 us for 8k ids (a set
+   insertion per item) on every request cache routing counts by its ids. */
+static PyObject *token_ids(PyObject *self, PyObject *value) {
+    if (!PyList_Check(value)) Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(value);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyLong_CheckExact(PyList_GET_ITEM(value, i))) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
 }
 
 static PyObject *chain(PyObject *self, PyObject *args) {
@@ -163,6 +175,7 @@ fail:
 static PyMethodDef methods[] = {
     {"chain", chain, METH_VARARGS,
      "chain(tokens, block_size, parent, extras=None) -> the keys of tokens' whole blocks"},
+    {"token_ids", token_ids, METH_O, "token_ids(value) -> whether value is a list of ints only"},
     {"runs", runs, METH_VARARGS,
      "runs(held, keys) -> [(value, length)] of held's values for the leading keys it holds"},
     {NULL, NULL, 0, NULL},
