@@ -38,6 +38,7 @@ HELPERS = {
     "pd_proxy.call",  # the parsed Call and the fields both legs add
     "pd_proxy.protocol.parse",  # the client body decoded and checked
     "pd_proxy.protocol.client_fields",  # the fields read as vLLM reads them
+    "pd_proxy.routing.token_ids",  # whether the prompt is token ids (the shapes ask)
     "pd_proxy.protocol.codec",  # JSON
     "pd_proxy.protocol.pd_bodies",  # the P/D protocol's bodies
     "pd_proxy.backends.route",  # the Route value
