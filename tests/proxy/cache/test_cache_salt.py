@@ -42,7 +42,7 @@ def stored_as(salt: str | None = None, lora: str | None = None, mm=()) -> Any:
 
 def request(index: ReplicaIndex, keys: RequestKeys) -> list[int]:
     """The request's key chain as the router builds it (adapters as the index learned them)."""
-    return chain(blocks(N), BLOCK, extras=keys.extras(N, lambda m: m in index.adapters))
+    return chain(blocks(N), BLOCK, extras=keys.extras(N, lambda m: m in index.holders.adapters))
 
 
 @pytest.mark.parametrize(

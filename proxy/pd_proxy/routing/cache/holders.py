@@ -43,6 +43,9 @@ class BlockHolders:
         self.dups: dict[tuple[int, Key], int] = {}  # (slot, key) -> extra copies
         self.pairs = 0  # block-replica pairs held
         self.evicted = 0  # pairs dropped by the bound, ever
+        # LoRA adapters any of its streams named in stored blocks, ever: the router asks of every
+        # request's model, where a look at each replica's own set cost 64 set lookups at 32.
+        self.adapters: set[str] = set()
 
     def join(self, stream: Stream) -> int:
         """A slot for ``stream`` (a freed one first)."""

@@ -66,7 +66,6 @@ class ReplicaIndex:
         "by_hash",
         "slot",
         "block_size",
-        "adapters",
         "expected",
         "health",
     )
@@ -84,8 +83,6 @@ class ReplicaIndex:
         self.by_hash = new_table()
         self.slot = self.holders.join(self)
         self.block_size: int | None = None
-        # LoRA adapters named in its stored blocks: a request whose model is one is keyed as it.
-        self.adapters: set[str] = set()
         self.expected: int | None = None
         self.health = Health()
 
@@ -153,9 +150,9 @@ class ReplicaIndex:
             parent = known
         self.block_size = ev.block_size
         if ev.extras is not None:
-            self.adapters.update(
-                part[1] for extra in ev.extras if extra for part in extra if part[0] == "lora"
-            )
+            named = {part[1] for extra in ev.extras if extra for part in extra if part[0] == "lora"}
+            if named:  # a request whose model is one is keyed as it (the role's set)
+                self.holders.adapters |= named
         keys = chain(ev.token_ids, ev.block_size, parent, ev.extras)
         by_hash, holders, slot = self.by_hash, self.holders, self.slot
         for h, key in zip(ev.block_hashes, keys, strict=True):

@@ -157,8 +157,9 @@ class CacheRouter:
         return keys
 
     def _is_adapter(self, model: str) -> bool:
-        """Whether a replica's events named ``model`` as the LoRA adapter of stored blocks."""
-        return any(model in i.adapters for idx in self.known.indexes.values() for i in idx)
+        """Whether a replica's events named ``model`` as the LoRA adapter of stored blocks (of a
+        replica of either role, now or before: its role index keeps every name it was told)."""
+        return any(model in h.adapters for h in self.known.holders.values())
 
     def _block_size(self, backend: Backend) -> int | None:
         indexes = self.known.indexes.get(backend.url)
@@ -296,8 +297,9 @@ class _PromptScore:
                     (url, routed, b.outstanding, fill, total - hit, b.tokens_in_flight),
                 )
             )
-        first = None  # the prompt's first block: where a prefix cached nowhere goes
-        if keyable and total >= size:
+        first = None  # the prompt's first block: where a prefix cached nowhere goes (the
+        # scorer reads it only then: a hash of the block per request and role otherwise)
+        if keyable and total >= size and not any(c.cached_blocks for c in candidates):
             first = placement_key(ids[:size])
         self.choice = choice = scorer.choose(candidates, router.weight, router.max_imbalance, first)
         if choice is None:
