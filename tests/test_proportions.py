@@ -1,9 +1,11 @@
 """The product stays in proportion: pd-proxy's package grouped (at most 15 top-level modules, none
 over 500 lines), the serving entrypoint a package of modules under 400 lines, and the benchmarks
-under 5,100 lines, so the bench never again outgrows the connector the kit exists for by much
+under 5,150 lines, so the bench never again outgrows the connector the kit exists for by much
 (4,000 until the prefill's profile by function group and each run's prefix-cache hit rate, which
 measuring the P/D path honestly needed; 4,300 until pd-proxy was measured at a fleet's scale, whose
-fake fleet lives in pd_proxy.testing; the connector grew by its three CPU fixes meanwhile)."""
+fake fleet lives in pd_proxy.testing; 5,100 until bench scale ran a second pd-proxy revision in the
+same turns, the host's drift between two runs being larger than the changes it compared; the
+connector grew by its three CPU fixes meanwhile)."""
 
 from __future__ import annotations
 
@@ -42,9 +44,9 @@ def test_no_module_is_over_its_limit(package: Path, limit: int) -> None:
     assert over(package, limit) == {}
 
 
-def test_the_benchmarks_stay_under_5100_lines() -> None:
+def test_the_benchmarks_stay_under_5150_lines() -> None:
     total = sum(lines(p) for p in modules(BENCH_PACKAGE))
-    assert 0 < total < 5100, f"the bench package is {total} lines"
+    assert 0 < total < 5150, f"the bench package is {total} lines"
 
 
 def test_a_long_module_is_found(tmp_path: Path) -> None:

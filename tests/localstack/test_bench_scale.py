@@ -204,6 +204,20 @@ def test_the_table_has_every_phase_and_the_goals() -> None:
         assert needle in text, needle
 
 
+def test_the_table_puts_the_revision_before_beside_each_routing_row() -> None:
+    """--before: that revision's added p50, CPU on and CPU ratio, measured in the same turns."""
+    data = figures(0.1, 1.2, 0.05)
+    old = {"p50_ms": 1.0, "p99_ms": 2.0, "cpu_us": 100.0, "errors": 0}
+    slow = {"p50_ms": 1.7, "p99_ms": 2.5, "cpu_us": 190.0, "errors": 0}
+    for row in data["routing"]:
+        row["before"] = scale_report.routing_row(row["replicas"], row["tokens"], old, slow, None)
+    text = format_table({**data, "before_commit": "beef"})
+    assert "CPU x before" in text and "pd-proxy at beef in the same turns" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 32 | 8192 |"))
+    assert row.endswith("| 0 | 0.70 | 190 | 1.90 |"), row
+    assert "CPU x before" not in format_table(figures(0.1, 1.2, 0.05))
+
+
 def test_the_bound_check_reads_the_gauge_and_the_evictions() -> None:
     text = ('pd_proxy_cache_index_blocks{role="decode"} 4096.0\n'
             'pd_proxy_cache_index_evicted_blocks_total{role="decode"} 4104.0\n'
@@ -216,7 +230,9 @@ def test_the_bound_check_reads_the_gauge_and_the_evictions() -> None:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [(["--skip", "routing,nope"], "phases are routing"), (["--flows", "0"], "at least 1"),
-     (["--prompt-tokens", "32"], "--prompt-tokens at least 64")],
+     (["--prompt-tokens", "32"], "--prompt-tokens at least 64"),
+     (["--before", "no-such-ref-xyz"], "--before no-such-ref-xyz: not a commit"),
+     (["--proxy-ref", "0" * 40], "not a commit of this repository")],
 )  # fmt: skip
 def test_bad_options_fail_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str

@@ -6,6 +6,7 @@ client keys. Every process it starts is stopped by its PID's group, also on fail
 
     pcp-pd-kit bench scale                     # about 3 minutes on 2 cores
     pcp-pd-kit bench scale --proxy-ref HEAD    # the committed pd-proxy, whatever the tree holds
+    pcp-pd-kit bench scale --before main       # routing: main's pd-proxy too, in the same turns
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pcp_pd_kit import repo_root
 from pcp_pd_kit.bench import scale_load as load
 from pcp_pd_kit.bench import scale_report as report
 from pcp_pd_kit.bench.kinds import add_flags
-from pcp_pd_kit.bench.proxy import run_loop
+from pcp_pd_kit.bench.proxy import cpu_seconds, dumps, run_loop
 from pcp_pd_kit.bench.results import Outcome, knobs
 from pcp_pd_kit.localstack.commands import ProcessSpec
 from pcp_pd_kit.localstack.host import free_port
@@ -46,29 +47,34 @@ HEALTH = ("--health-timeout", "5", "--health-failures", "3")
 FAILED = (StackProcessError, RuntimeError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
+_MANY = {"nargs": "+", "metavar": "N"}
+FLAGS = [  # the options, also recorded as they were in the manifest
+    ("--replicas", int, [1, 8, 32, 64], "fleet sizes: prefills, and as many decodes", _MANY),
+    ("--prompt-tokens", int, [1024, 8192, 32768], "prompt lengths", _MANY),
+    ("--prefixes", int, 2, "prompts of each length, 7/8 of each held by every replica"),
+    ("--requests", int, 100, "requests per proxy, length and round (c=1)"),
+    ("--rounds", int, 2, f"rounds of --requests per proxy, in turns of {TURN} alternating"),
+    ("--event-replicas", int, 32, "fleet size of the events and relay phase"),
+    ("--event-rates", int, [10000, 20000, 40000, 80000, 160000, 320000],
+     "KV events/s sent, one block each; past 40000 it stops at the first not kept up", _MANY),
+    ("--step-seconds", float, 3.0, "seconds per event rate"),
+    ("--streams", int, 8, "concurrent streams through the proxy during each rate"),
+    ("--stream-tokens", int, 64, None), ("--token-delay", float, 0.01, "fake decode, s"),
+    ("--memory-pairs", int, 1_000_000, "block-replica pairs added to the index"),
+    ("--memory-replicas", int, 8, None),
+    ("--flows", int, [10, 1000, 10000], "client key counts, one flow each", _MANY),
+    ("--requests-per-flow", int, 2, None), ("--flow-requests-min", int, 2000, None),
+    ("--flow-concurrency", int, 32, None),
+    ("--skip", str, "", f"phases left out, comma separated: {','.join(PHASES)}"),
+    ("--proxy-ref", str, None, "run pd-proxy as committed at this git ref (unpacked into the "
+     "run folder) instead of this checkout's, e.g. HEAD while others edit the tree"),
+    ("--before", str, None, "routing: pd-proxy at this git ref too, off and on in the same "
+     "turns (a host's drift between runs is larger than what a change moves)"),
+]  # fmt: skip
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    many = {"nargs": "+", "metavar": "N"}
-    add_flags(parser, [
-        ("--replicas", int, [1, 8, 32, 64], "fleet sizes: prefills, and as many decodes", many),
-        ("--prompt-tokens", int, [1024, 8192, 32768], "prompt lengths", many),
-        ("--prefixes", int, 2, "prompts of each length, 7/8 of each held by every replica"),
-        ("--requests", int, 100, "requests per proxy, length and round (c=1)"),
-        ("--rounds", int, 2, f"rounds of --requests per proxy, in turns of {TURN} alternating"),
-        ("--event-replicas", int, 32, "fleet size of the events and relay phase"),
-        ("--event-rates", int, [10000, 20000, 40000, 80000, 160000, 320000],
-         "KV events/s sent, one block each; past 40000 it stops at the first not kept up", many),
-        ("--step-seconds", float, 3.0, "seconds per event rate"),
-        ("--streams", int, 8, "concurrent streams through the proxy during each rate"),
-        ("--stream-tokens", int, 64, None), ("--token-delay", float, 0.01, "fake decode, s"),
-        ("--memory-pairs", int, 1_000_000, "block-replica pairs added to the index"),
-        ("--memory-replicas", int, 8, None),
-        ("--flows", int, [10, 1000, 10000], "client key counts, one flow each", many),
-        ("--requests-per-flow", int, 2, None), ("--flow-requests-min", int, 2000, None),
-        ("--flow-concurrency", int, 32, None),
-        ("--skip", str, "", f"phases left out, comma separated: {','.join(PHASES)}"),
-        ("--proxy-ref", str, None, "run pd-proxy as committed at this git ref (unpacked into the "
-         "run folder) instead of this checkout's, e.g. HEAD while others edit the tree"),
-    ])  # fmt: skip
+    add_flags(parser, FLAGS)
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -80,11 +86,16 @@ def check(args: argparse.Namespace) -> str | None:
              args.flow_concurrency]  # fmt: skip
     if min(sizes) < 1 or min(args.prompt_tokens) < 64:
         return "every count must be at least 1, --prompt-tokens at least 64"
+    for flag, ref in (("--proxy-ref", args.proxy_ref), ("--before", args.before)):
+        verify = ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"]
+        if ref and subprocess.run(verify, cwd=repo_root(), capture_output=True).returncode:
+            return f"{flag} {ref}: not a commit of this repository"
     return None
 
 
 def proxy_source(ref: str, out: Path) -> tuple[dict[str, str], str]:
     """pd-proxy at ``ref`` unpacked under ``out``: its environment (PYTHONPATH) and commit."""
+    out.mkdir(parents=True, exist_ok=True)
 
     def git(*argv: str) -> bytes:
         done = subprocess.run(["git", *argv], cwd=repo_root(), check=True, capture_output=True)
@@ -98,20 +109,7 @@ def proxy_source(ref: str, out: Path) -> tuple[dict[str, str], str]:
 
 
 def body(ids: Any, tokens: int = 2) -> bytes:
-    return report.dumps({"model": "fake-model", "prompt": list(ids), "max_tokens": tokens,
-                         "stream": True})  # fmt: skip
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of a process, its threads and descendants, in nanoseconds' resolution (schedstat;
-    /proc/PID/stat counts 10 ms ticks, coarse for a few hundred requests)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            with contextlib.suppress(OSError, ValueError):
-                total += int((task / "schedstat").read_text().split()[0]) / 1e9
-                todo += map(int, (task / "children").read_text().split())
-    return total
+    return dumps({"model": "fake-model", "prompt": list(ids), "max_tokens": tokens, "stream": True})
 
 
 def rss_mb(pid: int) -> float:
@@ -123,8 +121,9 @@ def rss_mb(pid: int) -> float:
 class Scale:
     """The phases, on one client session and one fleet; ``procs`` holds every process started."""
 
-    def __init__(self, args: argparse.Namespace, out: Path, env: dict[str, str]) -> None:
-        self.args, self.out, self.env = args, out, env
+    def __init__(self, args: argparse.Namespace, out: Path, env: dict[str, str],
+                 before: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.args, self.out, self.env, self.before = args, out, env, before
         self.procs: dict[str, ManagedProcess] = {}
         self.flags = subprocess.run([sys.executable, "-m", "pd_proxy", "--help"], text=True,
                                     capture_output=True, env={**os.environ, **env},
@@ -154,14 +153,15 @@ class Scale:
         async with self.session.get(f"{control}/fleet") as resp:
             self.fleet = await resp.json()
 
-    def proxy(self, name: str, replicas: int, *flags: str) -> tuple[str, int]:
+    def proxy(self, name: str, replicas: int, *flags: str, env: dict[str, str] | None = None
+              ) -> tuple[str, int]:  # fmt: skip
         """A pd-proxy over the fleet's first ``replicas`` of each role: its URL and PID, healthy."""
         url = f"http://127.0.0.1:{free_port()}"
         argv = [sys.executable, "-m", "pd_proxy", "--host", "127.0.0.1", "--port",
                 url.rsplit(":", 1)[1], "--log-level", "warning",
                 "--prefill", *self.fleet["prefill"][:replicas],
                 "--decode", *self.fleet["decode"][:replicas], *HEALTH, *flags]  # fmt: skip
-        return url, self.start(name, argv, f"{url}/health", self.env)
+        return url, self.start(name, argv, f"{url}/health", self.env if env is None else env)
 
     def publishers(self, replicas: int) -> list[int]:
         return [*range(replicas), *range(self.total, self.total + replicas)]
@@ -169,14 +169,15 @@ class Scale:
     async def call(self, name: str, **body: Any) -> Any:
         return await load.control(self.session, self.fleet["control"], name, **body)
 
-    async def events_proxy(self, name: str, replicas: int, blocks: int = 0,
-                           *flags: str) -> tuple[str, int]:  # fmt: skip
+    async def events_proxy(self, name: str, replicas: int, blocks: int = 0, *flags: str,
+                           env: dict[str, str] | None = None) -> tuple[str, int]:  # fmt: skip
         """A proxy with ``--prefix-cache-routing events``, once every publisher's batches reached
         it (heartbeats meanwhile: a first batch asks the replay for what came before) and
         ``blocks`` entries are in its index; then the publishers fall silent."""
         await self.call("heartbeat", interval=HEARTBEAT_S)
         try:
-            url, pid = self.proxy(name, replicas, "--prefix-cache-routing", "events", *flags)
+            url, pid = self.proxy(name, replicas, "--prefix-cache-routing", "events", *flags,
+                                  env=env)  # fmt: skip
             await self.indexed(url, replicas, blocks)
         finally:
             await self.call("heartbeat", interval=0)
@@ -199,36 +200,43 @@ class Scale:
         for replicas in a.replicas:
             await self.call("restart")
             try:
-                off = self.proxy("off", replicas, "--prefix-cache-routing", "off")
-                on = await self.events_proxy("on", replicas)
+                off = ("--prefix-cache-routing", "off")
+                runs = {"off": self.proxy("off", replicas, *off),
+                        "events": await self.events_proxy("on", replicas)}  # fmt: skip
+                if (was := self.before) is not None:
+                    runs["off_before"] = self.proxy("off_before", replicas, *off, env=was)
+                    runs["events_before"] = await self.events_proxy("on_before", replicas, env=was)
                 held = 0
                 for length in a.prompt_tokens:
                     for p in range(a.prefixes):
                         tokens = report.held_prefix(length, p, bs)
                         await self.call("store", tokens=tokens, replicas=replicas)
                         held += len(tokens) // bs
-                await self.indexed(on[0], replicas, 2 * replicas * held)
+                for mode in ("events", "events_before")[: len(runs) // 2]:
+                    await self.indexed(runs[mode][0], replicas, 2 * replicas * held)
                 for length in a.prompt_tokens:
-                    rows.append(await self.routing_row(replicas, length, off, on))
+                    rows.append(await self.routing_row(replicas, length, runs))
                     log.info("routing %s", rows[-1])
             except FAILED as exc:
                 self.problems.append(f"routing at {replicas} replicas: {exc}")
             finally:
-                self.stop("off", "on")
+                self.stop("off", "on", "off_before", "on_before")
         return rows
 
-    async def routing_row(self, replicas: int, length: int, off: tuple[str, int],
-                          on: tuple[str, int]) -> dict[str, Any]:  # fmt: skip
-        """Both proxies in alternating turns (``TURN``) of the same prompts, one at a time."""
+    async def routing_row(self, replicas: int, length: int,
+                          runs: dict[str, tuple[str, int]]) -> dict[str, Any]:  # fmt: skip
+        """The proxies (off, on; with --before also that ref's) in turns (``TURN``) of the same
+        prompts, one at a time, the order rotated each turn."""
         a, bs, n = self.args, self.fleet["block_size"], self.args.requests
         bodies = [body(report.prompt(length, i % a.prefixes, i, bs)) for i in range(n * a.rounds)]
-        runs = {"off": off, "events": on}
         for url, _ in runs.values():  # warm-up: connections, the pending index
             await load.timed(self.session, url, bodies[:4])
         got: dict[str, list[Any]] = {m: [[], 0.0, 0] for m in runs}
+        on = runs["events"]
         hits = -report.total(await load.page(self.session, on[0]), report.PREDICTED, role="decode")
         for r in range(0, n * a.rounds, TURN):
-            for mode in list(runs)[:: 1 if r // TURN % 2 == 0 else -1]:
+            turn = r // TURN % len(runs)
+            for mode in list(runs)[turn:] + list(runs)[:turn]:
                 url, pid = runs[mode]
                 cpu = cpu_seconds(pid)
                 lat, errors = await load.timed(self.session, url, bodies[r : r + TURN])
@@ -237,7 +245,11 @@ class Scale:
         hits += report.total(await load.page(self.session, on[0]), report.PREDICTED, role="decode")
         timed = {m: report.timing(lat, cpu, n * a.rounds, e) for m, (lat, cpu, e) in got.items()}
         share = hits / (n * a.rounds * length)
-        return report.routing_row(replicas, length, timed["off"], timed["events"], share)
+        row = report.routing_row(replicas, length, timed["off"], timed["events"], share)
+        if "off_before" in timed:
+            row["before"] = report.routing_row(replicas, length, timed["off_before"],
+                                               timed["events_before"], None)  # fmt: skip
+        return row
 
     async def events(self) -> dict[str, Any]:
         """Streams through the proxy while the publishers churn at each rate in turn."""
@@ -375,16 +387,14 @@ class Scale:
 def run(args: argparse.Namespace, out: Path) -> Outcome:
     start = time.monotonic()
     env, commit = proxy_source(args.proxy_ref, out) if args.proxy_ref else ({}, None)
-    scale = Scale(args, out, env)
+    before, was = proxy_source(args.before, out / "before") if args.before else (None, None)
+    scale = Scale(args, out, env, before)
     try:
         data = run_loop(scale.measure())
     finally:
         scale.stop()
-    data.update(wall_s=round(time.monotonic() - start, 1), proxy_commit=commit)
+    data.update(wall_s=round(time.monotonic() - start, 1), proxy_commit=commit, before_commit=was)
     data["goals"] = report.goals(data)
-    used = knobs(args, "proxy_ref", "replicas", "prompt_tokens", "prefixes", "requests", "rounds",
-                 "event_replicas", "event_rates", "step_seconds", "streams", "stream_tokens",
-                 "token_delay", "memory_pairs", "memory_replicas", "flows", "requests_per_flow",
-                 "flow_requests_min", "flow_concurrency", "skip")  # fmt: skip
+    used = knobs(args, *(flag[0][2:].replace("-", "_") for flag in FLAGS))
     rc = 1 if data["problems"] or report.errors(data) else 0
     return Outcome(data, report.format_table(data), {"bench": used}, rc=rc)

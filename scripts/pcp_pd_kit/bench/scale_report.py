@@ -4,7 +4,6 @@ figures, the scale goals and the table; tested on fixed figures."""
 from __future__ import annotations
 
 import functools
-import json
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,10 +23,6 @@ GOAL_RATE, LAG_P99_MAX_MS, GAP_GROWTH_MAX = 40_000, 100.0, 1.10
 BYTES_PER_PAIR_MAX, ADMISSION_CPU_RATIO_MAX = 150.0, 2.0
 APPLIED_SHARE_MIN = 0.95  # a step keeps up when it applied this share of what was sent in it
 HELD_SHARE = 7 / 8  # of each prompt, the prefix every replica's cache holds
-
-
-def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 @functools.lru_cache(maxsize=64)
@@ -242,8 +237,15 @@ def format_table(data: Mapping[str, Any]) -> str:
                   fmt_num(r["events"]["cpu_us"]), fmt_num(r["cpu_ratio"]),
                   fmt_num(r["predicted_hit_share"]), r["off"]["errors"] + r["events"]["errors"]]
                  for r in rows]  # fmt: skip
+        if data.get("before_commit"):  # --before: that ref's two proxies in the same turns
+            head += ["added p50 ms before", "CPU us on before", "CPU x before"]
+            for r, row in zip(rows, cells, strict=True):
+                b = r["before"]
+                row += map(fmt_num, (b["added_p50_ms"], b["events"]["cpu_us"], b["cpu_ratio"]))
         text += ["Routing, one request at a time, each prompt 7/8 held by every replica: "
-                 "`--prefix-cache-routing events` (on) against `off`", "",
+                 "`--prefix-cache-routing events` (on) against `off`"
+                 + (f"; before: pd-proxy at {data['before_commit']} in the same turns"
+                    if data.get("before_commit") else ""), "",
                  markdown_table(head, cells), ""]  # fmt: skip
     if ev := data.get("events"):
         head = ["rate", "sent/s", "applied/s", "lag p50 ms", "lag p99 ms", "lag max ms",
