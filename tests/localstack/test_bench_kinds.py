@@ -55,6 +55,7 @@ def test_a_kind_is_required_and_an_unknown_one_refused(
         (["connector", "--steps", "0"], "--steps and --repeats must be >= 1"),
         (["proxy", "--workers", "1", "1"], "--workers takes distinct counts"),
         (["proxy", "--also", "floor=x"], "--also 'floor=x'"),
+        (["proxy", "--also", "old=x --workers {workers}"], "--also old: {workers} unknown"),
         (["tokenize", "--requests", "0"], "--requests must be >= 1"),
         (["prefill", "--lengths", "0"], "--repeats and --lengths must be >= 1"),
         (["xpyd", "--concurrency", "4,x"], "--concurrency '4,x'"),

@@ -20,6 +20,7 @@ import os
 import shlex
 import signal
 import statistics
+import string
 import subprocess
 import sys
 import time
@@ -58,6 +59,7 @@ DEFAULT_PROXY_CMD = (
 )
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 OTHER_CPUS = ("prefill", "decode", "generator")
+FIELDS = {"port", "prefill", "decode"}  # an --also CMD's (--proxy-cmd's also {workers})
 RATIOS = {"p50": "p50_ms", "p99": "p99_ms", "throughput": "req_s"}  # to the floor, of these
 
 
@@ -254,9 +256,12 @@ def check(args: argparse.Namespace) -> str | None:
         return "several --workers counts need {workers} in --proxy-cmd"
     reserved = {"floor", "prefill", "decode", "proxy", "first-token"}
     for item in args.also:
-        name, sep, _cmd = item.partition("=")
+        name, sep, cmd = item.partition("=")
         if not sep or not name or ":" in name or name in reserved or name.startswith("proxy-w"):
             return f"--also {item!r}: expected a new NAME=CMD (NAME without ':')"
+        if unknown := {f for _, f, _, _ in string.Formatter().parse(cmd) if f} - FIELDS:
+            bad, fields = (", ".join(f"{{{f}}}" for f in sorted(x)) for x in (unknown, FIELDS))
+            return f"--also {name}: {bad} unknown; CMD may use {fields}"
     return None
 
 

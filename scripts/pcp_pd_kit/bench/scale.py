@@ -395,6 +395,6 @@ def run(args: argparse.Namespace, out: Path) -> Outcome:
         scale.stop()
     data.update(wall_s=round(time.monotonic() - start, 1), proxy_commit=commit, before_commit=was)
     data["goals"] = report.goals(data)
-    used = knobs(args, *(flag[0][2:].replace("-", "_") for flag in FLAGS))
+    used = knobs(args, *(str(flag[0])[2:].replace("-", "_") for flag in FLAGS))
     rc = 1 if data["problems"] or report.errors(data) else 0
     return Outcome(data, report.format_table(data), {"bench": used}, rc=rc)
