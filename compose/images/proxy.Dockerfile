@@ -32,7 +32,7 @@ RUN set -eu; \
     apt-get update -qq; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $build_deps >/dev/null; \
     /opt/venv/bin/pip install -q ${PIP_INSTALL_ARGS} -c /kit/constraints.txt /kit/proxy; \
-    /opt/venv/bin/python -c 'from pd_proxy.routing.cache import keys; assert keys.NATIVE, "the C chain was not built"'; \
+    /opt/venv/bin/python -c 'from pd_proxy.routing.cache import keys; assert keys.NATIVE, "the C part of pd-proxy was not built"'; \
     apt-get purge -y -qq --auto-remove $build_deps >/dev/null; \
     apt-get clean; rm -rf /var/lib/apt/lists/* /kit; \
     useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin pdproxy
