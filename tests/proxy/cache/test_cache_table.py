@@ -101,6 +101,10 @@ def test_the_c_table_refuses_what_it_cannot_hold() -> None:
         t.get(1.5)  # type: ignore[arg-type]
     with pytest.raises(KeyError):
         t.pop(3)
+    with pytest.raises(TypeError, match="takes 1 or 2 arguments"):
+        t.pop()  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="takes 1 or 2 arguments"):
+        t.get(1, 2, 3)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         BlockTable(1)  # type: ignore[call-arg]
     assert len(t) == 0

@@ -244,15 +244,22 @@ static int table_ass_subscript(BlockTable *t, PyObject *h, PyObject *value) {
     return 0;
 }
 
-static PyObject *table_get(BlockTable *t, PyObject *const *args, Py_ssize_t nargs) {
+/* get's and pop's (hash[, default]): the slot of hash (``*found``), or -1 with an error set. */
+static Py_ssize_t find_arg(BlockTable *t, PyObject *const *args, Py_ssize_t nargs,
+                           const char *name, int *found) {
     if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "get() takes 1 or 2 arguments");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s() takes 1 or 2 arguments", name);
+        return -1;
     }
     uint64_t hash;
-    if (as_word(args[0], &hash) < 0) return NULL;
+    if (as_word(args[0], &hash) < 0) return -1;
+    return probe(t, hash, found);
+}
+
+static PyObject *table_get(BlockTable *t, PyObject *const *args, Py_ssize_t nargs) {
     int found;
-    Py_ssize_t at = probe(t, hash, &found);
+    Py_ssize_t at = find_arg(t, args, nargs, "get", &found);
+    if (at < 0) return NULL;
     if (found) return PyLong_FromUnsignedLongLong(t->entries[t->slots[at] - FIRST].key);
     PyObject *fallback = nargs > 1 ? args[1] : Py_None;
     Py_INCREF(fallback);
@@ -260,14 +267,9 @@ static PyObject *table_get(BlockTable *t, PyObject *const *args, Py_ssize_t narg
 }
 
 static PyObject *table_pop(BlockTable *t, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "pop() takes 1 or 2 arguments");
-        return NULL;
-    }
-    uint64_t hash;
-    if (as_word(args[0], &hash) < 0) return NULL;
     int found;
-    Py_ssize_t at = probe(t, hash, &found);
+    Py_ssize_t at = find_arg(t, args, nargs, "pop", &found);
+    if (at < 0) return NULL;
     if (found) return PyLong_FromUnsignedLongLong(remove_at(t, at));
     if (nargs < 2) {
         PyErr_SetObject(PyExc_KeyError, args[0]);
@@ -277,42 +279,35 @@ static PyObject *table_pop(BlockTable *t, PyObject *const *args, Py_ssize_t narg
     return args[1];
 }
 
+/* The first ``n`` entries still held, oldest first: their hashes, or (``keys``) their keys. */
+static PyObject *live_words(BlockTable *t, Py_ssize_t n, int keys) {
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = t->head; k < n; i++) {
+        if (t->entries[i].key == DELETED) continue;
+        PyObject *w = PyLong_FromUnsignedLongLong(keys ? t->entries[i].key : t->entries[i].hash);
+        if (w == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k++, w);
+    }
+    return out;
+}
+
 /* The first ``n`` hashes still held, oldest first (the bound evicts them). */
 static PyObject *table_oldest(BlockTable *t, PyObject *arg) {
     Py_ssize_t n = PyLong_AsSsize_t(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n > t->live) n = t->live;
     if (n < 0) n = 0;
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = t->head; k < n; i++) {
-        if (t->entries[i].key == DELETED) continue;
-        PyObject *h = PyLong_FromUnsignedLongLong(t->entries[i].hash);
-        if (h == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, k++, h);
-    }
-    return out;
+    return live_words(t, n, 0);
 }
 
 /* The keys held, oldest first (a list: the caller changes the table after reading them). */
 static PyObject *table_values(BlockTable *t, PyObject *Py_UNUSED(ignored)) {
-    PyObject *out = PyList_New(t->live);
-    if (out == NULL) return NULL;
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = t->head; k < t->live; i++) {
-        if (t->entries[i].key == DELETED) continue;
-        PyObject *key = PyLong_FromUnsignedLongLong(t->entries[i].key);
-        if (key == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, k++, key);
-    }
-    return out;
+    return live_words(t, t->live, 1);
 }
 
 static PyObject *table_clear(BlockTable *t, PyObject *Py_UNUSED(ignored)) {
