@@ -21,7 +21,7 @@ from pd_proxy.routing.cache.keys import chain
 
 BLOCK = 16
 # Memory per indexed block-replica pair, mean and peak (just after the index's dicts doubled):
-# the bound with the Python table, and what the C part's table (pd-proxy's) achieves.
+# the kit's bound with the Python table, and what the C part's table (pd-proxy's) achieves.
 BYTES_PER_PAIR = {"python": (150, 180), "c": (115, 130)}
 
 
