@@ -2,9 +2,10 @@
 request's shape and its token count both ask it of every completions prompt given as ids.
 
 The check is the C part's (``_chain.c``: one type test per id, about 5 us for 8k ids) where it was
-built, else ``set(map(type))`` (about 150 us for 8k: a set insertion per id, most of what cache
-routing added to a request beside its route). Either way the list last found to be ids is not
-read again (by identity: the proxy never changes a client's prompt). ``NATIVE`` says which.
+built, else ``set(map(type))`` (about 150 us for 8k: a set insertion per id, paid by every
+completions request whose prompt is ids, routed or not). Either way the list last found to be
+ids is not read again (by identity: the proxy never changes a client's prompt). ``NATIVE`` says
+which.
 """
 
 from __future__ import annotations

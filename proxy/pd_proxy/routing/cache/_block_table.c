@@ -40,13 +40,6 @@ typedef struct {
     Py_ssize_t filled;  /* slots not EMPTY */
 } BlockTable;
 
-/* splitmix64's finaliser: vLLM's hashes are random, but a test's may be 1, 2, 3... */
-static inline uint64_t mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
 /* An int below 2**64 - 1 as a word; -1 with an error set otherwise. */
 static int as_word(PyObject *v, uint64_t *out) {
     if (!PyLong_Check(v)) {
@@ -54,11 +47,7 @@ static int as_word(PyObject *v, uint64_t *out) {
         return -1;
     }
     unsigned long long w = PyLong_AsUnsignedLongLong(v);
-    if (w == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_SetString(PyExc_OverflowError, "BlockTable holds ints from 0 to 2**64 - 2");
-        return -1;
-    }
-    if (w == DELETED) {
+    if (w == DELETED) { /* also what a negative or too large int returns, its error replaced */
         PyErr_SetString(PyExc_OverflowError, "BlockTable holds ints from 0 to 2**64 - 2");
         return -1;
     }
@@ -67,9 +56,10 @@ static int as_word(PyObject *v, uint64_t *out) {
 }
 
 /* The slot holding ``hash``, or (found == 0) the slot to store it in: the first tombstone met,
-   else the empty slot that ended the probe. */
+   else the empty slot that ended the probe. The hash is mixed first: vLLM's are random, but a
+   test's may be 1, 2, 3. */
 static Py_ssize_t probe(BlockTable *t, uint64_t hash, int *found) {
-    size_t mask = (size_t)t->nslots - 1, i = (size_t)mix(hash) & mask;
+    size_t mask = (size_t)t->nslots - 1, i = (size_t)finish(hash) & mask;
     Py_ssize_t free_slot = -1;
     for (;;) {
         uint32_t s = t->slots[i];
@@ -85,6 +75,14 @@ static Py_ssize_t probe(BlockTable *t, uint64_t hash, int *found) {
         }
         i = (i + 1) & mask;
     }
+}
+
+/* The slot of ``h``'s entry (``*found``) or where it would go; -1 with an error set when ``h`` is
+   no int the table can hold. */
+static Py_ssize_t lookup(BlockTable *t, PyObject *h, int *found) {
+    uint64_t hash;
+    if (as_word(h, &hash) < 0) return -1;
+    return probe(t, hash, found);
 }
 
 /* Rebuild the index with the live entries moved to the array's front, in order; the index sized
@@ -115,7 +113,7 @@ static int rebuild(BlockTable *t) {
     }
     size_t mask = (size_t)nslots - 1;
     for (Py_ssize_t e = 0; e < n; e++) {
-        size_t i = (size_t)mix(t->entries[e].hash) & mask;
+        size_t i = (size_t)finish(t->entries[e].hash) & mask;
         while (slots[i] != EMPTY) i = (i + 1) & mask;
         slots[i] = (uint32_t)(e + FIRST);
     }
@@ -207,18 +205,14 @@ static void table_dealloc(BlockTable *t) {
 static Py_ssize_t table_len(BlockTable *t) { return t->live; }
 
 static int table_contains(BlockTable *t, PyObject *h) {
-    uint64_t hash;
-    if (as_word(h, &hash) < 0) return -1;
     int found;
-    probe(t, hash, &found);
-    return found;
+    return lookup(t, h, &found) < 0 ? -1 : found;
 }
 
 static PyObject *table_subscript(BlockTable *t, PyObject *h) {
-    uint64_t hash;
-    if (as_word(h, &hash) < 0) return NULL;
     int found;
-    Py_ssize_t at = probe(t, hash, &found);
+    Py_ssize_t at = lookup(t, h, &found);
+    if (at < 0) return NULL;
     if (!found) {
         PyErr_SetObject(PyExc_KeyError, h);
         return NULL;
@@ -227,15 +221,14 @@ static PyObject *table_subscript(BlockTable *t, PyObject *h) {
 }
 
 static int table_ass_subscript(BlockTable *t, PyObject *h, PyObject *value) {
-    uint64_t hash;
-    if (as_word(h, &hash) < 0) return -1;
     if (value != NULL) {
-        uint64_t key;
-        if (as_word(value, &key) < 0) return -1;
+        uint64_t hash, key;
+        if (as_word(h, &hash) < 0 || as_word(value, &key) < 0) return -1;
         return store(t, hash, key);
     }
     int found;
-    Py_ssize_t at = probe(t, hash, &found);
+    Py_ssize_t at = lookup(t, h, &found);
+    if (at < 0) return -1;
     if (!found) {
         PyErr_SetObject(PyExc_KeyError, h);
         return -1;
@@ -251,9 +244,7 @@ static Py_ssize_t find_arg(BlockTable *t, PyObject *const *args, Py_ssize_t narg
         PyErr_Format(PyExc_TypeError, "%s() takes 1 or 2 arguments", name);
         return -1;
     }
-    uint64_t hash;
-    if (as_word(args[0], &hash) < 0) return -1;
-    return probe(t, hash, found);
+    return lookup(t, args[0], found);
 }
 
 static PyObject *table_get(BlockTable *t, PyObject *const *args, Py_ssize_t nargs) {

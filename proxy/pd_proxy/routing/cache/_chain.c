@@ -24,13 +24,6 @@ static inline uint64_t round64(uint64_t acc, uint64_t v) {
     return acc * UINT64_C(0x9E3779B185EBCA87);
 }
 
-/* splitmix64's finaliser: every input bit reaches every output bit. */
-static inline uint64_t finish(uint64_t z) {
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
 /* A token id as a word: its value when it fits in 64 bits, else Python's hash of it. */
 static int token_word(PyObject *item, uint64_t *out) {
     int overflow = 0;
@@ -50,7 +43,7 @@ static int token_word(PyObject *item, uint64_t *out) {
 
 /* Whether ``value`` is a list of JSON integers: every item exactly an int (a bool is not). The
    same answer as ``set(map(type, value)) <= {int}``, which took about 150 us for 8k ids (a set
-   insertion per item) on every request cache routing counts by its ids. */
+   insertion per item) on every completions request whose prompt is ids. */
 static PyObject *token_ids(PyObject *self, PyObject *value) {
     if (!PyList_Check(value)) Py_RETURN_FALSE;
     Py_ssize_t n = PyList_GET_SIZE(value);
